@@ -1,0 +1,30 @@
+"""The README's set-up commands and CI stay in sync."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _readme_commands():
+  text = (ROOT / "README.md").read_text()
+  blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+  return [line for block in blocks for line in block.splitlines()
+          if line.strip() and not line.startswith("#")]
+
+
+def test_readme_has_exactly_two_setup_commands_main_job_and_tests():
+  setup = [c for c in _readme_commands() if c.startswith("python3 -m venv")]
+  assert len(setup) == 2, setup
+  assert "pytest" not in setup[0] and "pytest" in setup[1]
+
+
+def test_ci_runs_the_readme_install_and_test_command():
+  test_command = [c for c in _readme_commands() if "pytest" in c][0]
+  install = re.search(r'pip install -e "\.\[test\]"', test_command)
+  assert install, test_command
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert 'pip install -e ".[test]"' in ci
+  assert re.search(r"^python -m pytest\b", ci, flags=re.M)
+  assert test_command.rstrip().endswith("python -m pytest")
+  assert "-eq 5" in ci  # "no tests collected" is a failure
