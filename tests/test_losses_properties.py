@@ -222,3 +222,44 @@ def test_hyper_parameters_may_be_traced():
   kwargs = CASES["prototype_contrastive_objective"][0](np.random.default_rng(5), 1.0)
   fn = jax.jit(lambda alpha: losses.prototype_contrastive_objective(**{**kwargs, "alpha": alpha}))
   np.testing.assert_allclose(fn(0.5), losses.prototype_contrastive_objective(**kwargs), rtol=1e-6)
+
+
+MASKED = [n for n in FUNCTIONS if "mask" in inspect.signature(getattr(losses, n)).parameters]
+
+
+def test_every_per_example_loss_accepts_a_mask():
+  assert set(MASKED) >= {
+      "softmax_cross_entropy", "knowledge_distillation_loss", "non_target_distillation_loss",
+      "dual_domain_distillation_loss", "class_aware_gradient_compensation_loss",
+      "class_semantic_relation_distillation_loss", "mean_prediction_entropy",
+      "multi_kernel_mmd_squared", "two_stream_l2_loss", "model_contrastive_loss",
+      "prototype_contrastive_loss", "symmetric_cross_entropy", "consensus_l1_loss",
+      "ensemble_distillation_loss"}
+
+
+@pytest.mark.parametrize("name", MASKED)
+def test_masked_loss_equals_loss_on_the_valid_rows(name):
+  """A padded partial batch gives exactly the loss of its valid examples."""
+  fn = getattr(losses, name)
+  kwargs = CASES[name][0](np.random.default_rng(6), 1.0)
+  valid = np.array([True, False, True, True, False, True, True, False])
+
+  def take_valid(key, value):
+    if key == "client_logits":
+      return value[:, valid]
+    if isinstance(value, jax.Array) and value.ndim >= 1 and value.shape[0] == B:
+      return value[valid]
+    return value
+
+  masked = fn(**kwargs, mask=jnp.asarray(valid))
+  subset = fn(**{k: take_valid(k, v) for k, v in kwargs.items()})
+  np.testing.assert_allclose(masked, subset, rtol=1e-5, atol=1e-6)
+  # Garbage in the padded rows must not leak into the value or the gradient.
+  _, argname = CASES[name]
+  poisoned = dict(kwargs)
+  poisoned[argname] = jnp.where(jnp.asarray(valid)[:, None], kwargs[argname], 1e4)
+  np.testing.assert_allclose(fn(**poisoned, mask=jnp.asarray(valid)), masked, rtol=1e-5, atol=1e-6)
+  grad = jax.grad(lambda a: fn(**{**poisoned, argname: a}, mask=jnp.asarray(valid)))(poisoned[argname])
+  np.testing.assert_array_equal(np.asarray(grad)[~valid], 0.0)
+  # An all-padding batch contributes nothing.
+  assert float(fn(**kwargs, mask=jnp.zeros(B, bool))) == 0.0

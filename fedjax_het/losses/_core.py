@@ -181,3 +181,20 @@ def sigmoid_binary_cross_entropy_elementwise(logits: jax.Array, targets: jax.Arr
 def l2_normalize(x: jax.Array, eps: float, axis: int = -1) -> jax.Array:
   """x / sqrt(sum(x^2) + eps): finite value and gradient at x = 0."""
   return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True) + eps)
+
+
+def masked_mean(fn: str, values: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """Mean of per-example `values` (B,) over the examples where `mask` is set.
+
+  `mask` is None (all examples), or a (B,) boolean or non-negative weight
+  vector. Padding rows of a partial batch get 0, so a padded batch gives
+  exactly the loss of its valid rows; an all-zero mask gives 0.
+  """
+  if mask is None:
+    return jnp.mean(values)
+  if jnp.shape(mask) != values.shape:
+    raise ValueError(f"{fn}: `mask` must have shape (batch,) = {values.shape}, got "
+                     f"{jnp.shape(mask)}.")
+  weights = jnp.asarray(mask).astype(values.dtype)
+  total = jnp.sum(weights)
+  return jnp.sum(weights * values) / jnp.where(total > 0, total, 1.0)

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from fedjax_het.losses._core import (MATMUL_PRECISION, check_labels, check_rank,
                                      check_same_shape, check_same_structure,
-                                     kl_divergence_rows, l2_normalize, loss_function)
+                                     kl_divergence_rows, l2_normalize, loss_function,
+                                     masked_mean)
 from fedjax_het.losses.common import _softmax_cross_entropy_rows
 
 #: Norm floor of the cosine similarities (as torch's CosineSimilarity eps^2).
@@ -51,7 +52,8 @@ def proximal_term(*, params: Any, global_params: Any, mu: float = 0.01) -> jax.A
 @loss_function(positive=("temperature",))
 def model_contrastive_loss(*, features: jax.Array, global_features: jax.Array,
                            previous_features: jax.Array,
-                           temperature: float = 0.5) -> jax.Array:
+                           temperature: float = 0.5,
+                           mask: jax.Array | None = None) -> jax.Array:
   """MOON model-contrastive loss (MOON Eq. 3).
 
   l_b = -log( exp(cos(z_b, z_glob_b)/tau) /
@@ -66,6 +68,8 @@ def model_contrastive_loss(*, features: jax.Array, global_features: jax.Array,
     previous_features: (B, d) of the previous local model, or (P, B, d) for P
       previous models; constant.
     temperature: tau (benchmark 0.5).
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -83,7 +87,7 @@ def model_contrastive_loss(*, features: jax.Array, global_features: jax.Array,
   negatives = jnp.sum(z[None] * l2_normalize(jax.lax.stop_gradient(previous_features),
                                              COSINE_EPS), -1)
   logits = jnp.concatenate([positive[:, None], negatives.T], axis=-1) / temperature
-  return -jnp.mean(jax.nn.log_softmax(logits, axis=-1)[:, 0])
+  return masked_mean(fn, -jax.nn.log_softmax(logits, axis=-1)[:, 0], mask)
 
 
 @loss_function(unit_interval=("alpha",))
@@ -111,7 +115,7 @@ def restricted_softmax_logits(*, logits: jax.Array, class_mask: jax.Array,
   return jnp.where(jnp.asarray(class_mask, bool)[None, :], logits, alpha * logits)
 
 
-def _prototype_infonce(fn, features, labels, prototypes, prototype_mask, temperature):
+def _prototype_infonce(fn, features, labels, prototypes, prototype_mask, temperature, mask):
   check_rank(fn, "features", features, 2, "(batch, dim)")
   check_labels(fn, labels, features.shape[0])
   check_rank(fn, "prototypes", prototypes, 2, "(num_classes, dim)")
@@ -121,7 +125,7 @@ def _prototype_infonce(fn, features, labels, prototypes, prototype_mask, tempera
   if jnp.shape(prototype_mask) != (prototypes.shape[0],):
     raise ValueError(f"{fn}: `prototype_mask` must have shape ({prototypes.shape[0]},), got "
                      f"{jnp.shape(prototype_mask)}.")
-  mask = jnp.asarray(prototype_mask, bool)
+  sample_mask, mask = mask, jnp.asarray(prototype_mask, bool)
   cosine = jnp.matmul(l2_normalize(features, COSINE_EPS),
                       l2_normalize(jax.lax.stop_gradient(prototypes), COSINE_EPS).T,
                       precision=MATMUL_PRECISION) / temperature
@@ -131,13 +135,14 @@ def _prototype_infonce(fn, features, labels, prototypes, prototype_mask, tempera
   log_normaliser = jax.nn.logsumexp(jnp.where(valid[None, :], cosine, -jnp.inf), axis=-1)
   log_prob = jnp.take_along_axis(cosine, labels[:, None], axis=-1)[:, 0] - log_normaliser
   has_prototype = mask[labels]
-  return -jnp.sum(jnp.where(has_prototype, log_prob, 0.0)) / features.shape[0]
+  return masked_mean(fn, -jnp.where(has_prototype, log_prob, 0.0), sample_mask)
 
 
 @loss_function(positive=("temperature",))
 def prototype_contrastive_loss(*, features: jax.Array, labels: jax.Array,
                                prototypes: jax.Array, prototype_mask: jax.Array,
-                               temperature: float = 1.0) -> jax.Array:
+                               temperature: float = 1.0,
+                               mask: jax.Array | None = None) -> jax.Array:
   """FedProc prototype InfoNCE.
 
   For each sample whose class has a global prototype:
@@ -151,19 +156,22 @@ def prototype_contrastive_loss(*, features: jax.Array, labels: jax.Array,
     prototypes: (C, d) global class prototypes (mean features); constant.
     prototype_mask: (C,) boolean, True where class c has a prototype.
     temperature: tau (code: 1).
+    mask: optional (B,) validity mask of the batch rows (padding gets 0); the
+      sum is divided by the number of valid rows.
 
   Returns:
     Scalar loss.
   """
   return _prototype_infonce("prototype_contrastive_loss", features, labels, prototypes,
-                            prototype_mask, temperature)
+                            prototype_mask, temperature, mask)
 
 
 @loss_function(unit_interval=("alpha",), positive=("temperature",))
 def prototype_contrastive_objective(*, logits: jax.Array, features: jax.Array,
                                     labels: jax.Array, prototypes: jax.Array,
                                     prototype_mask: jax.Array, alpha: float | jax.Array,
-                                    temperature: float = 1.0) -> jax.Array:
+                                    temperature: float = 1.0,
+                                    mask: jax.Array | None = None) -> jax.Array:
   """FedProc local objective alpha * InfoNCE + (1 - alpha) * CE.
 
   The benchmark anneals alpha = 1 - r / (E - 1) over rounds r = 0..E-1; pass
@@ -171,7 +179,7 @@ def prototype_contrastive_objective(*, logits: jax.Array, features: jax.Array,
 
   Args:
     logits: (B, C) classifier outputs.
-    features, labels, prototypes, prototype_mask, temperature: see
+    features, labels, prototypes, prototype_mask, temperature, mask: see
       `prototype_contrastive_loss`.
     alpha: weight of the InfoNCE term in [0, 1].
 
@@ -180,14 +188,16 @@ def prototype_contrastive_objective(*, logits: jax.Array, features: jax.Array,
   """
   fn = "prototype_contrastive_objective"
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
-  infonce = _prototype_infonce(fn, features, labels, prototypes, prototype_mask, temperature)
-  ce = jnp.mean(_softmax_cross_entropy_rows(logits, labels))
+  infonce = _prototype_infonce(fn, features, labels, prototypes, prototype_mask, temperature,
+                               mask)
+  ce = masked_mean(fn, _softmax_cross_entropy_rows(logits, labels), mask)
   return alpha * infonce + (1.0 - alpha) * ce
 
 
 @loss_function(nonnegative=("alpha", "beta"))
 def symmetric_cross_entropy(*, logits: jax.Array, labels: jax.Array,
-                            alpha: float = 0.1, beta: float = 1.0) -> jax.Array:
+                            alpha: float = 0.1, beta: float = 1.0,
+                            mask: jax.Array | None = None) -> jax.Array:
   """Symmetric cross-entropy, RHFL's local loss (SCE, Wang et al. 2019).
 
   alpha * CE + beta * RCE, with the reverse CE
@@ -200,6 +210,8 @@ def symmetric_cross_entropy(*, logits: jax.Array, labels: jax.Array,
     labels: (B,) integer labels.
     alpha: CE weight (RHFL 0.1).
     beta: RCE weight (RHFL 1.0).
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -207,15 +219,16 @@ def symmetric_cross_entropy(*, logits: jax.Array, labels: jax.Array,
   fn = "symmetric_cross_entropy"
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
   check_labels(fn, labels, logits.shape[0])
-  ce = jnp.mean(_softmax_cross_entropy_rows(logits, labels))
+  ce = _softmax_cross_entropy_rows(logits, labels)
   probs = jnp.clip(jax.nn.softmax(logits, axis=-1), 1e-7, 1.0)
   onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
   rce = -jnp.sum(probs * jnp.log(jnp.clip(onehot, 1e-4, 1.0)), axis=-1)
-  return alpha * ce + beta * jnp.mean(rce)
+  return masked_mean(fn, alpha * ce + beta * rce, mask)
 
 
 @loss_function()
-def consensus_l1_loss(*, logits: jax.Array, consensus_logits: jax.Array) -> jax.Array:
+def consensus_l1_loss(*, logits: jax.Array, consensus_logits: jax.Array,
+                      mask: jax.Array | None = None) -> jax.Array:
   """FedMD digest loss: mean absolute difference to the consensus logits.
 
   The consensus is the mean of all participants' logits on the public batch
@@ -224,6 +237,8 @@ def consensus_l1_loss(*, logits: jax.Array, consensus_logits: jax.Array) -> jax.
   Args:
     logits: (B, C) of the participant.
     consensus_logits: (B, C) mean logits; constant.
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -231,12 +246,14 @@ def consensus_l1_loss(*, logits: jax.Array, consensus_logits: jax.Array) -> jax.
   fn = "consensus_l1_loss"
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
   check_same_shape(fn, ("logits", "consensus_logits"), (logits, consensus_logits))
-  return jnp.mean(jnp.abs(logits - jax.lax.stop_gradient(consensus_logits)))
+  rows = jnp.mean(jnp.abs(logits - jax.lax.stop_gradient(consensus_logits)), axis=-1)
+  return masked_mean(fn, rows, mask)
 
 
 @loss_function(positive=("temperature",))
 def ensemble_distillation_loss(*, student_logits: jax.Array, client_logits: jax.Array,
-                               temperature: float = 1.0) -> jax.Array:
+                               temperature: float = 1.0,
+                               mask: jax.Array | None = None) -> jax.Array:
   """FedDF ensemble distillation on public data.
 
   The teacher is the mean of the K clients' logits; the loss is
@@ -246,6 +263,8 @@ def ensemble_distillation_loss(*, student_logits: jax.Array, client_logits: jax.
     student_logits: (B, C) of the model being distilled.
     client_logits: (K, B, C) logits of the ensemble members; constant.
     temperature: tau.
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -257,4 +276,5 @@ def ensemble_distillation_loss(*, student_logits: jax.Array, client_logits: jax.
     raise ValueError(f"{fn}: `client_logits` must have shape (K, {student_logits.shape[0]}, "
                      f"{student_logits.shape[1]}), got {client_logits.shape}.")
   teacher = jnp.mean(jax.lax.stop_gradient(client_logits), axis=0)
-  return jnp.mean(kl_divergence_rows(teacher / temperature, student_logits / temperature))
+  return masked_mean(fn, kl_divergence_rows(teacher / temperature, student_logits / temperature),
+                     mask)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from fedjax_het.losses._core import (MATMUL_PRECISION, check_labels, check_min_batch,
                                      check_rank, check_same_shape, kl_divergence_rows,
-                                     l2_normalize, loss_function)
+                                     l2_normalize, loss_function, masked_mean)
 
 #: lambda of FCCL+ Eq. 2 (weight of the off-diagonal term), as in the code.
 FCCM_OFF_DIAGONAL_WEIGHT = 0.0051
@@ -187,7 +187,8 @@ def instance_similarity_loss(*, similarity: jax.Array,
 
 @loss_function(positive=("temperature",))
 def knowledge_distillation_loss(*, student_logits: jax.Array, teacher_logits: jax.Array,
-                                temperature: float = 1.0) -> jax.Array:
+                                temperature: float = 1.0,
+                                mask: jax.Array | None = None) -> jax.Array:
   """Temperature knowledge distillation, FCCL+ Eq. 7-8.
 
   KL(softmax(z_T / tau) || softmax(z_S / tau)), averaged over the batch. The
@@ -198,6 +199,8 @@ def knowledge_distillation_loss(*, student_logits: jax.Array, teacher_logits: ja
     student_logits: (B, C).
     teacher_logits: (B, C); treated as a constant.
     temperature: tau.
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -206,7 +209,8 @@ def knowledge_distillation_loss(*, student_logits: jax.Array, teacher_logits: ja
   check_rank(fn, "student_logits", student_logits, 2, "(batch, num_classes)")
   check_same_shape(fn, ("student_logits", "teacher_logits"), (student_logits, teacher_logits))
   teacher = jax.lax.stop_gradient(teacher_logits)
-  return jnp.mean(kl_divergence_rows(teacher / temperature, student_logits / temperature))
+  return masked_mean(fn, kl_divergence_rows(teacher / temperature, student_logits / temperature),
+                     mask)
 
 
 def _non_target_log_probs(scaled_logits, non_target, renormalize):
@@ -224,7 +228,8 @@ def _non_target_log_probs(scaled_logits, non_target, renormalize):
 @loss_function(static_argnames=("renormalize",), positive=("temperature",))
 def non_target_distillation_loss(*, student_logits: jax.Array, teacher_logits: jax.Array,
                                  labels: jax.Array, temperature: float = 1.0,
-                                 renormalize: bool = False) -> jax.Array:
+                                 renormalize: bool = False,
+                                 mask: jax.Array | None = None) -> jax.Array:
   """Federated Non-Target Distillation (FNTD), FCCL+ Eq. 13.
 
   L = tau^2 * mean_b sum_{u != t_b} p_T^u log(p_T^u / p_S^u), with
@@ -241,6 +246,8 @@ def non_target_distillation_loss(*, student_logits: jax.Array, teacher_logits: j
     labels: (B,) integer targets t_b.
     temperature: tau (3 for Digits/Office31, 1 for Office-Caltech/Home).
     renormalize: softmax over the C-1 non-target logits instead.
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -259,13 +266,14 @@ def non_target_distillation_loss(*, student_logits: jax.Array, teacher_logits: j
   student_log_probs = _non_target_log_probs(student, non_target, renormalize)
   terms = jnp.where(non_target,
                     jnp.exp(teacher_log_probs) * (teacher_log_probs - student_log_probs), 0.0)
-  return temperature**2 * jnp.mean(jnp.sum(terms, axis=-1))
+  return temperature**2 * masked_mean(fn, jnp.sum(terms, axis=-1), mask)
 
 
 @loss_function(positive=("temperature",))
 def dual_domain_distillation_loss(*, logits: jax.Array, previous_logits: jax.Array,
                                   pretrained_logits: jax.Array,
-                                  temperature: float = 1.0) -> jax.Array:
+                                  temperature: float = 1.0,
+                                  mask: jax.Array | None = None) -> jax.Array:
   """FCCL dual-domain knowledge distillation, FCCL Eq. 4-6.
 
   L_dual = KL(sigma(Z^{t-1}) || sigma(Z)) + KL(sigma(Z*) || sigma(Z)): the
@@ -278,6 +286,8 @@ def dual_domain_distillation_loss(*, logits: jax.Array, previous_logits: jax.Arr
     previous_logits: (B, C) logits of theta_i^{t-1}; constant.
     pretrained_logits: (B, C) logits of theta_i^*; constant.
     temperature: softmax temperature (paper: 1).
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar L_dual (Eq. 6).
@@ -289,4 +299,4 @@ def dual_domain_distillation_loss(*, logits: jax.Array, previous_logits: jax.Arr
   student = logits / temperature
   inter = kl_divergence_rows(jax.lax.stop_gradient(previous_logits) / temperature, student)
   intra = kl_divergence_rows(jax.lax.stop_gradient(pretrained_logits) / temperature, student)
-  return jnp.mean(inter) + jnp.mean(intra)
+  return masked_mean(fn, inter + intra, mask)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_het.losses._core import (check_labels, check_rank, check_same_shape,
-                                     check_same_structure, loss_function,
+                                     check_same_structure, loss_function, masked_mean,
                                      sigmoid_binary_cross_entropy_elementwise)
 from fedjax_het.losses.common import _softmax_cross_entropy_rows
 
@@ -42,7 +42,8 @@ PROTOTYPE_NOISE_SCALE = 0.1
 def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Array,
                                            num_old_classes: int | jax.Array,
                                            compensate_first_task: bool = False,
-                                           eps: float = 1e-12) -> jax.Array:
+                                           eps: float = 1e-12,
+                                           mask: jax.Array | None = None) -> jax.Array:
   """Class-aware gradient compensation L_GC, GLFC Eq. 2-4.
 
   g_b = |sigmoid(z_b)[y_b] - 1| is the gradient magnitude at the true class
@@ -67,6 +68,8 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
       tasks). May be a traced integer.
     compensate_first_task: see above.
     eps: floor of the group mean in the division.
+    mask: optional (B,) boolean validity mask: padded rows join no group and
+      the result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -77,9 +80,11 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
   true_class_prob = jnp.sum(jax.nn.sigmoid(jax.lax.stop_gradient(logits)) * onehot, axis=-1)
   g = jnp.abs(true_class_prob - 1.0)
+  valid = jnp.ones_like(g, dtype=bool) if mask is None else jnp.asarray(mask, bool)
   is_old = labels < num_old_classes
 
   def group_mean(member):
+    member = member & valid
     count = jnp.sum(member)
     return jnp.sum(jnp.where(member, g, 0.0)) / jnp.maximum(count, 1)
 
@@ -88,12 +93,13 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   if not compensate_first_task:
     weights = jnp.where(jnp.asarray(num_old_classes) > 0, weights, jnp.ones_like(weights))
   bce = sigmoid_binary_cross_entropy_elementwise(logits, onehot)
-  return jnp.mean(weights[:, None] * bce)
+  return masked_mean(fn, jnp.mean(weights[:, None] * bce, axis=-1), mask)
 
 
 @loss_function()
 def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.Array,
-                                              old_logits: jax.Array) -> jax.Array:
+                                              old_logits: jax.Array,
+                                              mask: jax.Array | None = None) -> jax.Array:
   """Class-semantic relation distillation L_RD, GLFC Eq. 5.
 
   The target is the one-hot label whose first C_old columns (the old classes)
@@ -105,6 +111,8 @@ def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.
     logits: (B, C) current local model outputs, C = C_old + C_new.
     labels: (B,) integer labels.
     old_logits: (B, C_old) outputs of the stored old model; constant.
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -121,7 +129,8 @@ def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.
   target = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
   old_probs = jax.nn.sigmoid(jax.lax.stop_gradient(old_logits))
   target = target.at[:, :num_old].set(old_probs)
-  return jnp.mean(sigmoid_binary_cross_entropy_elementwise(logits, target))
+  rows = jnp.mean(sigmoid_binary_cross_entropy_elementwise(logits, target), axis=-1)
+  return masked_mean(fn, rows, mask)
 
 
 @loss_function()
@@ -143,12 +152,7 @@ def mean_prediction_entropy(*, logits: jax.Array, mask: jax.Array | None = None)
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-  if mask is None:
-    return jnp.mean(entropy)
-  if jnp.shape(mask) != entropy.shape:
-    raise ValueError(f"{fn}: `mask` must have shape {entropy.shape}, got {jnp.shape(mask)}.")
-  weights = jnp.asarray(mask, dtype=entropy.dtype)
-  return jnp.sum(weights * entropy) / jnp.maximum(jnp.sum(weights), 1.0)
+  return masked_mean(fn, entropy, mask)
 
 
 @loss_function(nonnegative=("threshold",))

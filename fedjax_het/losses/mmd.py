@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.losses._core import check_rank, check_same_shape, loss_function
+from fedjax_het.losses._core import check_rank, check_same_shape, loss_function, masked_mean
 
 #: The 19 Gaussian bandwidths (as variances) of reference-notes.md.
 MMD_BANDWIDTHS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 5.0, 10.0, 15.0, 20.0, 25.0,
@@ -76,7 +76,8 @@ def gaussian_kernel_matrix(*, x: jax.Array, y: jax.Array,
 
 @loss_function()
 def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
-                             bandwidths: Sequence[float] | jax.Array = MMD_BANDWIDTHS) -> jax.Array:
+                             bandwidths: Sequence[float] | jax.Array = MMD_BANDWIDTHS,
+                             mask: jax.Array | None = None) -> jax.Array:
   """Squared multi-kernel MMD, FedMMD Eq. 2 (and Eq. 5 without lambda).
 
   MMD^2 = mean K(x, x) + mean K(y, y) - 2 mean K(x, y): the biased V-statistic
@@ -87,6 +88,8 @@ def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
     x: (N, d), e.g. the frozen global model's outputs on a batch.
     y: (M, d), e.g. the local model's outputs on the same batch.
     bandwidths: kernel variances (default: the 19 of reference-notes.md).
+    mask: optional (N,) validity mask when x and y are two views of the same
+      (padded) batch (requires N == M): the estimate uses the valid rows only.
 
   Returns:
     Scalar MMD^2 >= 0.
@@ -94,12 +97,24 @@ def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
   fn = "multi_kernel_mmd_squared"
   _check_samples(fn, x, y)
   b = _check_bandwidths(fn, bandwidths)
-  value = jnp.mean(_kernel(x, x, b)) + jnp.mean(_kernel(y, y, b)) - 2.0 * jnp.mean(_kernel(x, y, b))
+  if mask is None:
+    value = (jnp.mean(_kernel(x, x, b)) + jnp.mean(_kernel(y, y, b))
+             - 2.0 * jnp.mean(_kernel(x, y, b)))
+  else:
+    if x.shape[0] != y.shape[0] or jnp.shape(mask) != (x.shape[0],):
+      raise ValueError(f"{fn}: `mask` needs x and y of equal length and shape ({x.shape[0]},), "
+                       f"got x {x.shape}, y {y.shape}, mask {jnp.shape(mask)}.")
+    w = jnp.asarray(mask).astype(x.dtype)
+    pair = w[:, None] * w[None, :]
+    total = jnp.sum(pair)
+    total = jnp.where(total > 0, total, 1.0)
+    value = jnp.sum(pair * (_kernel(x, x, b) + _kernel(y, y, b) - 2.0 * _kernel(x, y, b))) / total
   return jnp.maximum(value, 0.0)
 
 
 @loss_function()
-def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array) -> jax.Array:
+def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array,
+                       mask: jax.Array | None = None) -> jax.Array:
   """L2 two-stream constraint: mean_b |local_b - global_b|^2.
 
   The FedMMD authors' code replaced MMD by an L2 penalty between the two
@@ -110,6 +125,8 @@ def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array) -
   Args:
     local_outputs: (B, d).
     global_outputs: (B, d).
+    mask: optional (B,) validity mask or weights; padded rows get 0 and the
+      result is the mean over the valid rows.
 
   Returns:
     Scalar loss.
@@ -118,4 +135,4 @@ def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array) -
   check_rank(fn, "local_outputs", local_outputs, 2, "(batch, dim)")
   check_same_shape(fn, ("local_outputs", "global_outputs"), (local_outputs, global_outputs))
   difference = local_outputs - jax.lax.stop_gradient(global_outputs)
-  return jnp.mean(jnp.sum(jnp.square(difference), axis=-1))
+  return masked_mean(fn, jnp.sum(jnp.square(difference), axis=-1), mask)
