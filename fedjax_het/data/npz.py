@@ -1,0 +1,296 @@
+"""Loaders of the offline `.npz` bundle (real MNIST, USPS, Office31, Office-Caltech, CIFAR).
+
+The bundle is a directory of `.npz` files (see shared/data/README.md): uint8
+images (N, 32, 32, 3) RGB under `*_x` / `x` keys, integer labels under
+`*_y` / `y` keys, read with `np.load(allow_pickle=False)`. The directory
+comes from the `data_dir` argument or the FEDJAX_HET_DATA_DIR environment
+variable (`resolve_data_dir`); files are read in place, never copied.
+
+Everything loaded is validated; problems raise errors that name the file and
+key and say what was expected and what was found:
+
+  * DataUnavailableError: no data directory configured, or the file is missing.
+  * DataError: the file is not a readable `.npz` (truncated, corrupt), a key
+    is missing, images are not uint8 (N, 32, 32, 3), labels are not integer,
+    lie outside [0, num_classes), or their count differs from the images'.
+
+Bundle files beyond the shipped ones follow the same layout, so users can add
+domains: e.g. `svhn_train_x` / `svhn_train_y` / `svhn_test_x` / `svhn_test_y`
+in digits.npz, `caltech_x` / `caltech_y` in office_caltech10.npz, or an
+`office_home.npz` with `art_x`, `art_y`, `clipart_x`, ... (65 classes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import zipfile
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+
+from fedjax_het.data._base import (DATA_DIR_ENV, DataError, DataUnavailableError, Split,
+                                   check_images, check_labels, resolve_data_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleFile:
+  """One file of the offline bundle.
+
+  Attributes:
+    filename: file name inside the data directory.
+    num_classes: labels must lie in [0, num_classes).
+    description: what the file holds (used in error messages).
+  """
+  filename: str
+  num_classes: int
+  description: str
+
+
+#: The files of the offline bundle, by short name.
+BUNDLE: dict[str, BundleFile] = {
+    "digits": BundleFile("digits.npz", 10, "MNIST and USPS train/test splits"),
+    "office31": BundleFile("office31.npz", 31, "Office-31 amazon/dslr/webcam"),
+    "office_caltech": BundleFile("office_caltech10.npz", 10,
+                                 "Office-Caltech-10 amazon/dslr/webcam (no caltech domain)"),
+    "office_home": BundleFile("office_home.npz", 65,
+                              "Office-Home art/clipart/product/real_world (not shipped; build it "
+                              "yourself with the same layout)"),
+    "cifar10": BundleFile("cifar10.npz", 10, "CIFAR-10 train/test"),
+    "cifar100_glfc": BundleFile("cifar100_glfc.npz", 100, "CIFAR-100 subset for GLFC"),
+    "public_cifar100": BundleFile("public_cifar100_5000.npz", 100,
+                                  "5000 CIFAR-100 images (FCCL public data)"),
+    "public_fmnist": BundleFile("public_fmnist_5000.npz", 10, "5000 Fashion-MNIST images"),
+    "public_tinyimagenet": BundleFile("public_tinyimagenet_5000.npz", 200,
+                                      "5000 Tiny-ImageNet images"),
+}
+
+#: Public-set names accepted by `load_public`, mapped to bundle entries.
+PUBLIC_FILES = {"cifar100": "public_cifar100", "fmnist": "public_fmnist",
+                "tinyimagenet": "public_tinyimagenet"}
+
+#: FCCL+ benchmark split of the Office datasets: index i (within a domain's
+#: array) is a training example iff i % 10 <= OFFICE_TRAIN_MAX_REMAINDER.
+OFFICE_TRAIN_MAX_REMAINDER = 7
+
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def bundle_path(entry: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """Path of a bundle file; DataUnavailableError if no data directory is configured.
+
+  Args:
+    entry: a key of `BUNDLE` (e.g. "digits").
+    data_dir: explicit directory, else $FEDJAX_HET_DATA_DIR.
+  """
+  if entry not in BUNDLE:
+    raise ValueError(f"`entry` must be one of {tuple(BUNDLE)}, got {entry!r}.")
+  spec = BUNDLE[entry]
+  directory = resolve_data_dir(data_dir)
+  if directory is None:
+    raise DataUnavailableError(
+        f"No data directory is configured, so {spec.filename} ({spec.description}) cannot be "
+        f"found. Pass data_dir=... or set the environment variable {DATA_DIR_ENV} to the "
+        f"directory holding the fedjax_het .npz bundle.")
+  return directory / spec.filename
+
+
+class _NpzReader:
+  """Reads and validates arrays of one `.npz` file, with errors naming the file."""
+
+  def __init__(self, path: pathlib.Path, spec: BundleFile):
+    self.path = path
+    self.spec = spec
+    if not path.is_file():
+      raise DataUnavailableError(
+          f"{path}: file not found. Expected the bundle file {spec.filename} "
+          f"({spec.description}) in {path.parent}. Put it there, or point data_dir / "
+          f"{DATA_DIR_ENV} at the directory that holds it.")
+    try:
+      self._npz = np.load(path, allow_pickle=False)
+      self.keys = tuple(self._npz.files)
+    except _READ_ERRORS as e:
+      raise DataError(f"{path}: cannot be read as an .npz archive (truncated or corrupt "
+                      f"file?): {type(e).__name__}: {e}") from e
+
+  def close(self) -> None:
+    self._npz.close()
+
+  def __enter__(self) -> _NpzReader:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def has(self, key: str) -> bool:
+    return key in self.keys
+
+  def array(self, key: str) -> np.ndarray:
+    if key not in self.keys:
+      raise DataError(f"{self.path}: missing key {key!r}; the file has keys "
+                      f"{sorted(self.keys)}.")
+    try:
+      return self._npz[key]
+    except _READ_ERRORS as e:
+      raise DataError(f"{self.path}: key {key!r} cannot be read (truncated or corrupt "
+                      f"file?): {type(e).__name__}: {e}") from e
+
+  def split(self, x_key: str, y_key: str) -> Split:
+    """Validated Split from an image key and a label key."""
+    images = self.array(x_key)
+    labels = self.array(y_key)
+    where = f"{self.path} [{x_key}]"
+    check_images(images, where)
+    labels = check_labels(labels, images.shape[0], f"{self.path} [{y_key}]",
+                          num_classes=self.spec.num_classes)
+    return Split(images, labels)
+
+  def class_names(self) -> tuple[str, ...]:
+    if not self.has("classes"):
+      return ()
+    names = tuple(str(c) for c in self.array("classes"))
+    if len(names) != self.spec.num_classes:
+      raise DataError(f"{self.path} [classes]: expected {self.spec.num_classes} class names, "
+                      f"found {len(names)}.")
+    return names
+
+
+def open_bundle(entry: str, data_dir: str | os.PathLike | None = None) -> _NpzReader:
+  """Opens a bundle file for validated reading (use as a context manager)."""
+  return _NpzReader(bundle_path(entry, data_dir), BUNDLE[entry])
+
+
+def index_split(split: Split, max_remainder: int = OFFICE_TRAIN_MAX_REMAINDER
+                ) -> tuple[Split, Split]:
+  """Deterministic train/test split by index: train iff i % 10 <= max_remainder.
+
+  The rule of the FCCL+ benchmark code for Office31, Office-Caltech and
+  Office-Home (80% train): it needs no seed and interleaves the classes.
+  """
+  index = np.arange(len(split))
+  train = index % 10 <= max_remainder
+  return split.take(index[train]), split.take(index[~train])
+
+
+# ----------------------------------------------------------------------------
+# Per-file loaders.
+# ----------------------------------------------------------------------------
+
+
+def load_npz_digits(data_dir: str | os.PathLike | None = None,
+                    domains: tuple[str, ...] | None = None) -> dict[str, tuple[Split, Split]]:
+  """Real digit domains from digits.npz: {domain: (train, test)}.
+
+  Args:
+    data_dir: bundle directory (else $FEDJAX_HET_DATA_DIR).
+    domains: domains to read (default: every domain with `<d>_train_x` keys,
+      i.e. mnist and usps in the shipped file). A requested domain whose keys
+      are absent raises DataUnavailableError.
+
+  Returns:
+    dict domain -> (train Split, test Split). Shipped sizes: mnist 10000 /
+    10000 (1000 per class of the official train set, full test), usps 7291 /
+    2007.
+  """
+  with open_bundle("digits", data_dir) as reader:
+    present = tuple(k[:-len("_train_x")] for k in reader.keys if k.endswith("_train_x"))
+    wanted = present if domains is None else tuple(domains)
+    out = {}
+    for domain in wanted:
+      if domain not in present:
+        raise DataUnavailableError(
+            f"{reader.path}: has no {domain!r} domain (keys {domain}_train_x/_train_y/_test_x/"
+            f"_test_y); it holds {list(present)}.")
+      out[domain] = (reader.split(f"{domain}_train_x", f"{domain}_train_y"),
+                     reader.split(f"{domain}_test_x", f"{domain}_test_y"))
+    return out
+
+
+def load_office_domains(entry: str, data_dir: str | os.PathLike | None = None,
+                        domains: tuple[str, ...] | None = None
+                        ) -> tuple[dict[str, Split], tuple[str, ...]]:
+  """All images of each domain of an Office-style bundle file (no split).
+
+  Args:
+    entry: "office31", "office_caltech" or "office_home".
+    data_dir: bundle directory.
+    domains: domains to read (default: every `<d>_x` key of the file).
+
+  Returns:
+    ({domain: Split}, class names) with the file's class names (or () if
+    the file has no `classes` key).
+  """
+  with open_bundle(entry, data_dir) as reader:
+    present = tuple(k[:-2] for k in reader.keys if k.endswith("_x"))
+    wanted = present if domains is None else tuple(domains)
+    out = {}
+    for domain in wanted:
+      if domain not in present:
+        raise DataUnavailableError(
+            f"{reader.path}: has no {domain!r} domain (keys {domain}_x/{domain}_y); it holds "
+            f"{list(present)}.")
+      out[domain] = reader.split(f"{domain}_x", f"{domain}_y")
+    return out, reader.class_names()
+
+
+def load_office31(data_dir: str | os.PathLike | None = None) -> dict[str, tuple[Split, Split]]:
+  """Office-31 amazon/dslr/webcam, split by index (train iff i % 10 <= 7).
+
+  Returns:
+    dict domain -> (train, test). Shipped sizes: amazon 2255/562, dslr
+    400/98, webcam 637/158; 31 classes (alphabetical).
+  """
+  domains, _ = load_office_domains("office31", data_dir)
+  return {d: index_split(s) for d, s in domains.items()}
+
+
+def load_office_caltech(data_dir: str | os.PathLike | None = None
+                        ) -> dict[str, tuple[Split, Split]]:
+  """Office-Caltech-10 domains present in the bundle, split like `load_office31`.
+
+  The shipped file holds amazon, dslr and webcam (the Office-31 images of the
+  10 shared classes); the caltech domain must come from an image folder.
+  """
+  domains, _ = load_office_domains("office_caltech", data_dir)
+  return {d: index_split(s) for d, s in domains.items()}
+
+
+def load_cifar10(data_dir: str | os.PathLike | None = None) -> tuple[Split, Split]:
+  """CIFAR-10 (train, test) from cifar10.npz (1000 per class train, full test)."""
+  with open_bundle("cifar10", data_dir) as reader:
+    return reader.split("train_x", "train_y"), reader.split("test_x", "test_y")
+
+
+def load_cifar100_glfc(data_dir: str | os.PathLike | None = None) -> tuple[Split, Split]:
+  """CIFAR-100 (train, test) from cifar100_glfc.npz (120 / 50 per class).
+
+  Not the official split (see the bundle README): fine for development, but
+  paper-exact GLFC numbers need the official CIFAR-100 (e.g. via TFDS).
+  """
+  with open_bundle("cifar100_glfc", data_dir) as reader:
+    return reader.split("train_x", "train_y"), reader.split("test_x", "test_y")
+
+
+def load_public(name: str, data_dir: str | os.PathLike | None = None) -> np.ndarray:
+  """A public unlabeled set of the bundle as uint8 (N, 32, 32, 3).
+
+  Args:
+    name: "cifar100", "fmnist" or "tinyimagenet" (5000 images each).
+    data_dir: bundle directory.
+
+  Returns:
+    The images (labels are validated but dropped: public data is unlabeled).
+  """
+  if name not in PUBLIC_FILES:
+    raise ValueError(f"`name` must be one of {tuple(PUBLIC_FILES)}, got {name!r}.")
+  with open_bundle(PUBLIC_FILES[name], data_dir) as reader:
+    return reader.split("x", "y").images
+
+
+def available_bundle_files(data_dir: str | os.PathLike | None = None) -> Mapping[str, bool]:
+  """Which bundle files exist in the data directory (all False if none is set)."""
+  directory = resolve_data_dir(data_dir)
+  return {entry: directory is not None and (directory / spec.filename).is_file()
+          for entry, spec in BUNDLE.items()}
