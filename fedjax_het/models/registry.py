@@ -1,0 +1,112 @@
+"""Model registry: `get_model(name, num_classes, *, width, conv_impl, **kwargs)`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+
+from fedjax_het.models.base import Classifier
+from fedjax_het.models.efficientnet import efficientnet_b0
+from fedjax_het.models.fedfusion import FUSION_OPERATORS, FedFusion, FusionOperator
+from fedjax_het.models.googlenet import googlenet
+from fedjax_het.models.layers import check_conv_impl
+from fedjax_het.models.mobilenet import mobilenet_v2
+from fedjax_het.models.resnet import RESNET_STAGE_SIZES, resnet
+from fedjax_het.models.small_cnns import (fedavg_cifar_cnn, fedavg_mnist_cnn, lenet_encoder,
+                                          simple_cnn)
+
+
+def _resnet_builder(name: str) -> Callable[..., Classifier]:
+  def build(num_classes: int, *, width: float, conv_impl: str) -> Classifier:
+    return resnet(RESNET_STAGE_SIZES[name], num_classes, width=width, conv_impl=conv_impl)
+  return build
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "resnet10": _resnet_builder("resnet10"),
+    "resnet12": _resnet_builder("resnet12"),
+    "resnet18": _resnet_builder("resnet18"),
+    "resnet34": _resnet_builder("resnet34"),
+    "efficientnet_b0": efficientnet_b0,
+    "mobilenet_v2": mobilenet_v2,
+    "googlenet": googlenet,
+    "simple_cnn": simple_cnn,
+    "fedavg_mnist_cnn": fedavg_mnist_cnn,
+    "fedavg_cifar_cnn": fedavg_cifar_cnn,
+    # GLFC: the CIFAR ResNet-18; its head grows with `grow_classifier`.
+    "glfc_resnet18": _resnet_builder("resnet18"),
+    "lenet_encoder": lenet_encoder,
+}
+
+#: Extra keyword arguments (and their defaults) accepted per model.
+MODEL_KWARGS: dict[str, dict[str, Any]] = {
+    "efficientnet_b0": {"dropout_rate": 0.2, "drop_connect_rate": 0.0},
+    "fedfusion": {"base": "fedavg_cifar_cnn", "fusion": "multi"},
+}
+
+#: Every name `get_model` accepts ("fedfusion" wraps any of the others).
+MODEL_NAMES = tuple(_BUILDERS) + ("fedfusion",)
+
+
+def _check_common(name: str, num_classes: Any, width: Any, conv_impl: Any) -> None:
+  if not isinstance(name, str) or name not in MODEL_NAMES:
+    raise ValueError(f"Unknown model name {name!r}; valid names are {MODEL_NAMES}.")
+  if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+    raise ValueError(f"`num_classes` must be an int >= 1, got {num_classes!r}.")
+  if (isinstance(width, bool) or not isinstance(width, (int, float))
+      or not math.isfinite(width) or width <= 0):
+    raise ValueError(f"`width` must be a finite number > 0, got {width!r}.")
+  check_conv_impl(conv_impl)
+
+
+def get_model(name: str, num_classes: int, *, width: float = 1.0, conv_impl: str = "xla",
+              **kwargs: Any) -> nn.Module:
+  """Builds a zoo model for 32x32x3 inputs.
+
+  Every model is called as `model(images, *, train) -> (features, logits)`,
+  has a `feature_dim` attribute (after width scaling) and a final
+  `nn.Dense` named "head"; see `init_variables` and `apply_model`.
+
+  Args:
+    name: one of `MODEL_NAMES`.
+    num_classes: outputs of the head.
+    width: width multiplier; every channel / hidden count c becomes
+      max(1, round(c * width)).
+    conv_impl: one of `layers.CONV_IMPLS`: "xla" (stock convolution, best on
+      GPU/TPU), "im2col" or "custom_vjp" (fast inside `lax.scan` on XLA:CPU).
+    **kwargs: model-specific options, see `MODEL_KWARGS`:
+      efficientnet_b0: dropout_rate (0.2), drop_connect_rate (0.0);
+      fedfusion: base (a registry name other than "fedfusion", default
+      "fedavg_cifar_cnn"), fusion ("conv", "multi" or "single"; default "multi").
+
+  Returns:
+    An unbound `flax.linen.Module`.
+
+  Raises:
+    ValueError: unknown name, keyword or value (the message lists the valid ones).
+  """
+  _check_common(name, num_classes, width, conv_impl)
+  allowed = MODEL_KWARGS.get(name, {})
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ValueError(f"get_model({name!r}): unknown keyword argument(s) {unknown}; valid "
+                     f"extra keywords for {name!r} are {tuple(allowed)}.")
+  if name != "fedfusion":
+    return _BUILDERS[name](num_classes, width=width, conv_impl=conv_impl, **kwargs)
+  options = {**allowed, **kwargs}
+  base_name, fusion = options["base"], options["fusion"]
+  bases = tuple(_BUILDERS)
+  if base_name not in bases:
+    raise ValueError(f"get_model('fedfusion'): `base` must be one of {bases}, got "
+                     f"{base_name!r}.")
+  if fusion not in FUSION_OPERATORS:
+    raise ValueError(f"get_model('fedfusion'): `fusion` must be one of {FUSION_OPERATORS}, "
+                     f"got {fusion!r}.")
+  local = _BUILDERS[base_name](num_classes, width=width, conv_impl=conv_impl)
+  frozen = _BUILDERS[base_name](num_classes, width=width, conv_impl=conv_impl)
+  return FedFusion(local_trunk=local.trunk, global_trunk=frozen.trunk,
+                   fusion=FusionOperator(fusion, conv_impl), tail=local.tail,
+                   num_classes=num_classes, head_init_bound=local.head_init_bound)
