@@ -1,0 +1,51 @@
+"""Trains a federated method from an ml_collections config (see experiments/configs/).
+
+  python experiments/train.py --config=digits_fcclplus_quick
+  python experiments/train.py --config=experiments/configs/digits.py:fccl --config.num_rounds=5
+"""
+
+import pathlib
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "experiments" / "configs"
+
+
+def expand_config_name(argv: list[str]) -> list[str]:
+  """--config=<scenario>_<variant> -> --config=experiments/configs/<scenario>.py:<variant>."""
+  out = []
+  for arg in argv:
+    match = re.fullmatch(r"--config=([A-Za-z0-9]+)(?:_([A-Za-z0-9_]+))?", arg)
+    if match and not arg.endswith(".py"):
+      scenario, variant = match.groups()
+      path = CONFIGS / f"{scenario}.py"
+      if not path.exists():
+        known = sorted(p.stem for p in CONFIGS.glob("*.py"))
+        raise SystemExit(f"--config={match.group(1)}: no experiments/configs/{scenario}.py; "
+                         f"known scenarios: {known}")
+      arg = f"--config={path}" + (f":{variant}" if variant else "")
+    out.append(arg)
+  return out
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: runs/<config name>).")
+
+
+def main(argv):
+  del argv
+  from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
+  logging.info("workdir: %s", workdir)
+  train_and_evaluate(config, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main, argv=expand_config_name(sys.argv))

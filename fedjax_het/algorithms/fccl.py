@@ -1,0 +1,180 @@
+"""FCCL (FCCL Algorithm 1): cross-correlation learning + dual-domain distillation.
+
+Before the first round every participant is pretrained on its private data
+alone (SOLO, `fccl.pretrain_epochs`, Adam with cosine-annealed lr as in the
+code); the pretrained model theta_i^* is kept as the intra-domain teacher and
+also starts training. Every round t:
+  1. Collaborative updating on each public batch: participant i minimises
+     L_Col = sum_u (1 - M_uu)^2 + lambda sum_{u!=v} (1 + M_uv)^2 (Eq. 1-2)
+     against the mean logits, where i's own slot in the mean holds the logits
+     of its previous-round model theta_i^{t-1} (eval mode), the other slots the
+     others' current logits (the authors' FCCL code; `fccl.own_slot="current"`
+     uses every current model, like FCCL+).
+  2. Local updating: L_Loc = CE + lambda_Loc (KL(theta^{t-1}) + KL(theta^*))
+     (Eq. 3-7), tau = 1, both teachers in eval mode.
+  3. theta_i^{t-1} <- the new end-of-local model; homogeneous variant: the
+     participants' models are then averaged (the code aggregates after the
+     local update).
+Learning rates and optimisers as FCCL+ (`fcclplus.py`): Adam 1e-3 re-created
+per public batch, Adam 1e-3 + L2 1e-5 re-created per round, linear decay.
+
+Reference: W. Huang, M. Ye, B. Du. Learn from Others and Be Yourself in
+Heterogeneous Federated Learning. CVPR 2022.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from fedjax_het import losses
+from fedjax_het.algorithms import base, common, solo
+from fedjax_het.engine.clients import client_keys
+from fedjax_het.engine.optim import apply_updates, linear_decay, make_optimizer
+
+OWN_SLOTS = ("previous", "current")
+
+
+def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algorithm:
+  """Builds FCCL from `config.fccl`, `config.collaborative`, `config.local`."""
+  cfg, col, loc = config.fccl, config.collaborative, config.local
+  lam = float(cfg.off_diagonal_weight)
+  own_slot = common.check_choice("fccl.own_slot", cfg.own_slot, OWN_SLOTS)
+  tau = float(cfg.distill_temperature)
+  weight = float(cfg.local_distill_weight)
+  teacher_train_mode = bool(cfg.teacher_train_mode)
+  average = bool(cfg.average_parameters)
+  if average and not setup.homogeneous:
+    raise ValueError("fccl.average_parameters=True needs one architecture for all "
+                     f"participants, got groups {[g.name for g in setup.groups]}.")
+  if col.optimizer_reset != "batch":
+    raise ValueError("fccl supports collaborative.optimizer_reset='batch' only (the code's "
+                     f"fresh Adam per public batch), got {col.optimizer_reset!r}.")
+  col_tx = make_optimizer(col.optimizer)
+  ids = {g.name: jnp.asarray(common.slot_ids(g, setup.num_participants)) for g in setup.groups}
+  active = {g.name: jnp.asarray(common.slot_active(g)) for g in setup.groups}
+
+  def init(key, data):
+    init_key, pretrain_key = jax.random.split(key)
+    variables = {g.name: base.init_group_variables(g, init_key, shared=False,
+                                                   num_participants=setup.num_participants)
+                 for g in setup.groups}
+    pretrained = solo.pretrain_variables(
+        setup, variables, data.groups, pretrain_key, epochs=int(cfg.pretrain_epochs),
+        batch_size=int(loc.batch_size), lr=float(cfg.pretrain_lr),
+        min_lr=float(cfg.pretrain_min_lr))
+    groups = {}
+    for group in setup.groups:
+      start = pretrained[group.name]
+      if average:  # the code starts every homogeneous participant from participant 0's model
+        start = jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v[:1], v.shape), start)
+      groups[group.name] = {"variables": start, "previous": pretrained[group.name],
+                            "pretrained": pretrained[group.name]}
+    return {"groups": groups}
+
+  def collaborative_update(state, images, key, round_index):
+    lr = linear_decay(float(col.lr), round_index, setup.num_rounds, float(col.lr_decay))
+    params = {name: g["variables"]["params"] for name, g in state["groups"].items()}
+    previous_logits = {}
+    if own_slot == "previous":
+      for group in setup.groups:
+        prev = state["groups"][group.name]["previous"]
+        forward = common.forward_fn(group, train=False)
+        _, z, _ = jax.vmap(forward, in_axes=(0, 0, None))(prev["params"], prev["batch_stats"],
+                                                          images)
+        previous_logits[group.name] = jax.lax.stop_gradient(z)
+
+    def total_loss(params):
+      logits, stats = {}, {}
+      for group in setup.groups:
+        forward = common.forward_fn(group, train=True)
+        batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
+        _, z, new_stats = jax.vmap(forward, in_axes=(0, 0, None, 0))(
+            params[group.name], batch_stats, images, client_keys(key, ids[group.name]))
+        logits[group.name], stats[group.name] = z, new_stats
+      mean_current = common.mean_over_participants(logits, setup)
+      total, metrics = 0.0, {}
+      for group in setup.groups:
+        z = logits[group.name]
+        if own_slot == "previous":
+          # Replace the participant's own (current) term of the mean by its previous model's.
+          targets = mean_current[None] + (previous_logits[group.name]
+                                          - jax.lax.stop_gradient(z)) / setup.num_participants
+        else:
+          targets = jnp.broadcast_to(mean_current[None], z.shape)
+        col_loss = jax.vmap(lambda zi, ti: losses.cross_correlation_loss(
+            logits=zi, target_logits=ti, off_diagonal_weight=lam))(z, targets)
+        total = total + jnp.sum(jnp.where(active[group.name], col_loss, 0.0))
+        metrics[group.name] = {"col": col_loss}
+      return total, (metrics, stats)
+
+    grads, (metrics, stats) = jax.grad(total_loss, has_aux=True)(params)
+    groups = {}
+    for group in setup.groups:
+      g = state["groups"][group.name]
+      fresh = jax.vmap(col_tx.init)(params[group.name])
+      new_params, _ = jax.vmap(lambda p, gr, o: apply_updates(col_tx, p, gr, o, lr))(
+          params[group.name], grads[group.name], fresh)
+      new_vars = base.where_active(active[group.name],
+                                   {"params": new_params, "batch_stats": stats[group.name]},
+                                   g["variables"])
+      groups[group.name] = {**g, "variables": new_vars}
+    return {**state, "groups": groups}, metrics
+
+  def local_loss_for(group):
+    forward = common.forward_fn(group, train=True)
+    teacher_forward = common.forward_fn(group, train=teacher_train_mode)
+
+    def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
+      r_student, r_prev, r_pre = jax.random.split(rng, 3)
+      _, z, new_stats = forward(params, batch_stats, images, r_student, mask)
+      _, z_prev, _ = teacher_forward(aux["previous"]["params"], aux["previous"]["batch_stats"],
+                                     images, r_prev, mask)
+      _, z_pre, _ = teacher_forward(aux["pretrained"]["params"],
+                                    aux["pretrained"]["batch_stats"], images, r_pre, mask)
+      ce = losses.softmax_cross_entropy(logits=z, labels=labels, mask=mask)
+      dual = losses.dual_domain_distillation_loss(
+          logits=z, previous_logits=z_prev, pretrained_logits=z_pre, temperature=tau, mask=mask)
+      return ce + weight * dual, (new_stats, {"ce": ce, "dual": dual})
+
+    return loss_fn
+
+  trainers = common.make_group_trainers(
+      setup, local_loss_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
+      epochs=int(loc.epochs), batch_size=int(loc.batch_size))
+
+  def local_update(state, data, key, round_index):
+    lr = linear_decay(float(loc.lr), round_index, setup.num_rounds, float(loc.lr_decay))
+    rates = jnp.full((int(loc.epochs),), lr)
+    groups, metrics = {}, {}
+    for group in setup.groups:
+      g = state["groups"][group.name]
+      aux = {"previous": g["previous"], "pretrained": g["pretrained"]}
+      new_vars, m = common.run_group_trainer(trainers[group.name], g["variables"], aux,
+                                             data[group.name], client_keys(key, ids[group.name]),
+                                             rates)
+      new_vars = base.where_active(active[group.name], new_vars, g["variables"])
+      current = base.average_over_active(new_vars, active[group.name]) if average else new_vars
+      groups[group.name] = {**g, "variables": current, "previous": new_vars}
+      metrics[group.name] = m
+    return {**state, "groups": groups}, metrics
+
+  return base.Algorithm(name="fccl", init=init, prepare_round=base.identity_prepare_round,
+                        collaborative_update=collaborative_update, local_update=local_update,
+                        evaluate=common.make_evaluate(config, setup))
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `config.fccl` namespace with the paper/code defaults."""
+  return ml_collections.ConfigDict({
+      "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda_Col, Eq. 2
+      "own_slot": "previous",
+      "distill_temperature": 1.0,                              # tau, Eq. 4-5
+      "local_distill_weight": 1.0,                             # lambda_Loc, Eq. 7
+      "teacher_train_mode": False,
+      "pretrain_epochs": 50,
+      "pretrain_lr": 1e-3,
+      "pretrain_min_lr": 1e-6,
+      "average_parameters": False,
+  })

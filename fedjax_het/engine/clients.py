@@ -1,0 +1,139 @@
+"""Architecture groups: how heterogeneous participants become a few vmapped stacks.
+
+Participants that share an architecture (same registry name and keyword
+arguments) form a `ClientGroup`; their parameters, BatchNorm statistics and
+private data are stacked on a leading client axis and updated with `jax.vmap`.
+Different groups meet only through quantities on the shared public batch
+(logits, similarity matrices), inside one jitted function.
+
+A group may be padded with dummy "slots" so that its size divides the number of
+devices of the `clients` mesh axis; dummy slots copy a real client's data, are
+marked inactive, never contribute to cross-client means and are never reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientGroup:
+  """Participants sharing one architecture.
+
+  Attributes:
+    name: group key, e.g. "resnet12" (unique within a run).
+    model: the Flax module all members use.
+    clients: global participant indices of the members, in order.
+    num_slots: size of the stacked client axis (>= len(clients); the extra
+      slots are inactive padding for sharding).
+  """
+  name: str
+  model: nn.Module
+  clients: tuple[int, ...]
+  num_slots: int
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.clients)
+
+
+def group_clients(architectures: Sequence[str], models: Sequence[nn.Module], *,
+                  slot_multiple: int = 1) -> tuple[ClientGroup, ...]:
+  """Groups participants by architecture key, in order of first appearance.
+
+  Args:
+    architectures: one key per participant (e.g. the model registry name plus
+      its options); participants with equal keys share a group.
+    models: one module per participant (the first of each group is used).
+    slot_multiple: pad each group's client axis to a multiple of this (the
+      device count when clients are sharded).
+
+  Returns:
+    The groups.
+  """
+  if len(architectures) != len(models):
+    raise ValueError(f"got {len(architectures)} architectures but {len(models)} models.")
+  if slot_multiple < 1:
+    raise ValueError(f"slot_multiple must be >= 1, got {slot_multiple}.")
+  members: dict[str, list[int]] = {}
+  for index, key in enumerate(architectures):
+    members.setdefault(key, []).append(index)
+  return tuple(
+      ClientGroup(name=key, model=models[indices[0]], clients=tuple(indices),
+                  num_slots=math.ceil(len(indices) / slot_multiple) * slot_multiple)
+      for key, indices in members.items())
+
+
+class GroupData(NamedTuple):
+  """Private data of one group, stacked over its slots (leading axis S).
+
+  Rows [0, sizes[s]) of slot s are valid; the rest is zero padding.
+  """
+  images: Any     # (S, N, 32, 32, 3) uint8
+  labels: Any     # (S, N) int32
+  sizes: Any      # (S,) int32
+  client_ids: Any  # (S,) int32 global participant index (padding: K, K+1, ...)
+  active: Any     # (S,) bool, False for padding slots
+
+
+def stack_group_data(group: ClientGroup, images: Sequence[np.ndarray],
+                     labels: Sequence[np.ndarray], *, num_participants: int,
+                     max_size: int | None = None) -> GroupData:
+  """Stacks the private data of a group's members into padded numpy arrays.
+
+  Args:
+    group: the group.
+    images: per participant (indexed by global index) uint8 (N_i, 32, 32, 3).
+    labels: per participant int (N_i,).
+    num_participants: K, used to number padding slots K, K+1, ...
+    max_size: pad every slot to this many rows (default: the largest member).
+
+  Returns:
+    GroupData of numpy arrays.
+  """
+  sizes = [len(labels[i]) for i in group.clients]
+  rows = max(sizes) if max_size is None else max_size
+  if rows < max(sizes):
+    raise ValueError(f"max_size {rows} is smaller than the largest client ({max(sizes)}).")
+  shape = images[group.clients[0]].shape[1:]
+  x = np.zeros((group.num_slots, rows, *shape), np.uint8)
+  y = np.zeros((group.num_slots, rows), np.int32)
+  n = np.zeros((group.num_slots,), np.int32)
+  ids = np.zeros((group.num_slots,), np.int32)
+  active = np.zeros((group.num_slots,), bool)
+  for slot in range(group.num_slots):
+    source = group.clients[slot % group.num_clients]  # padding slots copy a real client
+    size = len(labels[source])
+    x[slot, :size] = images[source]
+    y[slot, :size] = labels[source]
+    n[slot] = size
+    if slot < group.num_clients:
+      ids[slot] = source
+      active[slot] = True
+    else:
+      ids[slot] = num_participants + slot - group.num_clients
+  return GroupData(images=x, labels=y, sizes=n, client_ids=ids, active=active)
+
+
+def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
+  """One key per slot from the participant's global index (grouping-invariant)."""
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(client_ids)
+
+
+def scatter_to_participants(groups: Sequence[ClientGroup], per_group: dict[str, np.ndarray],
+                            num_participants: int) -> np.ndarray:
+  """Reassembles per-slot values of every group into participant order (drops padding)."""
+  first = np.asarray(next(iter(per_group.values())))
+  out = np.zeros((num_participants, *first.shape[1:]), first.dtype)
+  for group in groups:
+    values = np.asarray(per_group[group.name])
+    for slot, participant in enumerate(group.clients):
+      out[participant] = values[slot]
+  return out

@@ -1,0 +1,217 @@
+"""End to end: train_and_evaluate, resume, no recompilation, scan == loop, sharding, configs."""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_het import reporting
+from fedjax_het.config import validate_config
+from fedjax_het.engine import rounds, sharding
+from fedjax_het.train import Experiment, train_and_evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(path, name):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+digits = _load(REPO / "experiments" / "configs" / "digits.py", "digits_config")
+cli = _load(REPO / "experiments" / "train.py", "train_cli")
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(tmp_path_factory, monkeypatch):
+  """Synthetic data generated once per session, and no real data directory."""
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+
+
+def tiny_config(variant="fcclplus", **overrides):
+  """The quick Digits config shrunk to small CNNs and a few dozen images per client."""
+  c = digits.get_config(f"{variant}_quick")
+  c.models.architectures = ("simple_cnn", "fedavg_cifar_cnn", "simple_cnn", "fedavg_cifar_cnn")
+  c.num_rounds = 3
+  c.local.epochs = 1
+  c.local.batch_size = 16
+  c.collaborative.batch_size = 32
+  c.scenario.public_size = 64
+  c.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
+  c.scenario.test_size = 30
+  c.eval.batch_size = 30
+  c.fccl.pretrain_epochs = 1
+  c.logging.progress = False
+  c.logging.tensorboard = False
+  c.logging.heatmap_rounds = (1, 3)
+  c.compilation_cache_dir = ""
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def _eval_numbers(record):
+  return {k: v for k, v in record.items() if k.startswith(("eval/", "train/"))}
+
+
+@pytest.mark.parametrize("variant", ["fcclplus", "fccl", "solo"])
+def test_train_and_evaluate_writes_every_artefact(tmp_path, variant):
+  out = train_and_evaluate(tiny_config(variant), tmp_path)
+  for name in ("config.json", "metadata.json", "metrics.jsonl", "results.md", "results.json"):
+    assert (tmp_path / name).exists(), name
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["round"] for r in records] == [1, 2, 3]
+  last = records[-1]
+  for client in ("mnist", "usps", "svhn", "syn"):
+    assert 0.0 <= last[f"eval/intra/{client}"] <= 100.0
+    assert 0.0 <= last[f"eval/inter/{client}"] <= 100.0
+    assert np.isfinite(last[f"train/local/loss/{client}"])
+  assert last["time/round_secs"] > 0
+  if variant != "solo":
+    assert np.isfinite(last["train/collaborative/" + ("fccm" if variant == "fcclplus" else "col")
+                            + "/mnist"])
+  metadata = json.loads((tmp_path / "metadata.json").read_text())
+  assert "public" in metadata["substituted_by_synthetic"]  # declared, not silent
+  assert "Synthetic data substituted" in (tmp_path / "results.md").read_text()
+  assert out["results"]["intra"]["AVG"] == pytest.approx(
+      np.mean([np.mean([r[f"eval/intra/{c}"] for r in records])
+               for c in ("mnist", "usps", "svhn", "syn")]))
+  heatmaps = np.load(tmp_path / "cross_correlation.npz")
+  assert sorted(heatmaps) == ["round_1", "round_3"] and heatmaps["round_1"].shape == (4, 10, 10)
+
+
+def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
+  config = tiny_config(**{"num_rounds": 4, "logging.plots": False})
+  reference = train_and_evaluate(config, tmp_path / "uninterrupted")
+
+  original_write = reporting.MetricsWriter.write
+
+  def crash_in_round_3(self, record):
+    if record["round"] == 3:
+      raise KeyboardInterrupt("simulated kill after round 3's computation")
+    original_write(self, record)
+
+  monkeypatch.setattr(reporting.MetricsWriter, "write", crash_in_round_3)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(config, tmp_path / "killed")
+  monkeypatch.setattr(reporting.MetricsWriter, "write", original_write)
+  resumed = train_and_evaluate(config, tmp_path / "killed")
+
+  records = [json.loads(l) for l in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["round"] for r in records] == [1, 2, 3, 4]
+  for got, want in zip(resumed["records"], reference["records"]):
+    a, b = _eval_numbers(got), _eval_numbers(want)
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)],
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds():
+  config = tiny_config(name="trace_guard")
+  experiment = Experiment(config)
+  state = experiment.init_state()
+  single = jax.jit(experiment.round_fn)
+  before = rounds.TRACE_COUNTS["round:trace_guard"]
+  looped = state
+  for _ in range(3):
+    looped, _ = single(looped, experiment.data)
+  assert rounds.TRACE_COUNTS["round:trace_guard"] - before == 1  # no retrace per round
+  scanned, metrics = jax.jit(rounds.make_run_rounds(experiment.round_fn, 3))(state, experiment.data)
+  assert int(scanned["round"]) == int(looped["round"]) == 3
+  assert jax.tree_util.tree_leaves(metrics)[0].shape[0] == 3
+  for a, b in zip(jax.tree_util.tree_leaves(looped), jax.tree_util.tree_leaves(scanned)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_sharded_round_equals_unsharded_round():
+  assert len(jax.devices()) == 4  # conftest simulates 4 CPU devices
+  # SGD in both phases: the default fresh Adam per public batch is sign-SGD, which turns
+  # reduction-order rounding of the (analytically zero) FCCM bias gradients into +-lr steps.
+  config = tiny_config(**{"name": "sharding", "collaborative.optimizer": "sgd",
+                          "collaborative.lr": 0.01, "local.optimizer": "sgd", "local.lr": 0.01})
+  plain = Experiment(config)
+  sharded = Experiment(config, mesh=sharding.client_mesh(4))
+  assert {g.num_slots for g in sharded.groups} == {4}  # 2 clients per group padded to 4
+  states = []
+  for experiment in (plain, sharded):
+    state = experiment.init_state()
+    state, _ = experiment.run_rounds(state, experiment.data)
+    states.append(state)
+  leaf = jax.tree_util.tree_leaves(states[1]["groups"])[0]
+  assert len(leaf.sharding.device_set) == 4
+  for group in plain.groups:
+    n = group.num_clients
+    for a, b in zip(jax.tree_util.tree_leaves(states[0]["groups"][group.name]),
+                    jax.tree_util.tree_leaves(states[1]["groups"][group.name])):
+      np.testing.assert_allclose(np.asarray(a)[:n], np.asarray(b)[:n], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(plain.evaluation_record(states[0])["eval/intra/mean"],
+                             sharded.evaluation_record(states[1])["eval/intra/mean"], atol=1e-6)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("local.batch_size", 0, "config.local.batch_size must be an integer >= 1, got 0"),
+    ("algorithm", "fedavgg", "config.algorithm must be one of ('fcclplus', 'fccl', 'solo')"),
+    ("models.conv_impl", "cudnn", "config.models.conv_impl must be one of ('auto', 'xla', "
+                                  "'im2col')"),
+    ("collaborative.batch_size", 1, "config.collaborative.batch_size must be an integer >= 2"),
+    ("local.lr_decay", 1.5, "config.local.lr_decay must be a number in [0, 1)"),
+    ("fcclplus.fisl_temperature", 0.0, "config.fcclplus.fisl_temperature must be a number > 0"),
+])
+def test_invalid_config_values_name_the_field(field, value, message):
+  config = tiny_config()
+  config.update_from_flattened_dict({field: value})
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                     .replace("[", r"\[")):
+    validate_config(config)
+
+
+def test_locked_config_rejects_a_misspelt_key_with_a_suggestion():
+  config = tiny_config()
+  config.lock()
+  with pytest.raises(AttributeError, match="num_rounds"):
+    config.num_round = 3  # pylint: disable=attribute-defined-outside-init
+
+
+def test_every_digits_variant_builds_and_validates():
+  for method in digits.METHODS:
+    for suffix in ("", "_homogeneous", "_quick", "_homogeneous_quick"):
+      validate_config(digits.get_config(method + suffix))
+  full = digits.get_config("fcclplus")
+  assert (full.num_rounds, full.local.epochs, full.local.batch_size,
+          full.collaborative.batch_size) == (40, 20, 256, 512)  # the paper's settings
+  with pytest.raises(ValueError, match="expected <method>"):
+    digits.get_config("fedavg")
+
+
+def test_cli_maps_bare_config_names_to_config_files():
+  argv = cli.expand_config_name(["train.py", "--config=digits_fcclplus", "--config.num_rounds=2"])
+  assert argv[1] == f"--config={REPO / 'experiments/configs/digits.py'}:fcclplus"
+  assert argv[2] == "--config.num_rounds=2"
+  explicit = "--config=experiments/configs/digits.py:fccl"
+  assert cli.expand_config_name([explicit]) == [explicit]
+  with pytest.raises(SystemExit, match="known scenarios"):
+    cli.expand_config_name(["--config=nosuchscenario_fcclplus"])
+
+
+@pytest.mark.slow
+def test_cli_runs_the_quick_config_with_overrides(tmp_path):
+  """The README's main job, shortened to 2 rounds, from the repository root."""
+  result = subprocess.run(
+      [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
+       "--config.num_rounds=2", "--config.logging.heatmap_rounds=(1,2)",
+       f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=1200)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / "results.md").exists()
+  typo = subprocess.run(
+      [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
+       "--config.num_round=2", f"--workdir={tmp_path / 'typo'}"], cwd=REPO, capture_output=True,
+      text=True, timeout=600)
+  assert typo.returncode != 0 and "num_rounds" in typo.stderr
