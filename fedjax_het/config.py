@@ -18,7 +18,7 @@ from fedjax_het.algorithms import ALGORITHMS
 from fedjax_het.algorithms import fccl as fccl_lib
 from fedjax_het.algorithms import fcclplus as fcclplus_lib
 
-CONV_IMPLS = ("auto", "xla", "im2col")
+CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 

@@ -58,18 +58,27 @@ class MetricsWriter:
 
 
 class Progress:
-  """A one-line progress bar on stderr (a plain line per update when not a TTY)."""
+  """A one-line progress bar on stderr (a plain line per update when not a TTY).
+
+  The rate (and ETA) leaves out the first update once there are later ones:
+  the first call of the jitted round includes its compilation.
+  """
 
   def __init__(self, total: int, *, enabled: bool, start: int = 0):
     self.total, self.enabled, self._start = total, enabled, start
     self._t0 = time.perf_counter()
+    self._first: tuple[int, float] | None = None  # (rounds done, time) at the first update
     self._tty = sys.stderr.isatty()
 
   def update(self, done: int, text: str) -> None:
     if not self.enabled:
       return
-    elapsed = time.perf_counter() - self._t0
-    rate = elapsed / max(done - self._start, 1)
+    now = time.perf_counter()
+    if self._first is None or done <= self._first[0]:
+      self._first = (done, now)
+      rate = (now - self._t0) / max(done - self._start, 1)
+    else:
+      rate = (now - self._first[1]) / (done - self._first[0])
     eta = rate * (self.total - done)
     width = 20
     filled = int(width * done / self.total)

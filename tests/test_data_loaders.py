@@ -1,29 +1,17 @@
 """Loaders: the offline .npz bundle, bad files, image folders, TFDS (mock data)."""
 
-import os
-import pathlib
-
 import numpy as np
 import pytest
 
 from fedjax_het import data
 from fedjax_het.data import npz
 from fedjax_het.data._imageops import resize_uint8_like_pil, to_rgb32
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _real_data_dir():
-  env = os.environ.get(data.DATA_DIR_ENV)
-  if env:
-    return pathlib.Path(env)
-  candidate = ROOT.parent / "shared" / "data"
-  return candidate if candidate.is_dir() else None
+from tests.real_data import real_data_dir
 
 
 @pytest.fixture
 def real_dir():
-  directory = _real_data_dir()
+  directory = real_data_dir()
   if directory is None:
     pytest.skip(f"offline bundle not found: set {data.DATA_DIR_ENV} to the directory of the "
                 "fedjax_het .npz files (or keep ../shared/data next to the repository)")

@@ -2,15 +2,13 @@
 
 import json
 import logging
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
 from fedjax_het import data
+from tests.real_data import real_data_dir
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = {"mnist": 30, "usps": 20, "svhn": 40, "syn": 30}
 
 
@@ -26,15 +24,7 @@ def tfds_dir(tmp_path):
   return tmp_path / "tfds"  # an empty TFDS data directory: nothing prepared
 
 
-def _real_data_dir():
-  env = os.environ.get(data.DATA_DIR_ENV)
-  if env:
-    return pathlib.Path(env)
-  candidate = ROOT.parent / "shared" / "data"
-  return candidate if candidate.is_dir() else None
-
-
-REAL_DIR = _real_data_dir()  # read before the autouse fixture clears the variable
+REAL_DIR = real_data_dir()  # read before the autouse fixture clears the variable
 
 
 @pytest.fixture

@@ -180,12 +180,3 @@ def test_rasterizer_antialiased_and_padding_ignored():
   assert cover[16, 16] == 1.0 and cover[5, 16] == 0.0  # inside / far outside
   assert cover[18, 16] == pytest.approx(0.2, abs=1e-5)  # centre 2.5 from the axis, r = 2.2
   assert cover[0, 0] == 0.0  # the zero-radius padding segment draws nothing
-
-
-def test_synthetic_generation_is_fast_enough():
-  # A quarter of the default SVHN training set; the full default benchmark is
-  # about 10 s on 2 cores (see the report in the module docs).
-  import time  # pylint: disable=g-import-not-at-top
-  start = time.perf_counter()
-  data.synthetic_digits("svhn", 1000, seed=9)
-  assert time.perf_counter() - start < 15.0

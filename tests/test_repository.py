@@ -17,6 +17,9 @@ def test_readme_has_exactly_two_setup_commands_main_job_and_tests():
   setup = [c for c in _readme_commands() if c.startswith("python3 -m venv")]
   assert len(setup) == 2, setup
   assert "pytest" not in setup[0] and "pytest" in setup[1]
+  # The main job is the quick heterogeneous Digits FCCL+ run, through a config that exists.
+  assert setup[0].rstrip().endswith("python experiments/train.py --config=digits_fcclplus_quick")
+  assert (ROOT / "experiments" / "configs" / "digits.py").is_file()
 
 
 def test_ci_runs_the_readme_install_and_test_command():
@@ -28,3 +31,17 @@ def test_ci_runs_the_readme_install_and_test_command():
   assert re.search(r"^python -m pytest\b", ci, flags=re.M)
   assert test_command.rstrip().endswith("python -m pytest")
   assert "-eq 5" in ci  # "no tests collected" is a failure
+
+
+def test_readme_model_table_matches_model_summary():
+  from fedjax_het import models  # pylint: disable=import-outside-toplevel
+  text = (ROOT / "README.md").read_text()
+  rows = re.findall(r"^\| `(\w+)`[^|]*\| (\d+) \| ([\d,]+) \| ([\d,.]+) \|$", text, flags=re.M)
+  assert {name for name, *_ in rows} == set(models.MODEL_NAMES)
+  for name, feature_dim, params, mflops in rows:
+    kwargs = {"base": "resnet10", "fusion": "conv"} if name == "fedfusion" else {}
+    num_classes = 100 if name in ("glfc_resnet18", "lenet_encoder") else 10
+    summary = models.model_summary(name, num_classes, **kwargs)
+    assert summary["feature_dim"] == int(feature_dim), name
+    assert summary["params"] == int(params.replace(",", "")), name
+    assert abs(summary["flops"] / 1e6 - float(mflops.replace(",", ""))) < 0.06, name

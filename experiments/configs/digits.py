@@ -12,7 +12,7 @@ Variants (the part after "digits.py:" or "digits_"):
                                         SVHN->EfficientNet-B0, SYN->MobileNetV2 (Table VI)
   fcclplus_homogeneous, fccl_homogeneous, solo_homogeneous
                                         ResNet12 for all, parameter averaging (FCCL+ Table XV)
-  <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 2 local epochs,
+  <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs,
                                         small test sets: minutes on a 2-core CPU
 
 Data (see metadata.json of a run): MNIST and USPS are real when the data directory holds
@@ -75,7 +75,7 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
   if "quick" in flags:
     c.models.width = 0.125
     c.num_rounds = 5 if method != "solo" else 10
-    c.local.epochs = 2 if method != "solo" else 1
+    c.local.epochs = 5 if method != "solo" else 1
     c.local.batch_size = 64
     c.collaborative.batch_size = 128
     c.scenario.public_size = 1024

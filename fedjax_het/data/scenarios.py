@@ -257,22 +257,14 @@ class _TfdsPool(_Pool):
     return load_tfds(self._builder, "test", data_dir=self._data_dir, indices=indices)
 
 
-class _SyntheticPool(_Pool):
+class _SyntheticPool(_ArrayPool):
+  """Generated (cached) synthetic digits; the test set is already drawn at `test_size`."""
 
   def __init__(self, domain: str, train_size: int, test_size: int, seed: int, provenance: str):
-    self._train = synthetic.synthetic_digits(domain, train_size, seed=seed, split="train",
-                                             cache=True)
-    self._test = synthetic.synthetic_digits(domain, test_size, seed=seed, split="test",
-                                            cache=True)
-    self.provenance = provenance
-    self.class_names = tuple(str(i) for i in range(10))
-
-  @property
-  def train_size(self) -> int:
-    return len(self._train)
-
-  def train(self, indices: np.ndarray) -> Split:
-    return self._train.take(indices)
+    super().__init__(
+        synthetic.synthetic_digits(domain, train_size, seed=seed, split="train", cache=True),
+        synthetic.synthetic_digits(domain, test_size, seed=seed, split="test", cache=True),
+        provenance, tuple(str(i) for i in range(10)))
 
   def test(self, test_size: int | None, rng: np.random.Generator) -> Split:
     return self._test
