@@ -87,3 +87,12 @@ def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
   if value not in allowed:
     raise ValueError(f"{field} must be one of {allowed}, got {value!r}.")
   return value
+
+
+def check_parameter_averaging(field: str, value: Any, setup: Setup) -> bool:
+  """`field` (a bool) asks for parameter averaging, which needs one architecture."""
+  average = bool(value)
+  if average and not setup.homogeneous:
+    raise ValueError(f"{field}=True needs one architecture for all participants, got groups "
+                     f"{[g.name for g in setup.groups]}.")
+  return average

@@ -44,10 +44,8 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
   tau = float(cfg.distill_temperature)
   weight = float(cfg.local_distill_weight)
   teacher_train_mode = bool(cfg.teacher_train_mode)
-  average = bool(cfg.average_parameters)
-  if average and not setup.homogeneous:
-    raise ValueError("fccl.average_parameters=True needs one architecture for all "
-                     f"participants, got groups {[g.name for g in setup.groups]}.")
+  average = common.check_parameter_averaging("fccl.average_parameters",
+                                              cfg.average_parameters, setup)
   if col.optimizer_reset != "batch":
     raise ValueError("fccl supports collaborative.optimizer_reset='batch' only (the code's "
                      f"fresh Adam per public batch), got {col.optimizer_reset!r}.")

@@ -59,10 +59,8 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.
                                      LOCAL_DISTILLATIONS)
   renormalize = bool(cfg.fntd_renormalize)
   teacher_train_mode = bool(cfg.teacher_train_mode)
-  average = bool(cfg.average_parameters)
-  if average and not setup.homogeneous:
-    raise ValueError("fcclplus.average_parameters=True needs one architecture for all "
-                     f"participants, got groups {[g.name for g in setup.groups]}.")
+  average = common.check_parameter_averaging("fcclplus.average_parameters",
+                                              cfg.average_parameters, setup)
   reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
                               common.OPTIMIZER_RESETS)
   col_tx = make_optimizer(col.optimizer)
