@@ -32,6 +32,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_rounds = 40
   c.rounds_per_call = 1
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
+  c.memory_check = True                  # fail before training if a round cannot fit in memory
 
   c.scenario = ml_collections.ConfigDict()
   c.scenario.name = "digits"
@@ -125,6 +126,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _check(config, "seed", _int_at_least(0), "an integer >= 0")
   _check(config, "num_rounds", _int_at_least(1), "an integer >= 1")
   _check(config, "rounds_per_call", _int_at_least(1), "an integer >= 1")
+  _check(config, "memory_check", lambda v: isinstance(v, bool), "True or False")
   if config.num_rounds % config.rounds_per_call:
     _fail("rounds_per_call", f"a divisor of num_rounds={config.num_rounds}",
           config.rounds_per_call)

@@ -47,6 +47,50 @@ def resolve_conv_impl(conv_impl: str) -> str:
   return "im2col" if jax.default_backend() == "cpu" else "xla"
 
 
+def available_memory_bytes(device: Any) -> int | None:
+  """Memory a jitted round may use on `device`: the accelerator's limit, else Linux MemAvailable."""
+  try:
+    stats = device.memory_stats()
+  except Exception:  # pylint: disable=broad-except
+    stats = None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu":
+    try:
+      for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+    except OSError:
+      return None
+  return None
+
+
+def check_round_memory(compiled: Any, config: ml_collections.ConfigDict,
+                       available: int | None) -> int:
+  """Raises before training when XLA's memory analysis says a round cannot fit.
+
+  Returns the estimated bytes (temporaries + outputs of one `run_rounds` call).
+  A round that needs more than the available memory would otherwise fail with
+  RESOURCE_EXHAUSTED only after minutes of compilation (e.g. the full-width
+  paper config on a 32 GB CPU machine).
+  """
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return 0
+  need = int(analysis.temp_size_in_bytes) + int(analysis.output_size_in_bytes)
+  if config.memory_check and available is not None and need > available:
+    gib = 2.0 ** 30
+    raise MemoryError(
+        f"config {config.name!r} needs about {need / gib:.1f} GiB for one round (XLA memory "
+        f"analysis) but {available / gib:.1f} GiB is available on {jax.default_backend()}. "
+        f"Lower config.collaborative.batch_size ({config.collaborative.batch_size}), "
+        f"config.local.batch_size ({config.local.batch_size}) or config.models.width "
+        f"({config.models.width}), use config.models.conv_impl='xla' (less memory, slower "
+        f"on CPU), or run on an accelerator with more memory; config.memory_check=False skips "
+        f"this check.")
+  return need
+
+
 def _client_names(domains: list[str]) -> list[str]:
   """Participant labels: the domain name, suffixed with the index when repeated."""
   repeated = {d for d in domains if domains.count(d) > 1}
@@ -126,6 +170,10 @@ class Experiment:
       self.run_rounds = jax.jit(calls)
     self.evaluate = jax.jit(self.algorithm.evaluate)
     self._heatmap = jax.jit(self._cross_correlation)
+
+  def compile_rounds(self, state: Any) -> Any:
+    """The compiled `run_rounds` for this state's shapes (traces once; uses the cache)."""
+    return self.run_rounds.lower(state, self.data).compile()
 
   def init_state(self) -> Any:
     return self._init(jax.random.key(int(self.config.seed)), self.data)
@@ -255,9 +303,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   heatmaps = {int(k.split("_")[1]): v for k, v in heatmaps.items()} if heatmaps else {}
   progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
   done = start
+  if done < num_rounds:
+    tick = time.perf_counter()
+    run_rounds = experiment.compile_rounds(state)
+    need = check_round_memory(run_rounds, config, available_memory_bytes(jax.devices()[0]))
+    logging.info("compiled the round in %.1f s; it needs about %.2f GiB (XLA memory analysis)",
+                 time.perf_counter() - tick, need / 2.0 ** 30)
   while done < num_rounds:
     tick = time.perf_counter()
-    state, metrics = experiment.run_rounds(state, experiment.data)
+    state, metrics = run_rounds(state, experiment.data)
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - tick) / per_call
     new_records = experiment.train_records(metrics, per_call)

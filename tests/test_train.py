@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import reporting
+from fedjax_het import train as train_lib
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds, sharding
 from fedjax_het.train import Experiment, train_and_evaluate
@@ -111,6 +112,25 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)],
                                rtol=1e-6, atol=1e-6)
+
+
+def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monkeypatch):
+  config = tiny_config(**{"name": "memory", "num_rounds": 1, "logging.plots": False})
+  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 1024)
+  with pytest.raises(MemoryError, match=r"needs about .* GiB for one round .* Lower "
+                     r"config.collaborative.batch_size \(32\), config.local.batch_size \(16\)"):
+    train_and_evaluate(config, tmp_path)
+  assert not (tmp_path / "metrics.jsonl").read_text()  # no round ran
+  config.memory_check = False  # the documented way past the check; the run starts at round 0
+  result = train_and_evaluate(config, tmp_path)
+  assert [r["round"] for r in result["records"]] == [1]
+
+
+def test_memory_estimate_is_positive_and_below_this_machine():
+  experiment = Experiment(tiny_config(name="memory_estimate"))
+  compiled = experiment.compile_rounds(experiment.init_state())
+  need = train_lib.check_round_memory(compiled, experiment.config, available=None)
+  assert 0 < need < train_lib.available_memory_bytes(jax.devices()[0])
 
 
 def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds():
