@@ -12,7 +12,7 @@ import numpy as np
 from fedjax_het import evaluation, models
 from fedjax_het.algorithms.base import Setup, normalizer
 from fedjax_het.engine import local
-from fedjax_het.engine.clients import ClientGroup
+from fedjax_het.engine.clients import ClientGroup, client_keys
 from fedjax_het.engine.optim import make_optimizer
 
 OPTIMIZER_RESETS = ("batch", "round", "never")
@@ -56,6 +56,34 @@ def forward_fn(group: ClientGroup, *, train: bool) -> Callable[..., tuple[jax.Ar
                                                          train=train, rng=rng, mask=mask)
     return features, logits, new_variables["batch_stats"]
   return forward
+
+
+def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: jax.Array,
+                   key: jax.Array, ids: Mapping[str, jax.Array]
+                   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], dict[str, Any]]:
+  """Every group's train-mode forward pass on the shared public batch.
+
+  Args:
+    setup: the run's groups.
+    state: algorithm state; the BatchNorm statistics are read from
+      state["groups"][group]["variables"]["batch_stats"].
+    params: {group: stacked params} (the argument being differentiated).
+    images: (B, 32, 32, 3) public batch, the same for every participant.
+    key: the batch's key; participant p draws from fold_in(key, p).
+    ids: {group: (slots,) global participant ids} (`slot_ids`).
+
+  Returns:
+    ({group: features (slots, B, D)}, {group: logits (slots, B, C)},
+    {group: updated BatchNorm statistics}).
+  """
+  features, logits, stats = {}, {}, {}
+  for group in setup.groups:
+    forward = forward_fn(group, train=True)
+    batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
+    features[group.name], logits[group.name], stats[group.name] = jax.vmap(
+        forward, in_axes=(0, 0, None, 0))(params[group.name], batch_stats, images,
+                                          client_keys(key, ids[group.name]))
+  return features, logits, stats
 
 
 def make_group_trainers(setup: Setup, loss_for_group: Callable[[ClientGroup], local.LocalLossFn], *,

@@ -84,13 +84,7 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
         previous_logits[group.name] = jax.lax.stop_gradient(z)
 
     def total_loss(params):
-      logits, stats = {}, {}
-      for group in setup.groups:
-        forward = common.forward_fn(group, train=True)
-        batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
-        _, z, new_stats = jax.vmap(forward, in_axes=(0, 0, None, 0))(
-            params[group.name], batch_stats, images, client_keys(key, ids[group.name]))
-        logits[group.name], stats[group.name] = z, new_stats
+      _, logits, stats = common.public_forward(setup, state, params, images, key, ids)
       mean_current = common.mean_over_participants(logits, setup)
       total, metrics = 0.0, {}
       for group in setup.groups:

@@ -91,16 +91,10 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.
     params = {name: g["variables"]["params"] for name, g in state["groups"].items()}
 
     def total_loss(params):
-      logits, similarities, stats = {}, {}, {}
-      for group in setup.groups:
-        forward = common.forward_fn(group, train=True)
-        batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
-        features, z, new_stats = jax.vmap(forward, in_axes=(0, 0, None, 0))(
-            params[group.name], batch_stats, images, client_keys(key, ids[group.name]))
-        logits[group.name], stats[group.name] = z, new_stats
-        if use_fisl:
-          similarities[group.name] = jax.vmap(
-              lambda h: losses.instance_similarity_matrix(features=h, temperature=mu))(features)
+      features, logits, stats = common.public_forward(setup, state, params, images, key, ids)
+      similarity = jax.vmap(lambda h: losses.instance_similarity_matrix(features=h,
+                                                                         temperature=mu))
+      similarities = {name: similarity(h) for name, h in features.items()} if use_fisl else {}
       logits_target = common.mean_over_participants(logits, setup)
       similarity_target = (common.mean_over_participants(similarities, setup)
                            if use_fisl else None)
