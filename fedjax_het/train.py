@@ -158,16 +158,15 @@ class Experiment:
         name=f"round:{config.name}")
     self.round_fn = round_fn
     calls = rounds.make_run_rounds(round_fn, int(config.rounds_per_call))
-    self._init = jax.jit(lambda key, d: rounds.initial_state(self.algorithm, key, d))
+    init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
     self._state_shardings = None
-    if mesh is not None:
-      abstract = jax.eval_shape(self._init, jax.random.key(0), self.data)
-      self._state_shardings = sharding.state_shardings(abstract, mesh)
-      self._init = jax.jit(lambda key, d: rounds.initial_state(self.algorithm, key, d),
-                           out_shardings=self._state_shardings)
-      self.run_rounds = jax.jit(calls, out_shardings=(self._state_shardings, None))
+    if mesh is None:
+      self._init, self.run_rounds = jax.jit(init), jax.jit(calls)
     else:
-      self.run_rounds = jax.jit(calls)
+      abstract = jax.eval_shape(init, jax.random.key(0), self.data)
+      self._state_shardings = sharding.state_shardings(abstract, mesh)
+      self._init = jax.jit(init, out_shardings=self._state_shardings)
+      self.run_rounds = jax.jit(calls, out_shardings=(self._state_shardings, None))
     self.evaluate = jax.jit(self.algorithm.evaluate)
     self._heatmap = jax.jit(self._cross_correlation)
 
@@ -177,6 +176,15 @@ class Experiment:
 
   def init_state(self) -> Any:
     return self._init(jax.random.key(int(self.config.seed)), self.data)
+
+  def abstract_state(self) -> Any:
+    """Shapes, dtypes and (with a mesh) shardings of the state: the checkpoint restore target."""
+    like = jax.eval_shape(self.init_state)
+    if self._state_shardings is None:
+      return like
+    return jax.tree_util.tree_map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), like,
+        self._state_shardings)
 
   def _cross_correlation(self, state):
     """M_i of every participant vs the participants' mean logits on a fixed public batch."""
@@ -281,18 +289,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
   checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=int(config.checkpoint.keep))
-  state = experiment.init_state() if checkpointer.latest_round() is None else None
   start = checkpointer.latest_round()
   if start is None:
-    start = 0
-    writer.truncate_after(0)
+    start, state = 0, experiment.init_state()
     checkpointer.save(0, state)
   else:
-    like = jax.eval_shape(experiment.init_state)
-    if experiment._state_shardings is not None:  # pylint: disable=protected-access
-      like = jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                    like, experiment._state_shardings)  # pylint: disable=protected-access
-    state = checkpointer.restore(start, like)
+    state = checkpointer.restore(start, experiment.abstract_state())
     logging.info("resumed from the checkpoint of round %d in %s", start, workdir)
   records = writer.truncate_after(start)
 

@@ -27,7 +27,7 @@ import os
 import pathlib
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -179,6 +179,22 @@ def index_split(split: Split, max_remainder: int = OFFICE_TRAIN_MAX_REMAINDER
 # ----------------------------------------------------------------------------
 
 
+def _domains(reader: _NpzReader, suffix: str, domains: Sequence[str] | None,
+             keys: str) -> tuple[str, ...]:
+  """The requested domains of a bundle file whose arrays are `<domain><suffix>`, checked.
+
+  `keys` names a domain's keys for the error message, "{d}" standing for the domain.
+  """
+  present = tuple(k[:-len(suffix)] for k in reader.keys if k.endswith(suffix))
+  wanted = present if domains is None else tuple(domains)
+  for domain in wanted:
+    if domain not in present:
+      raise DataUnavailableError(
+          f"{reader.path}: has no {domain!r} domain (keys {keys.format(d=domain)}); it holds "
+          f"{list(present)}.")
+  return wanted
+
+
 def load_npz_digits(data_dir: str | os.PathLike | None = None,
                     domains: tuple[str, ...] | None = None) -> dict[str, tuple[Split, Split]]:
   """Real digit domains from digits.npz: {domain: (train, test)}.
@@ -195,17 +211,9 @@ def load_npz_digits(data_dir: str | os.PathLike | None = None,
     2007.
   """
   with open_bundle("digits", data_dir) as reader:
-    present = tuple(k[:-len("_train_x")] for k in reader.keys if k.endswith("_train_x"))
-    wanted = present if domains is None else tuple(domains)
-    out = {}
-    for domain in wanted:
-      if domain not in present:
-        raise DataUnavailableError(
-            f"{reader.path}: has no {domain!r} domain (keys {domain}_train_x/_train_y/_test_x/"
-            f"_test_y); it holds {list(present)}.")
-      out[domain] = (reader.split(f"{domain}_train_x", f"{domain}_train_y"),
-                     reader.split(f"{domain}_test_x", f"{domain}_test_y"))
-    return out
+    wanted = _domains(reader, "_train_x", domains, "{d}_train_x/_train_y/_test_x/_test_y")
+    return {domain: (reader.split(f"{domain}_train_x", f"{domain}_train_y"),
+                     reader.split(f"{domain}_test_x", f"{domain}_test_y")) for domain in wanted}
 
 
 def load_office_domains(entry: str, data_dir: str | os.PathLike | None = None,
@@ -223,16 +231,9 @@ def load_office_domains(entry: str, data_dir: str | os.PathLike | None = None,
     the file has no `classes` key).
   """
   with open_bundle(entry, data_dir) as reader:
-    present = tuple(k[:-2] for k in reader.keys if k.endswith("_x"))
-    wanted = present if domains is None else tuple(domains)
-    out = {}
-    for domain in wanted:
-      if domain not in present:
-        raise DataUnavailableError(
-            f"{reader.path}: has no {domain!r} domain (keys {domain}_x/{domain}_y); it holds "
-            f"{list(present)}.")
-      out[domain] = reader.split(f"{domain}_x", f"{domain}_y")
-    return out, reader.class_names()
+    wanted = _domains(reader, "_x", domains, "{d}_x/{d}_y")
+    return ({domain: reader.split(f"{domain}_x", f"{domain}_y") for domain in wanted},
+            reader.class_names())
 
 
 def load_office31(data_dir: str | os.PathLike | None = None) -> dict[str, tuple[Split, Split]]:

@@ -21,7 +21,7 @@ import numpy as np
 from fedjax_het.data import augment, npz, synthetic
 from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError, Split, logger
 from fedjax_het.data.folder import load_image_folder
-from fedjax_het.data.tfds_source import TFDS_NAMES, load_tfds, tfds_source
+from fedjax_het.data.tfds_source import TFDS_NAMES, load_tfds, tfds_split_size
 
 Stats = tuple[float, float, float]
 
@@ -237,8 +237,8 @@ class _TfdsPool(_Pool):
 
   def __init__(self, builder: str, data_dir: str | os.PathLike | None):
     self._builder, self._data_dir = builder, data_dir
-    self._train_size = len(tfds_source(builder, "train", data_dir=data_dir))
-    self._test_size = len(tfds_source(builder, "test", data_dir=data_dir))
+    self._train_size = tfds_split_size(builder, "train", data_dir=data_dir)
+    self._test_size = tfds_split_size(builder, "test", data_dir=data_dir)
     self.provenance = f"tfds:{builder}"
 
   @property
@@ -338,7 +338,7 @@ def _load_public_images(name: str, data_dir: str | os.PathLike | None, size: int
     return synthetic.synthetic_public(size, seed=seed, cache=True), f"synthetic(seed={seed})"
   elif name.startswith("tfds:"):
     builder = TFDS_NAMES.get(name[5:], name[5:])
-    total = len(tfds_source(builder, "train", data_dir=tfds_data_dir))
+    total = tfds_split_size(builder, "train", data_dir=tfds_data_dir)
     if total < size:
       raise ValueError(f"public set {name!r} has {total} images, public_size={size} requested.")
     indices = np.sort(rng.permutation(total)[:size])
