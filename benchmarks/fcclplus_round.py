@@ -37,7 +37,7 @@ import numpy as np
 
 from fedjax_het import losses
 from fedjax_het.algorithms import common
-from fedjax_het.algorithms.base import normalizer
+from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, optim
 from fedjax_het.train import Experiment
 

@@ -1,34 +1,37 @@
-"""Experiment configuration: defaults shared by every scenario, and validation.
+"""Experiment configuration: the fields every run shares, plus the method's own sections.
 
-Scenario files (`experiments/configs/<scenario>.py`) start from `base_config()`
-and override what differs. `validate_config` checks every field the library
-reads and raises a ValueError that names the field and the allowed values.
-The config is read once into Python constants by `make_<method>`; it never
-enters a jitted function.
+`base_config(algorithm)` is the run-wide part below merged with the sections the
+method module declares (`default_config()` of the registered method, e.g.
+`config.collaborative`, `config.local`, `config.<method>`). Scenario files
+(`experiments/configs/<scenario>.py`) start from it and override what differs.
+`validate_config` checks the run-wide fields here and asks the method to check
+its sections; every error names the field and the allowed values. The config is
+read once into Python constants by the method's `make`; it never enters a jitted
+function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import ml_collections
 
-from fedjax_het.algorithms import ALGORITHMS
-from fedjax_het.algorithms import fccl as fccl_lib
-from fedjax_het.algorithms import fcclplus as fcclplus_lib
+from fedjax_het import algorithms, validation
+from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 
+#: Run-wide top-level sections; every other section belongs to the method.
+SHARED_SECTIONS = ("scenario", "models", "eval", "checkpoint", "sharding", "logging")
 
-def base_config() -> ml_collections.ConfigDict:
-  """Defaults of reference-notes.md (FCCL+ Digits, paper settings)."""
+
+def base_config(algorithm: str) -> ml_collections.ConfigDict:
+  """The run-wide defaults (FCCL+ Digits paper settings) plus `algorithm`'s sections."""
+  method = algorithms.get_method(algorithm)
   c = ml_collections.ConfigDict()
   c.name = "run"
   c.seed = 0
-  c.algorithm = "fcclplus"
+  c.algorithm = algorithm
   c.num_rounds = 40
   c.rounds_per_call = 1
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
@@ -50,27 +53,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.models.width = 1.0
   c.models.conv_impl = "auto"            # auto: im2col on CPU, xla on GPU/TPU
 
-  c.collaborative = ml_collections.ConfigDict()
-  c.collaborative.epochs = 1
-  c.collaborative.batch_size = 512
-  c.collaborative.lr = 1e-3
-  c.collaborative.lr_decay = 0.9
-  c.collaborative.optimizer = "adam"
-  c.collaborative.optimizer_reset = "batch"
-  c.collaborative.augmentation = "weak"
-  c.collaborative.crop = "pad"
-
-  c.local = ml_collections.ConfigDict()
-  c.local.epochs = 20
-  c.local.batch_size = 256
-  c.local.lr = 1e-3
-  c.local.lr_decay = 0.9
-  c.local.weight_decay = 1e-5
-  c.local.optimizer = "adam"
-
-  c.fcclplus = fcclplus_lib.default_config()
-  c.fccl = fccl_lib.default_config()
-
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 1
   c.eval.batch_size = 512
@@ -88,91 +70,45 @@ def base_config() -> ml_collections.ConfigDict:
   c.logging.progress = True
   c.logging.tensorboard = True
   c.logging.plots = True
-  c.logging.heatmap_rounds = (1, 10, 40)
+  c.logging.diagnostic_rounds = (1, 10, 40)  # rounds at which the method's diagnostics are saved
+
+  sections = method.default_config()
+  for name in sections:
+    if name in c:
+      raise ValueError(f"method {algorithm!r} declares config section {name!r}, which is "
+                       "run-wide.")
+    c[name] = sections[name]
   return c
-
-
-def _fail(field: str, allowed: str, value: Any) -> None:
-  raise ValueError(f"config.{field} must be {allowed}, got {value!r}.")
-
-
-def _check(config: ml_collections.ConfigDict, field: str, ok: Callable[[Any], bool],
-           allowed: str) -> None:
-  value = config
-  for part in field.split("."):
-    value = value[part]
-  try:
-    good = ok(value)
-  except TypeError:
-    good = False
-  if not good:
-    _fail(field, allowed, value)
-
-
-def _int_at_least(minimum: int) -> Callable[[Any], bool]:
-  return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
-
-
-def _choice(options: Sequence[str]) -> Callable[[Any], bool]:
-  return lambda v: v in options
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the first invalid field and its allowed values."""
   from fedjax_het import models  # pylint: disable=g-import-not-at-top
 
-  positive = lambda v: isinstance(v, (int, float)) and v > 0
-  _check(config, "algorithm", _choice(tuple(ALGORITHMS)), f"one of {tuple(ALGORITHMS)}")
-  _check(config, "seed", _int_at_least(0), "an integer >= 0")
-  _check(config, "num_rounds", _int_at_least(1), "an integer >= 1")
-  _check(config, "rounds_per_call", _int_at_least(1), "an integer >= 1")
-  _check(config, "memory_check", lambda v: isinstance(v, bool), "True or False")
+  check(config, "algorithm", choice(tuple(algorithms.METHODS)),
+        f"one of {tuple(algorithms.METHODS)}")
+  check(config, "seed", int_at_least(0), "an integer >= 0")
+  check(config, "num_rounds", int_at_least(1), "an integer >= 1")
+  check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
+  check(config, "memory_check", validation.is_bool, "True or False")
   if config.num_rounds % config.rounds_per_call:
-    _fail("rounds_per_call", f"a divisor of num_rounds={config.num_rounds}",
-          config.rounds_per_call)
-  _check(config, "scenario.name", _choice(SCENARIOS), f"one of {SCENARIOS}")
-  _check(config, "scenario.test_size", _int_at_least(0), "an integer >= 0 (0: full test sets)")
-  _check(config, "scenario.public_name", _choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
-  _check(config, "scenario.public_size", _int_at_least(0), "an integer >= 0")
+    fail("rounds_per_call", f"a divisor of num_rounds={config.num_rounds}",
+         config.rounds_per_call)
+  check(config, "scenario.name", choice(SCENARIOS), f"one of {SCENARIOS}")
+  check(config, "scenario.test_size", int_at_least(0), "an integer >= 0 (0: full test sets)")
+  check(config, "scenario.public_name", choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
+  check(config, "scenario.public_size", int_at_least(0), "an integer >= 0")
   archs = tuple(config.models.architectures)
   if not archs or any(a not in models.MODEL_NAMES for a in archs):
-    _fail("models.architectures", f"a non-empty sequence of names from {models.MODEL_NAMES}",
-          archs)
-  _check(config, "models.width", positive, "a number > 0")
-  _check(config, "models.conv_impl", _choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
-  for phase in ("collaborative", "local"):
-    _check(config, f"{phase}.epochs", _int_at_least(0 if phase == "collaborative" else 1),
-           "an integer >= 1" if phase == "local" else "an integer >= 0")
-    _check(config, f"{phase}.lr", positive, "a number > 0")
-    _check(config, f"{phase}.lr_decay", lambda v: 0 <= v < 1, "a number in [0, 1)")
-    _check(config, f"{phase}.optimizer", _choice(("adam", "sgd")), "one of ('adam', 'sgd')")
-  _check(config, "collaborative.batch_size", _int_at_least(2),
-         "an integer >= 2 (the cross-correlation standardises over the batch)")
-  _check(config, "local.batch_size", _int_at_least(1), "an integer >= 1")
-  _check(config, "local.weight_decay", lambda v: v >= 0, "a number >= 0")
-  _check(config, "collaborative.optimizer_reset", _choice(("batch", "round", "never")),
-         "one of ('batch', 'round', 'never')")
-  _check(config, "collaborative.augmentation", _choice(("weak", "strong", "none")),
-         "one of ('weak', 'strong', 'none')")
-  _check(config, "collaborative.crop", _choice(("pad", "resized")), "one of ('pad', 'resized')")
-  _check(config, "fcclplus.fisl_temperature", positive, "a number > 0")
-  _check(config, "fcclplus.fntd_temperature", positive, "a number > 0")
-  _check(config, "fcclplus.fisl_weight", lambda v: v >= 0, "a number >= 0")
-  _check(config, "fcclplus.off_diagonal_weight", lambda v: v >= 0, "a number >= 0")
-  _check(config, "fcclplus.local_distillation", _choice(fcclplus_lib.LOCAL_DISTILLATIONS),
-         f"one of {fcclplus_lib.LOCAL_DISTILLATIONS}")
-  _check(config, "fccl.own_slot", _choice(fccl_lib.OWN_SLOTS), f"one of {fccl_lib.OWN_SLOTS}")
-  _check(config, "fccl.pretrain_epochs", _int_at_least(0), "an integer >= 0")
-  _check(config, "fccl.distill_temperature", positive, "a number > 0")
-  _check(config, "eval.every", _int_at_least(1), "an integer >= 1")
-  _check(config, "eval.batch_size", _int_at_least(1), "an integer >= 1")
-  _check(config, "eval.top_k", _int_at_least(1), "an integer >= 1")
-  _check(config, "eval.last_rounds", _int_at_least(1), "an integer >= 1")
-  _check(config, "checkpoint.every", _int_at_least(1), "an integer >= 1")
-  _check(config, "checkpoint.keep", _int_at_least(1), "an integer >= 1")
-  _check(config, "sharding.num_devices", _int_at_least(0), "an integer >= 0 (0: all devices)")
-  homogeneous = len(set(archs)) == 1
-  for method in ("fcclplus", "fccl"):
-    if config.algorithm == method and config[method].average_parameters and not homogeneous:
-      _fail(f"{method}.average_parameters",
-            "False unless every participant uses the same architecture", True)
+    fail("models.architectures", f"a non-empty sequence of names from {models.MODEL_NAMES}",
+         archs)
+  check(config, "models.width", positive, "a number > 0")
+  check(config, "models.conv_impl", choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
+  check(config, "eval.every", int_at_least(1), "an integer >= 1")
+  check(config, "eval.batch_size", int_at_least(1), "an integer >= 1")
+  check(config, "eval.top_k", int_at_least(1), "an integer >= 1")
+  check(config, "eval.last_rounds", int_at_least(1), "an integer >= 1")
+  check(config, "checkpoint.every", int_at_least(1), "an integer >= 1")
+  check(config, "checkpoint.keep", int_at_least(1), "an integer >= 1")
+  check(config, "sharding.num_devices", int_at_least(0), "an integer >= 0 (0: all devices)")
+  algorithms.get_method(config.algorithm).validate_config(config)

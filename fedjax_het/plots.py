@@ -29,23 +29,30 @@ def _pyplot():
 
 
 def plot_accuracy_curves(records: Sequence[Mapping[str, Any]], client_names: Sequence[str],
-                         path: pathlib.Path, *, title: str = "") -> bool:
-  """Saves intra/inter accuracy per participant vs round; returns False without matplotlib."""
+                         path: pathlib.Path, *, title: str = "",
+                         kinds: Sequence[str] = ("intra", "inter")) -> bool:
+  """Saves accuracy per participant vs round, one panel per kind (intra/inter or accuracy).
+
+  Returns False without matplotlib.
+  """
   plt = _pyplot()
   if plt is None:
     return False
-  evaluated = [r for r in records if f"eval/intra/{client_names[0]}" in r]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-  for ax, kind in zip(axes, ("intra", "inter")):
+  kinds = sorted(kinds, key=lambda k: {"intra": 0, "inter": 1}.get(k, 2))
+  evaluated = [r for r in records if f"eval/{kinds[0]}/{client_names[0]}" in r]
+  fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.6), sharey=True,
+                           squeeze=False)
+  axes = axes[0]
+  for ax, kind in zip(axes, kinds):
     rounds = [r["round"] for r in evaluated]
     for name in client_names:
       ax.plot(rounds, [r[f"eval/{kind}/{name}"] for r in evaluated], marker=".", label=name)
     ax.plot(rounds, [r[f"eval/{kind}/mean"] for r in evaluated], "k--", label="mean")
-    ax.set_title(f"{kind}-domain accuracy")
+    ax.set_title(f"{kind}-domain accuracy" if kind in ("intra", "inter") else "test accuracy")
     ax.set_xlabel("round")
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("accuracy (%)")
-  axes[1].legend(fontsize=8)
+  axes[-1].legend(fontsize=8)
   if title:
     fig.suptitle(title)
   fig.tight_layout()

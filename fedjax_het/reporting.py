@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import tqdm
 
 
 class MetricsWriter:
@@ -58,58 +59,66 @@ class MetricsWriter:
 
 
 class Progress:
-  """A one-line progress bar on stderr (a plain line per update when not a TTY).
+  """The run's progress: a `tqdm` bar on a terminal, one log line per round otherwise.
 
-  The rate (and ETA) leaves out the first update once there are later ones:
-  the first call of the jitted round includes its compilation.
+  The bar shows the accuracy in its postfix; its rate and ETA count rounds only
+  (the trainer compiles the round before the first update, so the first
+  round's time is not inflated by compilation). When stderr is not a TTY (CI
+  logs, `nohup`) the bar is off and each update is a plain `logging.info` line.
   """
 
   def __init__(self, total: int, *, enabled: bool, start: int = 0):
-    self.total, self.enabled, self._start = total, enabled, start
-    self._t0 = time.perf_counter()
-    self._first: tuple[int, float] | None = None  # (rounds done, time) at the first update
-    self._tty = sys.stderr.isatty()
+    self.total, self.enabled = total, enabled
+    self._bar = None
+    self._done = start
+    self._tick = time.perf_counter()
+    if enabled and sys.stderr.isatty():
+      self._bar = tqdm.tqdm(total=total, initial=start, unit="round", file=sys.stderr,
+                            dynamic_ncols=True, smoothing=0.3)
 
   def update(self, done: int, text: str) -> None:
     if not self.enabled:
       return
-    now = time.perf_counter()
-    if self._first is None or done <= self._first[0]:
-      self._first = (done, now)
-      rate = (now - self._t0) / max(done - self._start, 1)
+    if self._bar is not None:
+      self._bar.set_postfix_str(text, refresh=False)
+      self._bar.update(done - self._bar.n)
     else:
-      rate = (now - self._first[1]) / (done - self._first[0])
-    eta = rate * (self.total - done)
-    width = 20
-    filled = int(width * done / self.total)
-    line = (f"round {done}/{self.total} [{'#' * filled}{'.' * (width - filled)}] {text} "
-            f"| {rate:.1f} s/round, ETA {eta / 60:.1f} min")
-    if self._tty:
-      sys.stderr.write("\r" + line + ("\n" if done == self.total else ""))
-    else:
-      sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+      now = time.perf_counter()
+      rate = (now - self._tick) / max(done - self._done, 1)
+      self._tick, self._done = now, done
+      logging.info("round %d/%d %s (%.1f s/round, ETA %.1f min)", done, self.total, text, rate,
+                   rate * (self.total - done) / 60)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+KIND_LABELS = {"inter": "inter →", "intra": "intra ↩", "accuracy": "accuracy"}
 
 
 def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[str], *,
-                  last_rounds: int, method: str) -> tuple[str, dict[str, Any]]:
-  """FCCL+ Table VIII/IX layout: inter and intra accuracy per participant and AVG.
+                  last_rounds: int, method: str,
+                  kinds: Sequence[str] = ("inter", "intra")) -> tuple[str, dict[str, Any]]:
+  """Accuracy per participant and AVG, each the mean over the last evaluated rounds.
 
-  Each number is the mean over the last `last_rounds` evaluated rounds.
+  With kinds ("inter", "intra") this is the FCCL+ Table VIII/IX layout
+  (multi-domain scenarios); ("accuracy",) is one row of test accuracy (a
+  single-domain partition).
 
   Returns:
     (markdown table, the same numbers as a dict).
   """
-  evaluated = [r for r in records if f"eval/intra/{client_names[0]}" in r][-last_rounds:]
+  evaluated = [r for r in records if f"eval/{kinds[0]}/{client_names[0]}" in r][-last_rounds:]
   if not evaluated:
     return "(no evaluated rounds)", {}
   numbers: dict[str, Any] = {"method": method, "rounds": [r["round"] for r in evaluated]}
   lines = [f"| {method} | " + " | ".join(client_names) + " | AVG |",
            "|---" * (len(client_names) + 2) + "|"]
-  for kind, arrow in (("inter", "→"), ("intra", "↩")):
+  for kind in kinds:
     values = [float(np.mean([r[f"eval/{kind}/{c}"] for r in evaluated])) for c in client_names]
     average = float(np.mean(values))
     numbers[kind] = dict(zip(client_names, values), AVG=average)
-    lines.append(f"| {kind} {arrow} | " + " | ".join(f"{v:.2f}" for v in values)
+    lines.append(f"| {KIND_LABELS.get(kind, kind)} | " + " | ".join(f"{v:.2f}" for v in values)
                  + f" | {average:.2f} |")
   return "\n".join(lines), numbers

@@ -1,19 +1,27 @@
-"""`train_and_evaluate(config, workdir)`: one federated run, end to end.
+"""`train_and_evaluate(config, workdir)`: one federated run of any registered method.
 
 The data flows one way: config -> scenario data (numpy) -> architecture groups
-and stacked client arrays -> algorithm (pure functions) -> engine (jit, vmap,
-scan, optional sharding) -> metrics, checkpoints, plots.
+and stacked client arrays -> algorithm (pure functions, looked up by
+`config.algorithm`) -> engine (jit, vmap, scan, optional sharding) -> metrics,
+checkpoints, plots. Nothing here depends on which method runs: the method's
+round, evaluation and diagnostics come from its `Algorithm`.
 
 Artefacts in `workdir`:
   config.json       the resolved config
   metadata.json     data provenance (real / TFDS / synthetic, substitutions),
                     participants, groups, devices, versions
-  metrics.jsonl     one record per round: train/<phase>/<loss>/<client>,
-                    eval/intra|inter/<client>, eval/intra|inter/mean,
+  metrics.jsonl     one record per round: train/<phase>/<metric>/<client> (or
+                    train/<phase>/<metric> for server-side scalars),
+                    eval/intra|inter/<client> and eval/intra|inter/mean for
+                    multi-domain scenarios (eval/accuracy/... for one domain),
                     time/round_secs
-  results.md/.json  the FCCL+ Table VIII/IX layout (mean of the last rounds)
+  results.md/.json  mean of the last evaluated rounds: the FCCL+ Table VIII/IX
+                    layout (inter/intra) for multi-domain scenarios, plain test
+                    accuracy for a single domain
   checkpoints/      orbax checkpoints; a restarted run resumes from the latest
-  accuracy.png, cross_correlation.png, cross_correlation.npz   figures
+  accuracy.png      accuracy curves
+  <diagnostic>.npz/.png  the method's diagnostics (e.g. FCCL/FCCL+'s
+                    cross_correlation) at config.logging.diagnostic_rounds
   tensorboard/      when tensorboardX is installed
 """
 
@@ -24,6 +32,7 @@ import logging
 import pathlib
 import platform
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -31,11 +40,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import checkpointing, data as data_lib, losses, models, plots, reporting
-from fedjax_het.algorithms import ALGORITHMS
-from fedjax_het.algorithms.base import FederatedArrays, Setup, normalizer
+from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
+from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds, sharding
+from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
 from fedjax_het.evaluation import intra_inter, stack_test_sets
 
@@ -80,15 +89,24 @@ def check_round_memory(compiled: Any, config: ml_collections.ConfigDict,
   need = int(analysis.temp_size_in_bytes) + int(analysis.output_size_in_bytes)
   if config.memory_check and available is not None and need > available:
     gib = 2.0 ** 30
+    fields = ", ".join(f"config.{name} ({value})" for name, value in _batch_size_fields(config))
     raise MemoryError(
         f"config {config.name!r} needs about {need / gib:.1f} GiB for one round (XLA memory "
         f"analysis) but {available / gib:.1f} GiB is available on {jax.default_backend()}. "
-        f"Lower config.collaborative.batch_size ({config.collaborative.batch_size}), "
-        f"config.local.batch_size ({config.local.batch_size}) or config.models.width "
-        f"({config.models.width}), use config.models.conv_impl='xla' (less memory, slower "
-        f"on CPU), or run on an accelerator with more memory; config.memory_check=False skips "
-        f"this check.")
+        f"Lower {fields} or config.models.width ({config.models.width}), use "
+        f"config.models.conv_impl='xla' (less memory, slower on CPU), or run on an "
+        f"accelerator with more memory; config.memory_check=False skips this check.")
   return need
+
+
+def _batch_size_fields(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:
+  """Every `<section>.batch_size` of the method's sections (what sets a round's memory)."""
+  fields = []
+  for section in config.keys():
+    value = config[section]
+    if isinstance(value, ml_collections.ConfigDict) and "batch_size" in value and section != "eval":
+      fields.append((f"{section}.batch_size", value.batch_size))
+  return fields
 
 
 def _client_names(domains: list[str]) -> list[str]:
@@ -143,21 +161,14 @@ class Experiment:
         private_mean=tuple(scenario.private_mean), private_std=tuple(scenario.private_std),
         public_mean=tuple(scenario.public_mean), public_std=tuple(scenario.public_std),
         max_test_size=int(test.images.shape[1]))
-    self.algorithm = ALGORITHMS[config.algorithm](config, self.setup)
+    self.algorithm = get_method(config.algorithm).make(config, self.setup)
     arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test)
     if mesh is not None:
-      self.data = sharding.put(arrays, sharding.data_shardings(arrays, mesh))
+      self.data = jax.device_put(arrays, sharding.data_shardings(arrays, mesh))
     else:
       self.data = jax.device_put(arrays)
-    col = config.collaborative
-    round_fn = rounds.make_round_fn(
-        self.algorithm, public_batch_size=min(int(col.batch_size), max(len(scenario.public), 2)),
-        public_epochs=int(col.epochs), num_public=len(scenario.public),
-        public_prepare=rounds.public_pipeline(col.augmentation, scenario.public_mean,
-                                              scenario.public_std, crop=col.crop),
-        name=f"round:{config.name}")
-    self.round_fn = round_fn
-    calls = rounds.make_run_rounds(round_fn, int(config.rounds_per_call))
+    self.round_fn = rounds.make_round_fn(self.algorithm)
+    calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
     init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
     self._state_shardings = None
     if mesh is None:
@@ -168,7 +179,10 @@ class Experiment:
       self._init = jax.jit(init, out_shardings=self._state_shardings)
       self.run_rounds = jax.jit(calls, out_shardings=(self._state_shardings, None))
     self.evaluate = jax.jit(self.algorithm.evaluate)
-    self._heatmap = jax.jit(self._cross_correlation)
+    diagnostics = self.algorithm.diagnostics
+    self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
+    # One test domain: plain accuracy; several: intra/inter-domain accuracy (FCCL+ tables).
+    self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
 
   def compile_rounds(self, state: Any) -> Any:
     """The compiled `run_rounds` for this state's shapes (traces once; uses the cache)."""
@@ -186,51 +200,57 @@ class Experiment:
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), like,
         self._state_shardings)
 
-  def _cross_correlation(self, state):
-    """M_i of every participant vs the participants' mean logits on a fixed public batch."""
-    n = min(int(self.config.collaborative.batch_size), self.data.public.shape[0])
-    images = normalizer(self.setup.public_mean, self.setup.public_std)(self.data.public[:n])
-    logits = {}
-    for group in self.groups:
-      variables = state["groups"][group.name]["variables"]
-      logits[group.name] = jax.vmap(
-          lambda v: models.apply_model(group.model, v, images, train=False)[1])(variables)
-    target = sum(jnp.sum(z[:g.num_clients], axis=0) for g, z in
-                 zip(self.groups, logits.values())) / self.setup.num_participants
-    return {name: jax.vmap(lambda z: losses.cross_correlation_matrix(
-        logits=z, target_logits=target))(z) for name, z in logits.items()}
-
-  def cross_correlation(self, state) -> np.ndarray:
-    """(K, C, C) cross-correlation matrices in participant order."""
-    per_group = jax.device_get(self._heatmap(state))
+  def diagnostics(self, state) -> np.ndarray | None:
+    """The method's diagnostic arrays (K, ...) in participant order, or None if it has none."""
+    if self._diagnostics is None:
+      return None
+    per_group = jax.device_get(self._diagnostics(state, self.data))
     return scatter_to_participants(self.groups, per_group, self.setup.num_participants)
 
   def evaluation_record(self, state) -> dict[str, float]:
-    """eval/intra|inter/<client> and their means, from one evaluation."""
+    """eval/<kind>/<client> and eval/<kind>/mean from one evaluation.
+
+    kind is intra/inter (own domain / mean of the other domains) when the
+    scenario has several test domains, else accuracy.
+    """
     accuracy = scatter_to_participants(self.groups, jax.device_get(self.evaluate(state, self.data.test)),
                                        self.setup.num_participants)
-    intra, inter = intra_inter(accuracy, self.client_domain_index)
+    if self.accuracy_kinds == ("accuracy",):
+      per_kind = {"accuracy": np.asarray(accuracy, np.float64)[:, 0]}
+    else:
+      intra, inter = intra_inter(accuracy, self.client_domain_index)
+      per_kind = {"intra": intra, "inter": inter}
     record = {}
-    for name, a, e in zip(self.client_names, intra, inter):
-      record[f"eval/intra/{name}"] = float(a)
-      record[f"eval/inter/{name}"] = float(e)
-    record["eval/intra/mean"] = float(np.mean(intra))
-    record["eval/inter/mean"] = float(np.nanmean(inter)) if np.any(np.isfinite(inter)) else 0.0
+    for name_index, name in enumerate(self.client_names):
+      for kind in self.accuracy_kinds:
+        record[f"eval/{kind}/{name}"] = float(per_kind[kind][name_index])
+    for kind in self.accuracy_kinds:
+      record[f"eval/{kind}/mean"] = float(np.mean(per_kind[kind]))
     return record
 
   def train_records(self, metrics: Any, num_rounds: int) -> list[dict[str, float]]:
-    """Per-round train/<phase>/<metric>/<client> records from stacked round metrics."""
+    """Per-round records from stacked round metrics.
+
+    {phase: {group: {metric: (rounds, slots)}}} gives train/<phase>/<metric>/<client>;
+    {phase: {metric: (rounds,)}} (server-side scalars) gives train/<phase>/<metric>.
+    """
     metrics = jax.device_get(metrics)
     records = [{} for _ in range(num_rounds)]
-    for phase, per_group in metrics.items():
-      names = next(iter(per_group.values())).keys()
-      for metric in names:
-        stacked = {g: np.asarray(v[metric]) for g, v in per_group.items()}  # (rounds, slots)
-        for r in range(num_rounds):
-          values = scatter_to_participants(self.groups, {g: s[r] for g, s in stacked.items()},
-                                           self.setup.num_participants)
-          for name, value in zip(self.client_names, values):
-            records[r][f"train/{phase}/{metric}/{name}"] = float(value)
+    group_names = {g.name for g in self.groups}
+    for phase, values in metrics.items():
+      if set(values) <= group_names and all(isinstance(v, Mapping) for v in values.values()):
+        names = next(iter(values.values())).keys()
+        for metric in names:
+          stacked = {g: np.asarray(v[metric]) for g, v in values.items()}  # (rounds, slots)
+          for r in range(num_rounds):
+            per_client = scatter_to_participants(self.groups, {g: x[r] for g, x in stacked.items()},
+                                                 self.setup.num_participants)
+            for name, value in zip(self.client_names, per_client):
+              records[r][f"train/{phase}/{metric}/{name}"] = float(value)
+      else:
+        for metric, value in values.items():
+          for r in range(num_rounds):
+            records[r][f"train/{phase}/{metric}"] = float(np.asarray(value)[r])
     return records
 
   def metadata(self) -> dict[str, Any]:
@@ -299,10 +319,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   records = writer.truncate_after(start)
 
   num_rounds, per_call = int(config.num_rounds), int(config.rounds_per_call)
-  heatmap_rounds = {int(r) for r in config.logging.heatmap_rounds if 0 < int(r) <= num_rounds}
-  heatmap_file = workdir / "cross_correlation.npz"
-  heatmaps = dict(np.load(heatmap_file)) if heatmap_file.exists() and start else {}
-  heatmaps = {int(k.split("_")[1]): v for k, v in heatmaps.items()} if heatmaps else {}
+  diagnostics = experiment.algorithm.diagnostics
+  diagnostic_rounds = {int(r) for r in config.logging.diagnostic_rounds
+                       if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
+  saved = _load_diagnostics(workdir / f"{diagnostics.name}.npz") if diagnostics and start else {}
+  kinds = experiment.accuracy_kinds
   progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
   done = start
   if done < num_rounds:
@@ -324,23 +345,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     last = new_records[-1]
     if done % int(config.eval.every) == 0 or done == num_rounds:
       last.update(experiment.evaluation_record(state))
-    if heatmap_rounds & set(range(done - per_call + 1, done + 1)):
-      heatmaps[done] = experiment.cross_correlation(state)
-      np.savez(heatmap_file, **{f"round_{r}": m for r, m in heatmaps.items()})
+    if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
+      saved[done] = experiment.diagnostics(state)
+      np.savez(workdir / f"{diagnostics.name}.npz",
+               **{f"round_{r}": m for r, m in saved.items()})
     for record in new_records:
       writer.write(record)
       records.append(record)
     if done % int(config.checkpoint.every) == 0 or done == num_rounds:
       checkpointer.save(done, state)
-    shown = (f"intra {last['eval/intra/mean']:.1f} inter {last['eval/inter/mean']:.1f}"
-             if "eval/intra/mean" in last else "")
+    shown = " ".join(f"{kind} {last[f'eval/{kind}/mean']:.1f}" for kind in kinds
+                     if f"eval/{kind}/mean" in last)
     progress.update(done, shown)
+  progress.close()
   checkpointer.close()
   writer.close()
 
   table, numbers = reporting.results_table(records, experiment.client_names,
                                            last_rounds=int(config.eval.last_rounds),
-                                           method=config.algorithm)
+                                           method=config.algorithm, kinds=kinds)
   substituted = experiment.scenario.substituted
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")
@@ -352,7 +375,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                table)
   if config.logging.plots:
     plots.plot_accuracy_curves(records, experiment.client_names, workdir / "accuracy.png",
-                               title=config.name)
-    plots.plot_cross_correlation(heatmaps, experiment.client_names,
-                                 workdir / "cross_correlation.png")
+                               title=config.name, kinds=kinds)
+    if diagnostics is not None and saved:
+      diagnostics.plot(saved, experiment.client_names, workdir / f"{diagnostics.name}.png")
   return {"results": numbers, "last_record": records[-1] if records else {}, "records": records}
+
+
+def _load_diagnostics(path: pathlib.Path) -> dict[int, np.ndarray]:
+  """{round: array} from a diagnostics file written by an interrupted run."""
+  if not path.exists():
+    return {}
+  with np.load(path) as stored:
+    return {int(k.split("_")[1]): stored[k] for k in stored.files}

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from fedjax_het import losses
-from fedjax_het.algorithms import base, fccl, fcclplus, solo
+from fedjax_het.algorithms import fccl, fcclplus, solo
 from fedjax_het.config import base_config
-from fedjax_het.engine import clients
+from fedjax_het.engine import api, clients, optim
 from tests.tiny_models import TinyBatchNorm, TinyLinear
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -16,14 +16,14 @@ STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 
 def _setup(archs, model=TinyLinear(), *, max_size=6, slot_multiple=1, rounds=4):
   groups = clients.group_clients(archs, [model] * len(archs), slot_multiple=slot_multiple)
-  return base.Setup(groups=groups, num_participants=len(archs), num_classes=3, num_rounds=rounds,
+  return api.Setup(groups=groups, num_participants=len(archs), num_classes=3, num_rounds=rounds,
                     max_sizes={g.name: max_size for g in groups}, private_mean=STATS[0],
                     private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
                     max_test_size=4)
 
 
-def _config(**collab):
-  c = base_config()
+def _config(method="fcclplus", **collab):
+  c = base_config(method)
   c.collaborative.optimizer = "sgd"
   c.collaborative.lr_decay = 0.0
   c.collaborative.update(collab)
@@ -55,10 +55,10 @@ def test_fcclplus_collaborative_step_equals_each_participants_own_gradient():
   """Three participants in two groups; SGD: p_i <- p_i - lr * grad_i(FCCM + omega FISL)."""
   setup = _setup(["a", "b", "a"])
   config = _config(lr=0.1)
-  algorithm = fcclplus.make_fcclplus(config, setup)
+  algorithm = fcclplus.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), None)
   images = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
-  new_state, metrics = algorithm.collaborative_update(state, images, jax.random.key(2),
+  new_state, metrics = algorithm.collaborative_step(state, images, jax.random.key(2),
                                                       jnp.int32(0))
   before, after = _participant_params(state, setup), _participant_params(new_state, setup)
   model = TinyLinear()
@@ -87,10 +87,10 @@ def test_fcclplus_fresh_adam_moves_every_weight_by_the_learning_rate():
   setup = _setup(["a", "a"])
   config = _config(lr=1e-3)
   config.collaborative.optimizer = "adam"
-  algorithm = fcclplus.make_fcclplus(config, setup)
+  algorithm = fcclplus.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), None)
   images = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
-  new_state, _ = algorithm.collaborative_update(state, images, jax.random.key(2), jnp.int32(0))
+  new_state, _ = algorithm.collaborative_step(state, images, jax.random.key(2), jnp.int32(0))
   delta = jax.tree_util.tree_map(lambda a, b: np.abs(np.asarray(a - b)),
                                  new_state["groups"]["a"]["variables"]["params"],
                                  state["groups"]["a"]["variables"]["params"])
@@ -111,9 +111,9 @@ def test_padding_slots_do_not_change_real_participants():
   results = []
   for multiple in (1, 4):
     setup = _setup(["a", "b", "a"], slot_multiple=multiple)
-    algorithm = fcclplus.make_fcclplus(config, setup)
+    algorithm = fcclplus.make_phases(config, setup)
     state = algorithm.init(jax.random.key(0), None)
-    state, _ = algorithm.collaborative_update(state, images, jax.random.key(2), jnp.int32(0))
+    state, _ = algorithm.collaborative_step(state, images, jax.random.key(2), jnp.int32(0))
     data, _, _ = _data(setup)
     state, _ = algorithm.local_update(state, data, jax.random.key(3), jnp.int32(0))
     results.append(_participant_params(state, setup))
@@ -128,7 +128,7 @@ def test_fcclplus_local_step_is_ce_plus_fntd_against_the_teacher():
   config.local.optimizer = "sgd"
   config.local.lr = 0.2
   config.local.lr_decay = 0.0
-  algorithm = fcclplus.make_fcclplus(config, setup)
+  algorithm = fcclplus.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), None)
   # Make the teacher differ from the student so FNTD is non-zero.
   teacher = jax.tree_util.tree_map(lambda v: v + 0.05, state["groups"]["a"]["variables"])
@@ -165,7 +165,7 @@ def test_homogeneous_fcclplus_averages_all_participants_before_local_training():
   config = _config()
   config.fcclplus.average_parameters = True
   config.local.lr = 1e-12  # local training then leaves the averaged model in place
-  algorithm = fcclplus.make_fcclplus(config, setup)
+  algorithm = fcclplus.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), None)
   state["groups"]["r"]["variables"] = jax.tree_util.tree_map(
       lambda v: v + jnp.arange(3.0).reshape((3,) + (1,) * (v.ndim - 1)),
@@ -183,22 +183,22 @@ def test_average_parameters_rejects_heterogeneous_participants():
   config = _config()
   config.fcclplus.average_parameters = True
   with pytest.raises(ValueError, match="average_parameters=True needs one architecture"):
-    fcclplus.make_fcclplus(config, _setup(["a", "b"]))
+    fcclplus.make_phases(config, _setup(["a", "b"]))
 
 
 def test_fccl_own_slot_holds_the_previous_round_model():
   """FCCL target of participant i: (sum_{j != i} Z_j + Z_i^{prev}) / K."""
   setup = _setup(["a", "a", "b"])
-  config = _config(lr=0.1)
+  config = _config("fccl", lr=0.1)
   config.fccl.pretrain_epochs = 0
-  algorithm = fccl.make_fccl(config, setup)
+  algorithm = fccl.make_phases(config, setup)
   data, _, _ = _data(setup)
-  state = algorithm.init(jax.random.key(0), base.FederatedArrays(data, None, None))
+  state = algorithm.init(jax.random.key(0), api.FederatedArrays(data, None, None))
   for name in ("a", "b"):  # a previous model different from the current one
     state["groups"][name]["previous"] = jax.tree_util.tree_map(
         lambda v: 0.5 * v, state["groups"][name]["variables"])
   images = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
-  new_state, _ = algorithm.collaborative_update(state, images, jax.random.key(2), jnp.int32(0))
+  new_state, _ = algorithm.collaborative_step(state, images, jax.random.key(2), jnp.int32(0))
   model = TinyLinear()
   before, after = _participant_params(state, setup), _participant_params(new_state, setup)
   prev = {}
@@ -218,17 +218,20 @@ def test_fccl_own_slot_holds_the_previous_round_model():
 
 def test_solo_trains_only_on_private_data_and_learns():
   setup = _setup(["a", "b"], model=TinyBatchNorm())
-  config = _config()
+  config = base_config("solo")
   config.local.epochs = 30
   config.local.lr = 0.05
+  config.local.batch_size = 6
+  config.eval.batch_size = 4
   algorithm = solo.make_solo(config, setup)
-  assert algorithm.collaborative_update is None
   data, _, _ = _data(setup)
-  state = algorithm.init(jax.random.key(0), None)
+  arrays = api.FederatedArrays(data, jnp.zeros((0, 32, 32, 3), jnp.uint8), None)
+  state = algorithm.init(jax.random.key(0), arrays)
   losses_per_round = []
   for r in range(3):
-    state, metrics = algorithm.local_update(state, data, jax.random.key(r), jnp.int32(r))
-    losses_per_round.append(float(metrics["a"]["loss"][0]))
+    state, metrics = algorithm.round(state, arrays, jax.random.key(r), jnp.int32(r))
+    assert set(metrics) == {"local"}  # no communication at all
+    losses_per_round.append(float(metrics["local"]["a"]["loss"][0]))
   assert losses_per_round[-1] < 0.5 * losses_per_round[0]
   # BatchNorm statistics move in train mode.
   stats = state["groups"]["a"]["variables"]["batch_stats"]
@@ -236,7 +239,10 @@ def test_solo_trains_only_on_private_data_and_learns():
 
 
 def test_cosine_pretraining_schedule_matches_timm():
-  rates = np.asarray(solo.cosine_learning_rates(1e-3, 1e-6, 50))
+  rates = np.asarray(optim.cosine_epoch_rates(1e-3, 1e-6, 50))
   assert rates[0] == pytest.approx(1e-3)
   assert rates[25] == pytest.approx(1e-6 + 0.5 * (1e-3 - 1e-6), rel=1e-5)
   assert np.all(np.diff(rates) < 0)
+  # timm's formula, epoch by epoch, in float64.
+  want = [1e-6 + 0.5 * (1e-3 - 1e-6) * (1 + np.cos(np.pi * e / 50)) for e in range(50)]
+  np.testing.assert_allclose(rates, want, rtol=1e-5)

@@ -179,3 +179,119 @@ def test_client_keys_depend_only_on_the_participant_index():
   b = clients.client_keys(key, jnp.array([1, 5, 3]))
   np.testing.assert_array_equal(jax.random.key_data(a[0]), jax.random.key_data(b[2]))
   np.testing.assert_array_equal(jax.random.key_data(a[1]), jax.random.key_data(b[0]))
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def test_round_decay_schedule_is_exact_in_the_first_two_rounds_and_linear_after():
+  schedule = optim.round_decay_schedule(1e-3, 40, 0.9)
+  assert float(schedule(0)) == float(schedule(1)) == float(np.float32(1e-3))
+  assert float(optim.round_decay_schedule(1e-3, 40, 0.0)(7)) == pytest.approx(1e-3)
+  np.testing.assert_allclose([float(schedule(r)) for r in (2, 21, 40)],
+                             [1e-3 * (1 - 0.9 * r / 40) for r in (1, 20, 39)], rtol=1e-6)
+
+
+def test_injected_learning_rate_scales_the_step_and_survives_jit():
+  tx = optim.make_optimizer("sgd", momentum=0.5)
+  params = {"w": jnp.array([1.0, 2.0])}
+  grads = {"w": jnp.array([0.5, -1.0])}
+  step = jax.jit(lambda p, g, s, lr: optim.apply_updates(tx, p, g, s, lr))
+  p1, s1 = step(params, grads, tx.init(params), 0.1)
+  np.testing.assert_allclose(p1["w"], [1.0 - 0.05, 2.0 + 0.1], rtol=1e-6)
+  p2, _ = step(p1, grads, s1, 0.2)  # momentum buffer 0.5 * g + g = 1.5 g at lr 0.2
+  np.testing.assert_allclose(p2["w"], p1["w"] - 0.2 * 1.5 * grads["w"], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- cohorts
+
+
+def test_sample_cohort_draws_distinct_active_slots_and_covers_them_uniformly():
+  from fedjax_het.engine import cohort
+  active = jnp.array([True] * 7 + [False] * 3)
+  counts = np.zeros(10)
+  for seed in range(400):
+    slots = np.asarray(cohort.sample_cohort(jax.random.key(seed), active, 3))
+    assert len(set(slots.tolist())) == 3 and np.all(slots < 7)
+    assert np.all(np.diff(slots) > 0)
+    counts[slots] += 1
+  assert counts[7:].sum() == 0
+  np.testing.assert_allclose(counts[:7] / 400, 3 / 7, atol=0.08)  # each slot: p = 3/7
+  with pytest.raises(ValueError, match=r"cohort_size must be in \[1, 10\]"):
+    cohort.sample_cohort(jax.random.key(0), active, 11)
+
+
+def test_gather_then_scatter_writes_back_only_the_cohort():
+  from fedjax_het.engine import cohort
+  tree = {"w": jnp.arange(12.0).reshape(6, 2)}
+  slots = jnp.array([1, 4])
+  taken = cohort.gather(tree, slots)
+  np.testing.assert_array_equal(taken["w"], [[2.0, 3.0], [8.0, 9.0]])
+  back = cohort.scatter(tree, slots, jax.tree_util.tree_map(lambda v: -v, taken))
+  want = np.arange(12.0).reshape(6, 2)
+  want[[1, 4]] *= -1
+  np.testing.assert_array_equal(back["w"], want)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def test_weighted_mean_matches_numpy_and_ignores_zero_weights():
+  from fedjax_het.engine import aggregation
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 3, 2)).astype(np.float32)
+  w = np.array([10.0, 0.0, 30.0, 60.0])
+  got = aggregation.weighted_mean({"x": jnp.asarray(x)}, jnp.asarray(w))["x"]
+  want = sum(w[i] * x[i] for i in range(4)) / w.sum()
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  assert got.shape == (3, 2)
+
+
+def test_server_update_with_sgd_one_is_plain_averaging_and_momentum_is_fedavgm():
+  import optax
+  from fedjax_het.engine import aggregation
+  server = {"w": jnp.array([1.0, -1.0])}
+  mean = {"w": jnp.array([0.5, 0.0])}
+  new, _ = aggregation.server_update(optax.sgd(1.0), server, mean, optax.sgd(1.0).init(server))
+  np.testing.assert_allclose(new["w"], mean["w"], rtol=1e-7)
+  # FedAvgM (Hsu et al. 2019): v <- beta v + delta, w <- w - lr v, delta = server - mean.
+  tx = optax.sgd(0.5, momentum=0.9)
+  state = tx.init(server)
+  w, v = np.array([1.0, -1.0]), np.zeros(2)
+  current = server
+  for target in ([0.5, 0.0], [0.0, 0.5]):
+    current, state = aggregation.server_update(tx, current, {"w": jnp.array(target)}, state)
+    v = 0.9 * v + (w - np.array(target))
+    w = w - 0.5 * v
+    np.testing.assert_allclose(current["w"], w, rtol=1e-6)
+
+
+def test_average_over_active_broadcasts_the_mean_of_real_slots():
+  from fedjax_het.engine import aggregation
+  tree = {"w": jnp.array([[1.0], [3.0], [100.0]])}
+  out = aggregation.average_over_active(tree, jnp.array([True, True, False]))
+  np.testing.assert_allclose(out["w"], [[2.0], [2.0], [2.0]])
+
+
+# --------------------------------------------------------------------------- public phase
+
+
+def test_public_phase_visits_every_public_image_each_epoch_and_averages_metrics():
+  from fedjax_het.engine import public
+  images = jnp.arange(10, dtype=jnp.uint8).reshape(10, 1, 1, 1) * jnp.ones((1, 2, 2, 3),
+                                                                           jnp.uint8)
+  spec = public.PublicSpec(batch_size=4, epochs=2, prepare=lambda k, x: x.astype(jnp.float32))
+
+  def step(seen, batch, key):
+    del key
+    ids = batch[:, 0, 0, 0].astype(jnp.int32)
+    return seen.at[ids].add(1), {"first": batch[0, 0, 0, 0]}
+
+  seen, metrics = jax.jit(lambda s: public.public_phase(
+      step, s, images, spec, order_key=jax.random.key(0), augment_key=jax.random.key(1),
+      step_key=jax.random.key(2)))(jnp.zeros(10, jnp.int32))
+  # 2 epochs x 3 full batches of 4 = 24 visits: each image twice, plus 2 refills per epoch.
+  assert int(seen.sum()) == 24 and int(seen.min()) >= 2
+  assert metrics["first"].shape == ()
+  assert not public.has_public_phase(spec._replace(epochs=0), images)
+  assert not public.has_public_phase(spec, images[:0])

@@ -1,27 +1,59 @@
-"""Progress bar rate/ETA arithmetic (no training)."""
+"""Progress output (no training) and the results table layouts."""
 
-import io
+import logging
+
+import pytest
 
 from fedjax_het import reporting
 
 
-def test_progress_eta_leaves_out_the_compiling_first_round(monkeypatch):
-  clock = iter([0.0, 100.0, 110.0, 120.0])  # init, round 1 (compile), rounds 2, 3
+def test_progress_logs_one_line_per_round_when_not_a_terminal(monkeypatch, caplog):
+  clock = iter([0.0, 10.0, 20.0, 50.0])  # start, then rounds 1, 2, 3 (compiled beforehand)
   monkeypatch.setattr(reporting.time, "perf_counter", lambda: next(clock))
-  err = io.StringIO()
-  monkeypatch.setattr(reporting.sys, "stderr", err)
-  progress = reporting.Progress(5, enabled=True)
-  progress.update(1, "")
-  progress.update(2, "")
-  progress.update(3, "acc 1.0")
-  lines = err.getvalue().splitlines()
-  assert "100.0 s/round, ETA 6.7 min" in lines[0]    # only the first round known: 4 x 100 s
-  assert "10.0 s/round, ETA 0.5 min" in lines[1]     # (110 - 100) / 1 round, 3 left
-  assert "acc 1.0 | 10.0 s/round, ETA 0.3 min" in lines[2]
+  monkeypatch.setattr(reporting.sys.stderr, "isatty", lambda: False, raising=False)
+  with caplog.at_level(logging.INFO):
+    progress = reporting.Progress(5, enabled=True)
+    progress.update(1, "")
+    progress.update(2, "intra 50.0")
+    progress.update(3, "")
+    progress.close()
+  lines = [r.getMessage() for r in caplog.records]
+  assert "round 1/5  (10.0 s/round, ETA 0.7 min)" in lines[0]
+  assert "round 2/5 intra 50.0 (10.0 s/round, ETA 0.5 min)" in lines[1]
+  assert "round 3/5  (30.0 s/round, ETA 1.0 min)" in lines[2]
 
 
-def test_progress_disabled_writes_nothing(monkeypatch):
+def test_progress_on_a_terminal_is_a_tqdm_bar_with_the_accuracy(monkeypatch):
+  import io
+  err = io.StringIO()
+  err.isatty = lambda: True
+  monkeypatch.setattr(reporting.sys, "stderr", err)
+  progress = reporting.Progress(4, enabled=True, start=1)
+  progress.update(2, "intra 12.5 inter 9.0")
+  progress.close()
+  out = err.getvalue()
+  assert "2/4" in out and "intra 12.5 inter 9.0" in out
+
+
+def test_progress_disabled_writes_nothing(monkeypatch, caplog):
+  import io
   err = io.StringIO()
   monkeypatch.setattr(reporting.sys, "stderr", err)
-  reporting.Progress(3, enabled=False).update(1, "x")
-  assert err.getvalue() == ""
+  with caplog.at_level(logging.INFO):
+    reporting.Progress(3, enabled=False).update(1, "x")
+  assert err.getvalue() == "" and not caplog.records
+
+
+def test_results_table_domain_and_single_domain_layouts():
+  records = [{"round": r, "eval/intra/a": 10.0 * r, "eval/inter/a": 1.0 * r,
+              "eval/intra/b": 20.0, "eval/inter/b": 2.0} for r in (1, 2, 3)]
+  table, numbers = reporting.results_table(records, ["a", "b"], last_rounds=2, method="m")
+  assert numbers["intra"] == {"a": 25.0, "b": 20.0, "AVG": 22.5}
+  assert numbers["inter"]["AVG"] == pytest.approx(2.25)
+  assert table.splitlines()[2].startswith("| inter → | 2.50 | 2.00 | 2.25 |")
+  single = [{"round": 1, "eval/accuracy/a": 40.0, "eval/accuracy/b": 60.0}]
+  table, numbers = reporting.results_table(single, ["a", "b"], last_rounds=3, method="m",
+                                           kinds=("accuracy",))
+  assert numbers["accuracy"] == {"a": 40.0, "b": 60.0, "AVG": 50.0}
+  assert table.splitlines() == ["| m | a | b | AVG |", "|---|---|---|---|",
+                                "| accuracy | 40.00 | 60.00 | 50.00 |"]

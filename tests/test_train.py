@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -44,15 +45,17 @@ def tiny_config(variant="fcclplus", **overrides):
   c.num_rounds = 3
   c.local.epochs = 1
   c.local.batch_size = 16
-  c.collaborative.batch_size = 32
+  if "collaborative" in c:
+    c.collaborative.batch_size = 32
   c.scenario.public_size = 64
   c.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
   c.scenario.test_size = 30
   c.eval.batch_size = 30
-  c.fccl.pretrain_epochs = 1
+  if variant == "fccl":
+    c.fccl.pretrain_epochs = 1
   c.logging.progress = False
   c.logging.tensorboard = False
-  c.logging.heatmap_rounds = (1, 3)
+  c.logging.diagnostic_rounds = (1, 3)
   c.compilation_cache_dir = ""
   c.update_from_flattened_dict(overrides)
   return c
@@ -133,16 +136,16 @@ def test_memory_estimate_is_positive_and_below_this_machine():
   assert 0 < need < train_lib.available_memory_bytes(jax.devices()[0])
 
 
-def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds():
-  config = tiny_config(name="trace_guard")
+@pytest.mark.parametrize("variant", ["fcclplus", "fccl", "solo"])
+def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds(variant):
+  config = tiny_config(variant, name=f"trace_guard_{variant}")
   experiment = Experiment(config)
   state = experiment.init_state()
-  single = jax.jit(experiment.round_fn)
-  before = rounds.TRACE_COUNTS["round:trace_guard"]
+  chex.clear_trace_counter()
+  single = jax.jit(chex.assert_max_traces(experiment.round_fn, n=1))
   looped = state
-  for _ in range(3):
+  for _ in range(3):  # a second trace would raise AssertionError
     looped, _ = single(looped, experiment.data)
-  assert rounds.TRACE_COUNTS["round:trace_guard"] - before == 1  # no retrace per round
   scanned, metrics = jax.jit(rounds.make_run_rounds(experiment.round_fn, 3))(state, experiment.data)
   assert int(scanned["round"]) == int(looped["round"]) == 3
   assert jax.tree_util.tree_leaves(metrics)[0].shape[0] == 3
@@ -178,7 +181,7 @@ def test_sharded_round_equals_unsharded_round():
 
 @pytest.mark.parametrize("field,value,message", [
     ("local.batch_size", 0, "config.local.batch_size must be an integer >= 1, got 0"),
-    ("algorithm", "fedavgg", "config.algorithm must be one of ('fcclplus', 'fccl', 'solo')"),
+    ("algorithm", "fedavgg", "config.algorithm must be one of ('fcclplus', 'fccl', 'solo'"),
     ("models.conv_impl", "cudnn", "config.models.conv_impl must be one of ('auto', 'xla', "
                                   "'im2col', 'custom_vjp')"),
     ("collaborative.batch_size", 1, "config.collaborative.batch_size must be an integer >= 2"),
@@ -209,6 +212,23 @@ def test_every_digits_variant_builds_and_validates():
           full.collaborative.batch_size) == (40, 20, 256, 512)  # the paper's settings
   with pytest.raises(ValueError, match="expected <method>"):
     digits.get_config("fedavg")
+  assert "collaborative" not in digits.get_config("solo")  # a method's config has its sections only
+
+
+def test_switching_algorithm_without_its_sections_names_the_missing_section():
+  config = tiny_config("solo")
+  config.algorithm = "fcclplus"
+  with pytest.raises(ValueError, match=r"config.collaborative is missing but "
+                     r"config.algorithm='fcclplus' needs it: build the config with "
+                     r"fedjax_het.config.base_config\('fcclplus'\)"):
+    validate_config(config)
+
+
+def test_unknown_method_lists_the_registered_ones():
+  from fedjax_het.config import base_config
+  with pytest.raises(ValueError, match=r"config.algorithm must be one of \('fcclplus', 'fccl', "
+                     r"'solo'.*got 'fedavgg'"):
+    base_config("fedavgg")
 
 
 def test_cli_maps_bare_config_names_to_config_files():
@@ -226,7 +246,7 @@ def test_cli_runs_the_quick_config_with_overrides(tmp_path):
   """The README's main job, shortened to 2 rounds, from the repository root."""
   result = subprocess.run(
       [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
-       "--config.num_rounds=2", "--config.logging.heatmap_rounds=(1,2)",
+       "--config.num_rounds=2", "--config.logging.diagnostic_rounds=(1,2)",
        f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, result.stderr[-3000:]
   assert (tmp_path / "results.md").exists()

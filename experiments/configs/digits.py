@@ -51,38 +51,37 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
   if method not in METHODS or not flags <= {"homogeneous", "quick"}:
     raise ValueError(f"digits config: expected <method>[_homogeneous][_quick] with method in "
                      f"{METHODS}, got {arg!r}.")
-  c = base_config()
+  c = base_config(method)
   c.name = f"digits_{arg}"
-  c.algorithm = method
   c.scenario.name = "digits"
   c.scenario.sources = ml_collections.ConfigDict(
       {"mnist": "real", "usps": "real", "svhn": "tfds", "syn": "synthetic"})
   c.scenario.synthetic_fallback = True
   c.scenario.public_name = "cifar100"
   c.models.architectures = HETEROGENEOUS
-  c.local.epochs = 20
-  c.fcclplus.fntd_temperature = 3.0
+  if method == "fcclplus":
+    c.fcclplus.fntd_temperature = 3.0  # tau = 3 for Digits
   if method == "solo":
     # BASE: 50 epochs of private training, one epoch per round, constant lr.
     c.num_rounds = 50
-    c.local.epochs = 1
-    c.local.lr_decay = 0.0
-    c.logging.heatmap_rounds = (1, 25, 50)
+    c.logging.diagnostic_rounds = (1, 25, 50)
   if "homogeneous" in flags:
     c.models.architectures = ("resnet12",) * 4
-    c.fcclplus.average_parameters = method == "fcclplus"
-    c.fccl.average_parameters = method == "fccl"
+    if method != "solo":
+      c[method].average_parameters = True
   if "quick" in flags:
     c.models.width = 0.125
     c.num_rounds = 5 if method != "solo" else 10
     c.local.epochs = 5 if method != "solo" else 1
     c.local.batch_size = 64
-    c.collaborative.batch_size = 128
+    if method != "solo":
+      c.collaborative.batch_size = 128
     c.scenario.public_size = 1024
     c.scenario.private_sizes = ml_collections.ConfigDict(
         {"mnist": 150, "usps": 80, "svhn": 1000, "syn": 600})
     c.scenario.test_size = 300
     c.eval.batch_size = 300
-    c.fccl.pretrain_epochs = 5
-    c.logging.heatmap_rounds = (1, c.num_rounds)
+    if method == "fccl":
+      c.fccl.pretrain_epochs = 5
+    c.logging.diagnostic_rounds = (1, c.num_rounds)
   return c

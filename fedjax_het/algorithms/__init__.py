@@ -1,18 +1,79 @@
-"""Federated methods, each a `make_<method>(config, setup) -> Algorithm`.
+"""Federated methods: one module each, registered by name for `config.algorithm`.
 
-  fcclplus: FCCL+ (TPAMI), `fcclplus.py`.
-  fccl:     FCCL (CVPR 2022), `fccl.py`.
-  solo:     private training only (the BASE row), `solo.py`.
+  fcclplus  FCCL+ (TPAMI): FCCM + FISL on public data, CE + FNTD locally.
+  fccl      FCCL (CVPR 2022): cross-correlation + dual-domain distillation.
+  solo      private training only (the BASE row).
 
-`ALGORITHMS` maps the `config.algorithm` names to the builders.
+How to add a method (the whole recipe; `tests/test_round_api.py` does it with a
+toy FedAvg in the test file alone):
+
+1. Write `make(config, setup) -> engine.api.Algorithm`. Read the config into
+   Python constants here (never pass a ConfigDict into jit). Return
+   `Algorithm(name, init, round, evaluate, diagnostics=None)`:
+     * `init(key, data) -> state`: per-participant entries under
+       `state["groups"][group.name]` with the slot axis leading (at least
+       "variables" for the shared evaluator), global entries at the top level.
+     * `round(state, data, key, round_index) -> (state, metrics)`: the method's
+       round as engine blocks, in the paper's order, e.g. for FedAvg
+           slots  = cohort.sample_cohort(k_sample, active, m)
+           models = aggregation.broadcast(state["server"], m)
+           models, m = local.train_clients(trainer, models, aux,
+                                           cohort.gather(data.groups[g], slots), keys, lrs)
+           mean   = aggregation.weighted_mean(models, sizes)
+           server, opt = aggregation.server_update(optax.sgd(1.0), server, mean, opt)
+       metrics = {phase: {group: {name: (slots,)}}} or {phase: {name: ()}}.
+     * `evaluate(state, test) -> {group: (slots, domains)}` accuracy in percent
+       (`common.make_evaluate(config, setup)` evaluates every slot's variables).
+2. Write `default_config() -> ConfigDict` of the sections the method reads (its
+   own `config.<name>` namespace plus engine sections such as
+   `engine.local.default_config()`), and `validate_config(config)` that checks
+   them with `fedjax_het.validation` (errors name the field and the allowed
+   values).
+3. Register it: `register("name", make=..., default_config=..., validate_config=...)`
+   (the built-in ones below), then `fedjax_het.config.base_config("name")`
+   builds its config and `fedjax_het.train.train_and_evaluate` runs it. The
+   trainer, the engine and `config.py` do not change.
 """
 
-from fedjax_het.algorithms.base import Algorithm, FederatedArrays, Setup
-from fedjax_het.algorithms.fccl import make_fccl
-from fedjax_het.algorithms.fcclplus import make_fcclplus
-from fedjax_het.algorithms.solo import make_solo
+from __future__ import annotations
 
-ALGORITHMS = {"fcclplus": make_fcclplus, "fccl": make_fccl, "solo": make_solo}
+from collections.abc import Callable
+from typing import NamedTuple
 
-__all__ = ["ALGORITHMS", "Algorithm", "FederatedArrays", "Setup", "make_fccl", "make_fcclplus",
-           "make_solo"]
+import ml_collections
+
+from fedjax_het.algorithms import fccl, fcclplus, solo
+from fedjax_het.engine.api import Algorithm, Setup
+
+
+class Method(NamedTuple):
+  """A registered method: its builder, its config sections and their validation."""
+  make: Callable[[ml_collections.ConfigDict, Setup], Algorithm]
+  default_config: Callable[[], ml_collections.ConfigDict]
+  validate_config: Callable[[ml_collections.ConfigDict], None]
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(name: str, *, make, default_config, validate_config) -> None:
+  """Makes `name` a valid `config.algorithm` (re-registering a name replaces it)."""
+  METHODS[name] = Method(make=make, default_config=default_config,
+                         validate_config=validate_config)
+
+
+def get_method(name: str) -> Method:
+  """The registered method `name`; unknown names raise, listing the valid ones."""
+  if name not in METHODS:
+    raise ValueError(f"config.algorithm must be one of {tuple(METHODS)}, got {name!r}.")
+  return METHODS[name]
+
+
+register("fcclplus", make=fcclplus.make_fcclplus, default_config=fcclplus.default_config,
+         validate_config=fcclplus.validate_config)
+register("fccl", make=fccl.make_fccl, default_config=fccl.default_config,
+         validate_config=fccl.validate_config)
+register("solo", make=solo.make_solo, default_config=solo.default_config,
+         validate_config=solo.validate_config)
+
+__all__ = ["METHODS", "Method", "get_method", "register"]

@@ -1,4 +1,4 @@
-"""Pieces shared by several methods: slot bookkeeping, cross-group targets, trainers."""
+"""Pieces several methods share: cross-group targets, forwards, evaluation, diagnostics."""
 
 from __future__ import annotations
 
@@ -9,24 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import evaluation, models
-from fedjax_het.algorithms.base import Setup, normalizer
-from fedjax_het.engine import local
-from fedjax_het.engine.clients import ClientGroup, client_keys
-from fedjax_het.engine.optim import make_optimizer
-
-OPTIMIZER_RESETS = ("batch", "round", "never")
-
-
-def slot_ids(group: ClientGroup, num_participants: int) -> np.ndarray:
-  """Global index of every slot (padding slots numbered K, K+1, ...)."""
-  padding = range(num_participants, num_participants + group.num_slots - group.num_clients)
-  return np.asarray(list(group.clients) + list(padding), np.int32)
-
-
-def slot_active(group: ClientGroup) -> np.ndarray:
-  """True for the real members, False for padding slots."""
-  return np.arange(group.num_slots) < group.num_clients
+from fedjax_het import evaluation, losses, models, plots
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine.api import Diagnostics, Setup
+from fedjax_het.engine.clients import ClientGroup, client_keys, slot_active
 
 
 def mean_over_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> jax.Array:
@@ -70,7 +56,7 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
     params: {group: stacked params} (the argument being differentiated).
     images: (B, 32, 32, 3) public batch, the same for every participant.
     key: the batch's key; participant p draws from fold_in(key, p).
-    ids: {group: (slots,) global participant ids} (`slot_ids`).
+    ids: {group: (slots,) global participant ids} (`clients.slot_ids`).
 
   Returns:
     ({group: features (slots, B, D)}, {group: logits (slots, B, C)},
@@ -86,26 +72,8 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
   return features, logits, stats
 
 
-def make_group_trainers(setup: Setup, loss_for_group: Callable[[ClientGroup], local.LocalLossFn], *,
-                        optimizer: str, weight_decay: float, epochs: int,
-                        batch_size: int) -> dict[str, Callable[..., Any]]:
-  """One local trainer per group (private-data normalisation, fresh optimiser state)."""
-  preprocess = normalizer(setup.private_mean, setup.private_std)
-  tx = make_optimizer(optimizer, weight_decay=weight_decay)
-  return {group.name: local.make_local_trainer(
-      loss_fn=loss_for_group(group), optimizer=tx, epochs=epochs, batch_size=batch_size,
-      max_size=setup.max_sizes[group.name], preprocess=preprocess) for group in setup.groups}
-
-
-def run_group_trainer(trainer: Callable[..., Any], variables: Any, aux: Any, data: Any,
-                      keys: jax.Array, learning_rates: jax.Array) -> tuple[Any, Any]:
-  """vmaps a local trainer over a group's slots (aux and variables per slot)."""
-  return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
-      variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
-
-
 def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
-  """The shared evaluator: top-k accuracy of every slot on every test domain."""
+  """The shared evaluator: top-k accuracy of every slot's `variables` on every test domain."""
   return evaluation.make_evaluator(
       setup.groups, batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
       top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std))
@@ -113,7 +81,7 @@ def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
 
 def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
   if value not in allowed:
-    raise ValueError(f"{field} must be one of {allowed}, got {value!r}.")
+    raise ValueError(f"config.{field} must be one of {allowed}, got {value!r}.")
   return value
 
 
@@ -121,6 +89,32 @@ def check_parameter_averaging(field: str, value: Any, setup: Setup) -> bool:
   """`field` (a bool) asks for parameter averaging, which needs one architecture."""
   average = bool(value)
   if average and not setup.homogeneous:
-    raise ValueError(f"{field}=True needs one architecture for all participants, got groups "
-                     f"{[g.name for g in setup.groups]}.")
+    raise ValueError(f"config.{field}=True needs one architecture for all participants, got "
+                     f"groups {[g.name for g in setup.groups]}.")
   return average
+
+
+def cross_correlation_diagnostics(setup: Setup, batch_size: int) -> Diagnostics:
+  """FCCL Fig. 5 / FCCL+ Fig. 8: each participant's cross-correlation matrix M_i.
+
+  M_i is computed between participant i's eval-mode logits and the mean logits
+  of all participants on the first `batch_size` public images (no augmentation).
+  """
+  normalize = normalizer(setup.public_mean, setup.public_std)
+
+  def compute(state, data):
+    n = min(batch_size, data.public.shape[0])
+    images = normalize(data.public[:n])
+    logits = {}
+    for group in setup.groups:
+      variables = state["groups"][group.name]["variables"]
+      logits[group.name] = jax.vmap(
+          lambda v, g=group: models.apply_model(g.model, v, images, train=False)[1])(variables)
+    target = mean_over_participants(logits, setup)
+    return {name: jax.vmap(lambda z: losses.cross_correlation_matrix(
+        logits=z, target_logits=target))(z) for name, z in logits.items()}
+
+  def plot(matrices: Mapping[int, np.ndarray], client_names, path) -> bool:
+    return plots.plot_cross_correlation(matrices, client_names, path)
+
+  return Diagnostics(name="cross_correlation", compute=compute, plot=plot)

@@ -24,20 +24,37 @@ Heterogeneous Federated Learning. CVPR 2022.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import losses
-from fedjax_het.algorithms import base, common, solo
-from fedjax_het.engine.clients import client_keys
-from fedjax_het.engine.optim import apply_updates, linear_decay, make_optimizer
+from fedjax_het import losses, validation
+from fedjax_het.algorithms import common, solo
+from fedjax_het.engine import aggregation, local, public
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
+                                       where_active)
+from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
 
 OWN_SLOTS = ("previous", "current")
 
 
-def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algorithm:
-  """Builds FCCL from `config.fccl`, `config.collaborative`, `config.local`."""
+class Phases(NamedTuple):
+  """FCCL's phases as pure functions (the round composes them; tests call them alone).
+
+  init: (key, data) -> state (includes the SOLO pretraining).
+  collaborative_step: (state, public images, key, round) -> (state, metrics).
+  local_update: (state, {group: GroupData}, key, round) -> (state, metrics).
+  """
+  init: Any
+  collaborative_step: Any
+  local_update: Any
+
+
+def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
+  """FCCL's phases from `config.fccl`, `config.collaborative`, `config.local`."""
   cfg, col, loc = config.fccl, config.collaborative, config.local
   lam = float(cfg.off_diagonal_weight)
   own_slot = common.check_choice("fccl.own_slot", cfg.own_slot, OWN_SLOTS)
@@ -47,16 +64,18 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
   average = common.check_parameter_averaging("fccl.average_parameters",
                                               cfg.average_parameters, setup)
   if col.optimizer_reset != "batch":
-    raise ValueError("fccl supports collaborative.optimizer_reset='batch' only (the code's "
-                     f"fresh Adam per public batch), got {col.optimizer_reset!r}.")
+    raise ValueError("config.collaborative.optimizer_reset must be 'batch' for fccl (the "
+                     f"code's fresh Adam per public batch), got {col.optimizer_reset!r}.")
   col_tx = make_optimizer(col.optimizer)
-  ids = {g.name: jnp.asarray(common.slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(common.slot_active(g)) for g in setup.groups}
+  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
+  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
+  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
   def init(key, data):
     init_key, pretrain_key = jax.random.split(key)
-    variables = {g.name: base.init_group_variables(g, init_key, shared=False,
-                                                   num_participants=setup.num_participants)
+    variables = {g.name: init_group_variables(g, init_key, shared=False,
+                                              num_participants=setup.num_participants)
                  for g in setup.groups}
     pretrained = solo.pretrain_variables(
         setup, variables, data.groups, pretrain_key, epochs=int(cfg.pretrain_epochs),
@@ -71,8 +90,8 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
                             "pretrained": pretrained[group.name]}
     return {"groups": groups}
 
-  def collaborative_update(state, images, key, round_index):
-    lr = linear_decay(float(col.lr), round_index, setup.num_rounds, float(col.lr_decay))
+  def collaborative_step(state, images, key, round_index):
+    lr = col_lr(round_index)
     params = {name: g["variables"]["params"] for name, g in state["groups"].items()}
     previous_logits = {}
     if own_slot == "previous":
@@ -108,9 +127,9 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
       fresh = jax.vmap(col_tx.init)(params[group.name])
       new_params, _ = jax.vmap(lambda p, gr, o: apply_updates(col_tx, p, gr, o, lr))(
           params[group.name], grads[group.name], fresh)
-      new_vars = base.where_active(active[group.name],
-                                   {"params": new_params, "batch_stats": stats[group.name]},
-                                   g["variables"])
+      new_vars = where_active(active[group.name],
+                              {"params": new_params, "batch_stats": stats[group.name]},
+                              g["variables"])
       groups[group.name] = {**g, "variables": new_vars}
     return {**state, "groups": groups}, metrics
 
@@ -132,41 +151,88 @@ def make_fccl(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algo
 
     return loss_fn
 
-  trainers = common.make_group_trainers(
+  trainers = local.make_group_trainers(
       setup, local_loss_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
       epochs=int(loc.epochs), batch_size=int(loc.batch_size))
 
   def local_update(state, data, key, round_index):
-    lr = linear_decay(float(loc.lr), round_index, setup.num_rounds, float(loc.lr_decay))
-    rates = jnp.full((int(loc.epochs),), lr)
+    rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
     groups, metrics = {}, {}
     for group in setup.groups:
       g = state["groups"][group.name]
       aux = {"previous": g["previous"], "pretrained": g["pretrained"]}
-      new_vars, m = common.run_group_trainer(trainers[group.name], g["variables"], aux,
-                                             data[group.name], client_keys(key, ids[group.name]),
-                                             rates)
-      new_vars = base.where_active(active[group.name], new_vars, g["variables"])
-      current = base.average_over_active(new_vars, active[group.name]) if average else new_vars
+      new_vars, m = local.train_clients(trainers[group.name], g["variables"], aux,
+                                        data[group.name], client_keys(key, ids[group.name]),
+                                        rates)
+      new_vars = where_active(active[group.name], new_vars, g["variables"])
+      current = (aggregation.average_over_active(new_vars, active[group.name]) if average
+                 else new_vars)
       groups[group.name] = {**g, "variables": current, "previous": new_vars}
       metrics[group.name] = m
     return {**state, "groups": groups}, metrics
 
-  return base.Algorithm(name="fccl", init=init, prepare_round=base.identity_prepare_round,
-                        collaborative_update=collaborative_update, local_update=local_update,
-                        evaluate=common.make_evaluate(config, setup))
+  return Phases(init=init, collaborative_step=collaborative_step, local_update=local_update)
+
+
+def make_fccl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
+  """FCCL as an `Algorithm`: public phase (cross-correlation), then local CE + dual KD."""
+  phases = make_phases(config, setup)
+  spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
+
+  def round_fn(state, data, key, round_index):
+    order_key, augment_key, collab_key, local_key = jax.random.split(key, 4)
+    metrics = {}
+    if public.has_public_phase(spec, data.public):
+      step = lambda s, images, k: phases.collaborative_step(s, images, k, round_index)
+      state, metrics["collaborative"] = public.public_phase(
+          step, state, data.public, spec, order_key=order_key, augment_key=augment_key,
+          step_key=collab_key)
+    state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
+    return state, metrics
+
+  return Algorithm(name="fccl", init=phases.init, round=round_fn,
+                   evaluate=common.make_evaluate(config, setup),
+                   diagnostics=common.cross_correlation_diagnostics(
+                       setup, int(config.collaborative.batch_size)))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The `config.fccl` namespace with the paper/code defaults."""
+  """The config sections FCCL reads, with the paper/code defaults."""
   return ml_collections.ConfigDict({
-      "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda_Col, Eq. 2
-      "own_slot": "previous",
-      "distill_temperature": 1.0,                              # tau, Eq. 4-5
-      "local_distill_weight": 1.0,                             # lambda_Loc, Eq. 7
-      "teacher_train_mode": False,
-      "pretrain_epochs": 50,
-      "pretrain_lr": 1e-3,
-      "pretrain_min_lr": 1e-6,
-      "average_parameters": False,
+      "collaborative": public.default_config(),
+      "local": local.default_config(),
+      "fccl": {
+          "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda_Col, Eq. 2
+          "own_slot": "previous",
+          "distill_temperature": 1.0,                              # tau, Eq. 4-5
+          "local_distill_weight": 1.0,                             # lambda_Loc, Eq. 7
+          "teacher_train_mode": False,
+          "pretrain_epochs": 50,
+          "pretrain_lr": 1e-3,
+          "pretrain_min_lr": 1e-6,
+          "average_parameters": False,
+      },
   })
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks `config.fccl`, `config.collaborative` and `config.local`."""
+  public.validate_config(config)
+  local.validate_config(config)
+  validation.require_section(config, "fccl")
+  v = validation
+  v.check(config, "fccl.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fccl.own_slot", v.choice(OWN_SLOTS), f"one of {OWN_SLOTS}")
+  v.check(config, "fccl.distill_temperature", v.positive, "a number > 0")
+  v.check(config, "fccl.local_distill_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fccl.pretrain_epochs", v.int_at_least(0), "an integer >= 0")
+  v.check(config, "fccl.pretrain_lr", v.positive, "a number > 0")
+  v.check(config, "fccl.pretrain_min_lr", lambda x: 0 <= x <= config.fccl.pretrain_lr,
+          "a number in [0, fccl.pretrain_lr]")
+  for flag in ("teacher_train_mode", "average_parameters"):
+    v.check(config, f"fccl.{flag}", v.is_bool, "True or False")
+  v.check(config, "collaborative.optimizer_reset", v.choice(("batch",)),
+          "'batch' for fccl (the code's fresh Adam per public batch)")
+  if config.fccl.average_parameters and len(set(config.models.architectures)) > 1:
+    v.fail("fccl.average_parameters",
+           "False unless every participant uses the same architecture", True)

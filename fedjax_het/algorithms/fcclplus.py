@@ -1,6 +1,6 @@
 """FCCL+ (FCCL+ Algorithm 1): FCCM + FISL on public data, CE + FNTD locally.
 
-Every communication round e:
+`round` below is the whole method: every communication round e,
   1. Collaborative updating on each unlabeled public batch: every participant
      computes logits Z_i and instance-similarity logits S_i (one forward pass
      returning both); the targets are the means over ALL participants of the
@@ -14,8 +14,7 @@ Every communication round e:
      the teacher being the participant's model at the END of the previous
      round's local updating (theta^{e-1}; round 0: the initial model).
 
-Defaults follow reference-notes.md and the authors' code; every deviation is a
-config field:
+Defaults follow the authors' code; every deviation is a config field:
   * collaborative optimiser: Adam(lr 1e-3) re-created for every participant on
     every public batch (`collaborative.optimizer_reset="batch"`: in effect
     sign-SGD with step lr); "round" / "never" keep the state longer.
@@ -35,20 +34,40 @@ Cross-Correlation and Instance Similarity Learning. TPAMI.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import losses
-from fedjax_het.algorithms import base, common
-from fedjax_het.engine.clients import client_keys
-from fedjax_het.engine.optim import apply_updates, linear_decay, make_optimizer
+from fedjax_het import losses, validation
+from fedjax_het.algorithms import common
+from fedjax_het.engine import aggregation, local, public
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
+                                       where_active)
+from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
 
 LOCAL_DISTILLATIONS = ("fntd", "kd", "none")
 
 
-def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algorithm:
-  """Builds FCCL+ from `config.fcclplus`, `config.collaborative`, `config.local`."""
+class Phases(NamedTuple):
+  """FCCL+'s phases as pure functions (the round composes them; tests call them alone).
+
+  init: (key, data) -> state.
+  reset_optimizer: (state) -> state with fresh collaborative optimiser states.
+  collaborative_step: (state, public images, key, round) -> (state, metrics):
+    one FCCM + FISL step of every participant on one public batch.
+  local_update: (state, {group: GroupData}, key, round) -> (state, metrics).
+  """
+  init: Any
+  reset_optimizer: Any
+  collaborative_step: Any
+  local_update: Any
+
+
+def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
+  """FCCL+'s phases from `config.fcclplus`, `config.collaborative`, `config.local`."""
   cfg, col, loc = config.fcclplus, config.collaborative, config.local
   lam = float(cfg.off_diagonal_weight)
   omega = float(cfg.fisl_weight)
@@ -62,32 +81,31 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.
   average = common.check_parameter_averaging("fcclplus.average_parameters",
                                               cfg.average_parameters, setup)
   reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
-                              common.OPTIMIZER_RESETS)
+                              public.OPTIMIZER_RESETS)
   col_tx = make_optimizer(col.optimizer)
-  num_rounds = setup.num_rounds
-  ids = {g.name: jnp.asarray(common.slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(common.slot_active(g)) for g in setup.groups}
+  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
+  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
+  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
   def init(key, data):
     del data
     groups = {}
     for group in setup.groups:
-      variables = base.init_group_variables(group, key, shared=setup.homogeneous,
-                                            num_participants=setup.num_participants)
+      variables = init_group_variables(group, key, shared=setup.homogeneous,
+                                       num_participants=setup.num_participants)
       groups[group.name] = {"variables": variables, "teacher": variables}
       if reset != "batch":
         groups[group.name]["collab_opt"] = jax.vmap(col_tx.init)(variables["params"])
     return {"groups": groups}
 
-  def prepare_round(state, round_index):
-    if reset != "round":
-      return state
+  def reset_optimizer(state):
     groups = {name: {**g, "collab_opt": jax.vmap(col_tx.init)(g["variables"]["params"])}
               for name, g in state["groups"].items()}
     return {**state, "groups": groups}
 
-  def collaborative_update(state, images, key, round_index):
-    lr = linear_decay(float(col.lr), round_index, num_rounds, float(col.lr_decay))
+  def collaborative_step(state, images, key, round_index):
+    lr = col_lr(round_index)
     params = {name: g["variables"]["params"] for name, g in state["groups"].items()}
 
     def total_loss(params):
@@ -121,9 +139,9 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.
       new_params, new_opt = jax.vmap(
           lambda p, gr, o: apply_updates(col_tx, p, gr, o, lr))(params[group.name],
                                                                 grads[group.name], opt_state)
-      new_vars = base.where_active(active[group.name],
-                                   {"params": new_params, "batch_stats": stats[group.name]},
-                                   g["variables"])
+      new_vars = where_active(active[group.name],
+                              {"params": new_params, "batch_stats": stats[group.name]},
+                              g["variables"])
       groups[group.name] = {**g, "variables": new_vars}
       if reset != "batch":
         groups[group.name]["collab_opt"] = new_opt
@@ -154,43 +172,88 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: base.Setup) -> base.
 
     return loss_fn
 
-  trainers = common.make_group_trainers(
+  trainers = local.make_group_trainers(
       setup, local_loss_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
       epochs=int(loc.epochs), batch_size=int(loc.batch_size))
 
   def local_update(state, data, key, round_index):
-    lr = linear_decay(float(loc.lr), round_index, num_rounds, float(loc.lr_decay))
-    learning_rates = jnp.full((int(loc.epochs),), lr)
+    learning_rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
     groups, metrics = {}, {}
     for group in setup.groups:
       g = state["groups"][group.name]
       variables = g["variables"]
       if average:
-        variables = base.average_over_active(variables, active[group.name])
-      new_vars, m = common.run_group_trainer(
+        variables = aggregation.average_over_active(variables, active[group.name])
+      new_vars, m = local.train_clients(
           trainers[group.name], variables, {"teacher": g["teacher"]}, data[group.name],
           client_keys(key, ids[group.name]), learning_rates)
-      new_vars = base.where_active(active[group.name], new_vars, variables)
+      new_vars = where_active(active[group.name], new_vars, variables)
       groups[group.name] = {**g, "variables": new_vars, "teacher": new_vars}
       metrics[group.name] = m
     return {**state, "groups": groups}, metrics
 
-  return base.Algorithm(name="fcclplus", init=init, prepare_round=prepare_round,
-                        collaborative_update=collaborative_update, local_update=local_update,
-                        evaluate=common.make_evaluate(config, setup))
+  return Phases(init=init, reset_optimizer=reset_optimizer,
+                collaborative_step=collaborative_step, local_update=local_update)
+
+
+def make_fcclplus(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
+  """FCCL+ as an `Algorithm`: public phase (FCCM + FISL), then local CE + FNTD."""
+  phases = make_phases(config, setup)
+  spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
+  reset_each_round = config.collaborative.optimizer_reset == "round"
+
+  def round_fn(state, data, key, round_index):
+    order_key, augment_key, collab_key, local_key = jax.random.split(key, 4)
+    if reset_each_round:
+      state = phases.reset_optimizer(state)
+    metrics = {}
+    if public.has_public_phase(spec, data.public):
+      step = lambda s, images, k: phases.collaborative_step(s, images, k, round_index)
+      state, metrics["collaborative"] = public.public_phase(
+          step, state, data.public, spec, order_key=order_key, augment_key=augment_key,
+          step_key=collab_key)
+    state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
+    return state, metrics
+
+  return Algorithm(name="fcclplus", init=phases.init, round=round_fn,
+                   evaluate=common.make_evaluate(config, setup),
+                   diagnostics=common.cross_correlation_diagnostics(
+                       setup, int(config.collaborative.batch_size)))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The `config.fcclplus` namespace with the paper/code defaults."""
+  """The config sections FCCL+ reads, with the paper/code defaults."""
   return ml_collections.ConfigDict({
-      "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda, Eq. 2
-      "fisl_weight": 3.0,                                      # omega, Eq. 6
-      "fisl_temperature": losses.FISL_TEMPERATURE,             # mu, Eq. 3
-      "fntd_temperature": 3.0,                                 # tau: 3 Digits/Office31
-      "fntd_renormalize": False,
-      "teacher_train_mode": True,
-      "use_fisl": True,
-      "local_distillation": "fntd",
-      "average_parameters": False,                             # True: homogeneous variant
+      "collaborative": public.default_config(),
+      "local": local.default_config(),
+      "fcclplus": {
+          "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda, Eq. 2
+          "fisl_weight": 3.0,                                      # omega, Eq. 6
+          "fisl_temperature": losses.FISL_TEMPERATURE,             # mu, Eq. 3
+          "fntd_temperature": 3.0,                                 # tau: 3 Digits/Office31
+          "fntd_renormalize": False,
+          "teacher_train_mode": True,
+          "use_fisl": True,
+          "local_distillation": "fntd",
+          "average_parameters": False,                             # True: homogeneous variant
+      },
   })
 
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks `config.fcclplus`, `config.collaborative` and `config.local`."""
+  public.validate_config(config)
+  local.validate_config(config)
+  validation.require_section(config, "fcclplus")
+  v = validation
+  v.check(config, "fcclplus.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fcclplus.fisl_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fcclplus.fisl_temperature", v.positive, "a number > 0")
+  v.check(config, "fcclplus.fntd_temperature", v.positive, "a number > 0")
+  for flag in ("fntd_renormalize", "teacher_train_mode", "use_fisl", "average_parameters"):
+    v.check(config, f"fcclplus.{flag}", v.is_bool, "True or False")
+  v.check(config, "fcclplus.local_distillation", v.choice(LOCAL_DISTILLATIONS),
+          f"one of {LOCAL_DISTILLATIONS}")
+  if config.fcclplus.average_parameters and len(set(config.models.architectures)) > 1:
+    v.fail("fcclplus.average_parameters",
+           "False unless every participant uses the same architecture", True)

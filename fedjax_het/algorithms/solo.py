@@ -9,7 +9,6 @@ per-round evaluations trace the BASE training curve. The same private training
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -17,9 +16,12 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses
-from fedjax_het.algorithms import base, common
-from fedjax_het.engine.clients import client_keys
-from fedjax_het.engine.optim import linear_decay
+from fedjax_het.algorithms import common
+from fedjax_het.engine import local
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
+                                       where_active)
+from fedjax_het.engine.optim import cosine_epoch_rates, round_decay_schedule
 
 
 def cross_entropy_loss_for(group):
@@ -35,17 +37,28 @@ def cross_entropy_loss_for(group):
   return loss_fn
 
 
-def cosine_learning_rates(base_lr: float, min_lr: float, epochs: int) -> jax.Array:
-  """Per-epoch cosine annealing from base_lr towards min_lr (timm CosineLRScheduler,
-  t_initial=epochs, stepped per epoch), as the FCCL code pretrains."""
-  e = jnp.arange(epochs, dtype=jnp.float32)
-  return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + jnp.cos(math.pi * e / epochs))
+def train_private(setup: Setup, trainers: dict[str, Any], variables: dict[str, Any], data: Any,
+                  key: jax.Array, rates: jax.Array) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Every participant trains on its own data alone (padding slots unchanged).
+
+  Returns:
+    ({group: new stacked variables}, {group: metrics}).
+  """
+  out, metrics = {}, {}
+  for group in setup.groups:
+    ids = jnp.asarray(slot_ids(group, setup.num_participants))
+    new_vars, metrics[group.name] = local.train_clients(
+        trainers[group.name], variables[group.name], jnp.zeros((group.num_slots,)),
+        data[group.name], client_keys(key, ids), rates)
+    out[group.name] = where_active(jnp.asarray(slot_active(group)), new_vars,
+                                   variables[group.name])
+  return out, metrics
 
 
-def pretrain_variables(setup: base.Setup, variables: dict[str, Any], data: Any, key: jax.Array,
+def pretrain_variables(setup: Setup, variables: dict[str, Any], data: Any, key: jax.Array,
                        *, epochs: int, batch_size: int, lr: float, min_lr: float,
                        optimizer: str = "adam") -> dict[str, Any]:
-  """Trains every participant on its private data alone (SOLO pretraining).
+  """SOLO pretraining with cosine-annealed per-epoch rates (FCCL's intra-domain teacher).
 
   Args:
     setup: run setup.
@@ -59,50 +72,51 @@ def pretrain_variables(setup: base.Setup, variables: dict[str, Any], data: Any, 
   """
   if epochs == 0:
     return dict(variables)
-  trainers = common.make_group_trainers(setup, cross_entropy_loss_for, optimizer=optimizer,
-                                        weight_decay=0.0, epochs=epochs, batch_size=batch_size)
-  rates = cosine_learning_rates(lr, min_lr, epochs)
-  out = {}
-  for group in setup.groups:
-    ids = jnp.asarray(common.slot_ids(group, setup.num_participants))
-    new_vars, _ = common.run_group_trainer(
-        trainers[group.name], variables[group.name], jnp.zeros((group.num_slots,)), data[group.name],
-        client_keys(key, ids), rates)
-    out[group.name] = base.where_active(jnp.asarray(common.slot_active(group)), new_vars,
-                                        variables[group.name])
-  return out
+  trainers = local.make_group_trainers(setup, cross_entropy_loss_for, optimizer=optimizer,
+                                       weight_decay=0.0, epochs=epochs, batch_size=batch_size)
+  trained, _ = train_private(setup, trainers, variables, data, key,
+                             cosine_epoch_rates(lr, min_lr, epochs))
+  return trained
 
 
-def make_solo(config: ml_collections.ConfigDict, setup: base.Setup) -> base.Algorithm:
-  """Builds SOLO from `config.local` (epochs per round, Adam, lr decay)."""
+def make_solo(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
+  """SOLO from `config.local` (epochs per round, optimiser, lr decay)."""
   loc = config.local
-  trainers = common.make_group_trainers(
+  trainers = local.make_group_trainers(
       setup, cross_entropy_loss_for, optimizer=loc.optimizer,
       weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
       batch_size=int(loc.batch_size))
+  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
 
   def init(key, data):
     del data
     return {"groups": {
-        g.name: {"variables": base.init_group_variables(
+        g.name: {"variables": init_group_variables(
             g, key, shared=False, num_participants=setup.num_participants)}
         for g in setup.groups}}
 
-  def local_update(state, data, key, round_index):
-    lr = linear_decay(float(loc.lr), round_index, setup.num_rounds, float(loc.lr_decay))
-    rates = jnp.full((int(loc.epochs),), lr)
-    groups, metrics = {}, {}
-    for group in setup.groups:
-      variables = state["groups"][group.name]["variables"]
-      ids = jnp.asarray(common.slot_ids(group, setup.num_participants))
-      new_vars, m = common.run_group_trainer(trainers[group.name], variables,
-                                             jnp.zeros((group.num_slots,)), data[group.name],
-                                             client_keys(key, ids), rates)
-      active = jnp.asarray(common.slot_active(group))
-      groups[group.name] = {"variables": base.where_active(active, new_vars, variables)}
-      metrics[group.name] = m
-    return {**state, "groups": groups}, metrics
+  def round_fn(state, data, key, round_index):
+    local_key = jax.random.split(key, 4)[3]  # the key FCCL/FCCL+ use for their local phase
+    rates = jnp.full((int(loc.epochs),), lr(round_index))
+    variables = {name: g["variables"] for name, g in state["groups"].items()}
+    trained, metrics = train_private(setup, trainers, variables, data.groups, local_key, rates)
+    return ({**state, "groups": {name: {"variables": v} for name, v in trained.items()}},
+            {"local": metrics})
 
-  return base.Algorithm(name="solo", init=init, prepare_round=base.identity_prepare_round,
-                        collaborative_update=None, local_update=local_update,
-                        evaluate=common.make_evaluate(config, setup))
+  # The same heatmaps as FCCL/FCCL+ (batch of 512 public images, their public batch size), so
+  # runs without communication can be compared with them.
+  return Algorithm(name="solo", init=init, round=round_fn,
+                   evaluate=common.make_evaluate(config, setup),
+                   diagnostics=common.cross_correlation_diagnostics(setup, 512))
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """SOLO reads `config.local` only (the BASE row: 1 epoch per round, constant lr)."""
+  section = local.default_config()
+  section.epochs = 1
+  section.lr_decay = 0.0
+  return ml_collections.ConfigDict({"local": section})
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  local.validate_config(config)

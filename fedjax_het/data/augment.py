@@ -433,3 +433,9 @@ def normalize(images: jax.Array, mean: Sequence[float] = IMAGENET_MEAN,
   m = jnp.asarray(mean, dtype=jnp.float32).reshape(shape)
   s = jnp.asarray(std, dtype=jnp.float32).reshape(shape)
   return (x - m) / s
+
+
+def normalizer(mean: Sequence[float], std: Sequence[float]) -> Callable[[jax.Array], jax.Array]:
+  """`normalize` with fixed statistics: uint8 or [0, 1] float images -> float32."""
+  mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+  return lambda images: normalize(images, mean, std)

@@ -1,9 +1,15 @@
-"""The engine: architecture groups, batching, local-training scans, rounds, sharding.
+"""The engine: the blocks a method's round is built from, and the round wrapper.
 
-  clients   ClientGroup, group_clients, GroupData, stack_group_data, client_keys
-  batching  static-shape masked batches of padded client data, public batches
-  local     make_local_trainer: epochs of minibatch training as one lax.scan
-  optim     torch-style optimisers with a per-call learning rate, linear decay
-  rounds    make_round_fn / make_run_rounds: one jitted function per round
-  sharding  the `clients` mesh axis
+  api          Setup, FederatedArrays, Algorithm, Diagnostics (the shared types)
+  clients      ClientGroup, group_clients, GroupData, slot ids/activity, init, client_keys
+  batching     static-shape masked batches of padded client data, public batches
+  local        make_local_trainer / train_clients: epochs of training as one lax.scan
+  public       public_phase: a scan of a step over augmented public batches
+  cohort       sample_cohort, gather, scatter: partial participation with static shapes
+  aggregation  weighted_mean, broadcast, server_update (an optax server optimiser)
+  optim        torch-style optimisers (optax.inject_hyperparams), round schedules
+  rounds       make_round_fn / make_run_rounds: one jitted program per call
+  sharding     the `clients` mesh axis
+
+The engine imports no algorithm: algorithms -> engine -> models / losses / data.
 """

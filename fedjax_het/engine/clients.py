@@ -22,6 +22,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from fedjax_het import models
+
 
 @dataclasses.dataclass(frozen=True)
 class ClientGroup:
@@ -137,3 +139,36 @@ def scatter_to_participants(groups: Sequence[ClientGroup], per_group: dict[str, 
     for slot, participant in enumerate(group.clients):
       out[participant] = values[slot]
   return out
+
+
+def slot_ids(group: ClientGroup, num_participants: int) -> np.ndarray:
+  """Global index of every slot (padding slots numbered K, K+1, ...)."""
+  padding = range(num_participants, num_participants + group.num_slots - group.num_clients)
+  return np.asarray(list(group.clients) + list(padding), np.int32)
+
+
+def slot_active(group: ClientGroup) -> np.ndarray:
+  """True for the real members, False for padding slots."""
+  return np.arange(group.num_slots) < group.num_clients
+
+
+def init_group_variables(group: ClientGroup, key: jax.Array, *, shared: bool,
+                         num_participants: int) -> dict[str, Any]:
+  """Initial variables of every slot of a group, stacked on a leading axis.
+
+  Each participant's initialisation key is folded from its global index, so the
+  result does not depend on how participants are grouped or padded. With
+  `shared=True` (one global model) every slot starts from the first member's
+  initialisation.
+  """
+  keys = client_keys(key, jax.numpy.asarray(slot_ids(group, num_participants)))
+  if shared:
+    keys = jax.numpy.broadcast_to(keys[:1], keys.shape)
+  return jax.vmap(lambda k: models.init_variables(group.model, k))(keys)
+
+
+def where_active(active: jax.Array, new: Any, old: Any) -> Any:
+  """Per-slot select: keep `old` in inactive (padding) slots."""
+  def select(n, o):
+    return jax.numpy.where(active.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+  return jax.tree_util.tree_map(select, new, old)

@@ -1,10 +1,16 @@
-"""Local training of one client as a single `lax.scan` (vmap it over a group).
+"""The local-training block: epochs of minibatch training of a set of participants.
 
 `make_local_trainer` turns a per-batch loss into a function that runs several
-epochs of minibatch optimisation over a client's padded private data:
-per-epoch random orders, static-shape masked batches (see `batching`), a fresh
-optimiser state per call (the reference code builds a new optimiser every
-round), and a per-epoch learning rate. No Python runs per batch.
+epochs of minibatch optimisation over ONE client's padded private data as a
+single `lax.scan`: per-epoch random orders, static-shape masked batches (see
+`batching`), a fresh optimiser state per call (the reference code builds a new
+optimiser every round), and a per-epoch learning rate. No Python runs per
+batch. `train_clients` vmaps a trainer over the participants of a group (all
+its slots, or a sampled cohort gathered with `engine.cohort`), and
+`make_group_trainers` builds one trainer per architecture group.
+
+`default_config()` / `validate_config()` are the config section of this block
+(`config.local`), for the methods that train locally.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
+from fedjax_het import validation
+from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
-from fedjax_het.engine.optim import apply_updates
+from fedjax_het.engine.optim import OPTIMIZERS, apply_updates, make_optimizer
 
 # loss_fn(params, batch_stats, images, labels, mask, rng, aux)
 #   -> (scalar loss, (new batch_stats, {metric name: scalar}))
@@ -76,3 +85,58 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     return {"params": params, "batch_stats": batch_stats}, means
 
   return train
+
+
+def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: Any,
+                  keys: jax.Array, learning_rates: jax.Array) -> tuple[Any, Any]:
+  """Runs `trainer` for every participant of a stack, vmapped over the leading axis.
+
+  Args:
+    trainer: a `make_local_trainer` function.
+    variables: stacked {"params", "batch_stats"} (P, ...).
+    aux: stacked per-participant extras (teachers, ...) with leading axis P.
+    data: `GroupData` with leading axis P (a group's slots or a gathered cohort).
+    keys: (P,) keys, one per participant (`clients.client_keys`).
+    learning_rates: (epochs,) shared per-epoch rates.
+
+  Returns:
+    (new stacked variables, {metric: (P,)}).
+  """
+  return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
+      variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
+
+
+def make_group_trainers(setup: Any, loss_for_group: Callable[[Any], LocalLossFn], *,
+                        optimizer: str, weight_decay: float, epochs: int,
+                        batch_size: int) -> dict[str, Callable[..., Any]]:
+  """One local trainer per architecture group of `setup` (private-data normalisation)."""
+  preprocess = normalizer(setup.private_mean, setup.private_std)
+  tx = make_optimizer(optimizer, weight_decay=weight_decay)
+  return {group.name: make_local_trainer(
+      loss_fn=loss_for_group(group), optimizer=tx, epochs=epochs, batch_size=batch_size,
+      max_size=setup.max_sizes[group.name], preprocess=preprocess) for group in setup.groups}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """`config.local`: the local optimiser (FCCL+ paper: Adam 1e-3, L2 1e-5, 20 epochs of 256)."""
+  return ml_collections.ConfigDict({
+      "epochs": 20,
+      "batch_size": 256,
+      "lr": 1e-3,
+      "lr_decay": 0.9,      # linear decay to lr * (1 - lr_decay) over the run; 0: constant
+      "weight_decay": 1e-5,
+      "optimizer": "adam",
+  })
+
+
+def validate_config(config: ml_collections.ConfigDict, section: str = "local") -> None:
+  """Checks `config.<section>` (the fields of `default_config`)."""
+  validation.require_section(config, section)
+  validation.check(config, f"{section}.epochs", validation.int_at_least(1), "an integer >= 1")
+  validation.check(config, f"{section}.batch_size", validation.int_at_least(1),
+                   "an integer >= 1")
+  validation.check(config, f"{section}.lr", validation.positive, "a number > 0")
+  validation.check(config, f"{section}.lr_decay", lambda v: 0 <= v < 1, "a number in [0, 1)")
+  validation.check(config, f"{section}.weight_decay", lambda v: v >= 0, "a number >= 0")
+  validation.check(config, f"{section}.optimizer", validation.choice(OPTIMIZERS),
+                   f"one of {OPTIMIZERS}")

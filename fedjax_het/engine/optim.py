@@ -1,10 +1,16 @@
-"""Optimisers as the reference code builds them, with the learning rate supplied per call.
+"""Optimisers as the reference code builds them, and learning-rate schedules, in optax.
 
 PyTorch `Adam(lr, weight_decay=wd)` adds `wd * w` to the gradient before the
 Adam moments (L2 regularisation, not AdamW); `optax.add_decayed_weights` placed
-before `scale_by_adam` reproduces that. The learning rate is applied outside the
-transformation so it can be a traced per-round value (the linear decay of the
-FCCL+ code) without rebuilding the optimiser.
+before `scale_by_adam` reproduces that. The learning rate is an
+`optax.inject_hyperparams` hyper-parameter, so a traced per-round or per-epoch
+value (the linear decay of the FCCL/FCCL+ code, a cosine pretraining schedule)
+is set in the optimiser state without rebuilding the optimiser, and a "fresh
+optimiser per batch" (the FCCL+ code's collaborative phase) is `tx.init` with
+that rate.
+
+Schedules are optax schedules of the ROUND index (or epoch index) rather than
+of the step count: the FCCL/FCCL+ code changes the learning rate once per round.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 def make_optimizer(name: str, *, weight_decay: float = 0.0, momentum: float = 0.0,
-                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
-  """A learning-rate-free gradient transformation (multiply its output by -lr).
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+                   ) -> optax.GradientTransformation:
+  """The torch-semantics optimiser with an injectable `learning_rate` hyper-parameter.
 
   Args:
     name: "adam" (torch.optim.Adam semantics) or "sgd" (with optional momentum,
@@ -30,35 +37,74 @@ def make_optimizer(name: str, *, weight_decay: float = 0.0, momentum: float = 0.
     b1, b2, eps: Adam constants (torch defaults).
 
   Returns:
-    An optax transformation whose updates are to be scaled by -lr.
+    `optax.inject_hyperparams` transformation; set the rate with
+    `with_learning_rate` (or use `apply_updates`).
   """
   if name not in OPTIMIZERS:
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}.")
-  parts = []
-  if weight_decay:
-    parts.append(optax.add_decayed_weights(weight_decay))
-  if name == "adam":
-    parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
-  elif momentum:
-    parts.append(optax.trace(decay=momentum, nesterov=False))
-  return optax.chain(*parts) if parts else optax.identity()
+
+  def build(learning_rate):
+    parts = []
+    if weight_decay:
+      parts.append(optax.add_decayed_weights(weight_decay))
+    if name == "adam":
+      parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+    elif momentum:
+      parts.append(optax.trace(decay=momentum, nesterov=False))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+  return optax.inject_hyperparams(build)(learning_rate=0.0)
+
+
+def with_learning_rate(opt_state: Any, learning_rate: jax.Array | float) -> Any:
+  """The `inject_hyperparams` state with its learning rate replaced."""
+  hyperparams = dict(opt_state.hyperparams)
+  hyperparams["learning_rate"] = jnp.asarray(learning_rate,
+                                             jnp.asarray(hyperparams["learning_rate"]).dtype)
+  return opt_state._replace(hyperparams=hyperparams)
 
 
 def apply_updates(optimizer: optax.GradientTransformation, params: Any, grads: Any,
                   opt_state: Any, learning_rate: jax.Array | float) -> tuple[Any, Any]:
-  """One optimiser step: returns (new_params, new_opt_state)."""
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  params = jax.tree_util.tree_map(lambda p, u: p - learning_rate * u, params, updates)
-  return params, opt_state
+  """One optimiser step at `learning_rate`: returns (new_params, new_opt_state)."""
+  updates, opt_state = optimizer.update(grads, with_learning_rate(opt_state, learning_rate),
+                                        params)
+  return optax.apply_updates(params, updates), opt_state
 
 
-def linear_decay(base_lr: float, round_index: jax.Array, num_rounds: int,
-                 decay: float = 0.9) -> jax.Array:
-  """Learning rate of round `round_index` under the FCCL/FCCL+ code's linear decay.
+def round_decay_schedule(base_lr: float, num_rounds: int, decay: float = 0.9) -> optax.Schedule:
+  """The FCCL/FCCL+ code's linear decay as an optax schedule of the round index.
 
   The code sets lr = lr0 * (1 - decay * e / E) AFTER round e, so round r runs
   with lr0 * (1 - decay * max(r - 1, 0) / E): rounds 0 and 1 both use lr0.
   `decay=0` gives a constant rate.
+
+  The decay is applied as a multiplier of `base_lr` (a linear schedule from 1
+  to 1 - decay) so that rounds 0 and 1 use exactly lr0 in float32: the
+  collaborative phase's fresh Adam per batch is sign-SGD, which turns a 1-ulp
+  change of the rate into different rounding noise downstream.
   """
-  done = jnp.maximum(jnp.asarray(round_index, jnp.float32) - 1.0, 0.0)
-  return base_lr * (1.0 - decay * done / num_rounds)
+  if not decay:
+    return optax.constant_schedule(base_lr)
+  multiplier = optax.linear_schedule(init_value=1.0, end_value=1.0 - decay,
+                                     transition_steps=num_rounds, transition_begin=1)
+  return lambda round_index: base_lr * multiplier(round_index)
+
+
+def linear_decay(base_lr: float, round_index: jax.Array, num_rounds: int,
+                 decay: float = 0.9) -> jax.Array:
+  """`round_decay_schedule(base_lr, num_rounds, decay)(round_index)`."""
+  return round_decay_schedule(base_lr, num_rounds, decay)(round_index)
+
+
+def cosine_epoch_rates(base_lr: float, min_lr: float, epochs: int) -> jax.Array:
+  """Per-epoch cosine annealing from base_lr towards min_lr, (epochs,) rates.
+
+  timm's CosineLRScheduler with t_initial=epochs stepped per epoch (the FCCL
+  code's pretraining): min_lr + (base_lr - min_lr) (1 + cos(pi e / epochs)) / 2,
+  i.e. `optax.cosine_decay_schedule` with alpha = min_lr / base_lr.
+  """
+  schedule = optax.cosine_decay_schedule(init_value=base_lr, decay_steps=epochs,
+                                         alpha=min_lr / base_lr)
+  return jax.vmap(schedule)(jnp.arange(epochs))

@@ -54,8 +54,3 @@ def data_shardings(data: Any, mesh: Mesh) -> Any:
       groups=jax.tree_util.tree_map(lambda _: _client_sharded(mesh), data.groups),
       public=_replicated(mesh),
       test=jax.tree_util.tree_map(lambda _: _replicated(mesh), data.test))
-
-
-def put(tree: Any, shardings: Any) -> Any:
-  """`jax.device_put` of a pytree with a matching pytree of shardings."""
-  return jax.tree_util.tree_map(jax.device_put, tree, shardings)

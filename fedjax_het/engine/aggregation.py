@@ -1,0 +1,77 @@
+"""Aggregation blocks: weighted means over participants and a server optimiser step.
+
+    mean = weighted_mean(stacked, weights)             # (P, ...) -> (...)
+    tree = broadcast(mean, num_slots)                  # (...) -> (S, ...)
+    server, opt = server_update(tx, server, mean, opt) # optax step on the pseudo-gradient
+
+`server_update` treats `server - mean` as the gradient of an optax
+transformation (fedjax's `fed_avg` with a server optimiser; Reddi et al.,
+"Adaptive Federated Optimization", ICLR 2021): `optax.sgd(1.0)` makes the new
+server model the mean itself (FedAvg), `optax.sgd(lr, momentum=b)` is FedAvgM,
+`optax.adam(lr)` FedAdam.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def weighted_mean(tree: Any, weights: jax.Array) -> Any:
+  """sum_p w_p x_p / sum_p w_p over the leading axis of every leaf.
+
+  Args:
+    tree: pytree of (P, ...) arrays.
+    weights: (P,) non-negative weights, e.g. data sizes, or 0/1 activity
+      (padding slots and unsampled participants get 0). At least one must be
+      positive.
+
+  Returns:
+    pytree of (...) arrays (leaf dtypes kept).
+  """
+  w = jnp.asarray(weights, jnp.float32)
+  w = w / jnp.sum(w)
+
+  def mean(leaf):
+    wl = w.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+    return jnp.sum(wl * leaf, axis=0)
+
+  return jax.tree_util.tree_map(mean, tree)
+
+
+def broadcast(tree: Any, num_slots: int) -> Any:
+  """Copies a model into `num_slots` stacked slots."""
+  return jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v[None], (num_slots, *v.shape)), tree)
+
+
+def average_over_active(tree: Any, active: jax.Array) -> Any:
+  """The uniform mean over active slots, broadcast back to every slot.
+
+  The FCCL/FCCL+ code averages all parameters and BatchNorm statistics with
+  equal weights (`aggregate_nets(freq=None)`).
+  """
+  leaves = jax.tree_util.tree_leaves(tree)
+  num_slots = leaves[0].shape[0] if leaves else 0
+  return broadcast(weighted_mean(tree, active.astype(jnp.float32)), num_slots)
+
+
+def server_update(optimizer: optax.GradientTransformation, server: Any, aggregate: Any,
+                  opt_state: Any) -> tuple[Any, Any]:
+  """One server optimiser step towards the aggregated client models.
+
+  Args:
+    optimizer: any optax transformation (`optax.sgd(1.0)` = plain averaging).
+    server: the global model before the round.
+    aggregate: the (weighted) mean of the participants' models after local
+      training.
+    opt_state: `optimizer.init(server)` or the previous round's state.
+
+  Returns:
+    (new server model, new optimiser state).
+  """
+  pseudo_gradient = jax.tree_util.tree_map(lambda s, a: s - a, server, aggregate)
+  updates, opt_state = optimizer.update(pseudo_gradient, opt_state, server)
+  return optax.apply_updates(server, updates), opt_state
