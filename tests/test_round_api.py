@@ -194,6 +194,19 @@ def test_a_method_defined_in_a_test_file_trains_end_to_end(toy_method, tmp_path)
   assert not list(tmp_path.glob("*.npz"))  # no diagnostics declared, none written
 
 
+def test_a_single_domain_scenario_gets_a_plain_accuracy_table(toy_method, tmp_path):
+  del toy_method
+  config = toy_config(**{"num_rounds": 1, "scenario.domains": ("mnist",) * 4,
+                         "scenario.private_sizes.mnist": 20})
+  out = train_and_evaluate(config, tmp_path)
+  assert set(out["results"]) == {"method", "rounds", "accuracy"}
+  record = out["records"][-1]
+  assert not any(k.startswith(("eval/intra", "eval/inter")) for k in record)
+  accuracies = [record[f"eval/accuracy/mnist{i}"] for i in range(4)]
+  assert len(set(accuracies)) == 1  # one global model, one test set
+  assert "| accuracy |" in (tmp_path / "results.md").read_text()
+
+
 def test_toy_method_server_model_is_the_size_weighted_cohort_mean(toy_method):
   """One round by hand: the new server model = sum_k n_k theta_k / sum_k n_k over the cohort."""
   del toy_method

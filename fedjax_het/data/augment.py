@@ -14,7 +14,7 @@ Conventions:
     (one compilation per input shape and setting); they trace cleanly inside
     a caller's own `jit` / `vmap` / `scan`.
 
-The FCCL+ public-data pipelines (FCCL+ Sec. 4.1; reference-notes.md):
+The FCCL+ public-data pipelines (FCCL+ Sec. 4.1; the authors' code):
   * weak: RandomCrop(32, padding=4) + RandomHorizontalFlip (the code); the
     paper text says RandomResizedCrop(scale=(0.2, 1)) instead: `crop="resized"`.
   * strong: weak + ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8 +

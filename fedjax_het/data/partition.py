@@ -239,7 +239,7 @@ def class_incremental_tasks(labels: np.ndarray, *, num_tasks: int = 10,
                             rng: np.random.Generator) -> tuple[Task, ...]:
   """GLFC's federated class-incremental stream (CIFAR-100: 10 tasks of 10 classes).
 
-  Rules (GLFC Sec. 5 and the authors' code, reference-notes.md):
+  Rules (GLFC Sec. 5 and the authors' code):
 
   * Class order: one seeded permutation of the classes, fixed for the whole
     stream; task t introduces classes order[t*k : (t+1)*k] (k =

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -33,6 +34,8 @@ def weighted_mean(tree: Any, weights: jax.Array) -> Any:
     pytree of (...) arrays (leaf dtypes kept).
   """
   w = jnp.asarray(weights, jnp.float32)
+  chex.assert_rank(w, 1)
+  chex.assert_tree_shape_prefix(tree, w.shape)
   w = w / jnp.sum(w)
 
   def mean(leaf):
@@ -72,6 +75,7 @@ def server_update(optimizer: optax.GradientTransformation, server: Any, aggregat
   Returns:
     (new server model, new optimiser state).
   """
+  chex.assert_trees_all_equal_shapes_and_dtypes(server, aggregate)
   pseudo_gradient = jax.tree_util.tree_map(lambda s, a: s - a, server, aggregate)
   updates, opt_state = optimizer.update(pseudo_gradient, opt_state, server)
   return optax.apply_updates(server, updates), opt_state

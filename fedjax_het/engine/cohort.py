@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -29,6 +30,7 @@ def sample_cohort(key: jax.Array, active: jax.Array, cohort_size: int) -> jax.Ar
   Returns:
     (M,) int32 slot indices.
   """
+  chex.assert_rank(active, 1)
   num_slots = active.shape[0]
   if not 1 <= cohort_size <= num_slots:
     raise ValueError(f"cohort_size must be in [1, {num_slots}] (the group's slots), "
@@ -45,4 +47,5 @@ def gather(tree: Any, slots: jax.Array) -> Any:
 
 def scatter(tree: Any, slots: jax.Array, values: Any) -> Any:
   """`tree` with rows `slots` replaced by `values` (leading axis M)."""
+  chex.assert_tree_shape_prefix(values, slots.shape)
   return jax.tree_util.tree_map(lambda v, x: v.at[slots].set(x.astype(v.dtype)), tree, values)

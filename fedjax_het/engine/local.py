@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -102,6 +103,9 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
   Returns:
     (new stacked variables, {metric: (P,)}).
   """
+  num = data.sizes.shape[0]
+  chex.assert_tree_shape_prefix((variables, aux, data.images, data.labels, keys), (num,))
+  chex.assert_rank(learning_rates, 1)
   return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
       variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
 

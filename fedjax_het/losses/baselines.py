@@ -10,7 +10,7 @@
   * `consensus_l1_loss`: FedMD (Li & Wang, 2019) digest phase.
   * `ensemble_distillation_loss`: FedDF (Lin et al., NeurIPS 2020).
 
-Defaults follow reference-notes.md and the FCCL+ benchmark code.
+Defaults follow the authors' code and the FCCL+ benchmark code.
 """
 
 from __future__ import annotations

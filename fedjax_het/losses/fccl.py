@@ -235,7 +235,7 @@ def non_target_distillation_loss(*, student_logits: jax.Array, teacher_logits: j
   L = tau^2 * mean_b sum_{u != t_b} p_T^u log(p_T^u / p_S^u), with
   p = softmax(z / tau) over ALL C classes and the target column t_b dropped
   afterwards. As in the authors' code the remaining C-1 probabilities are NOT
-  renormalised and the result is scaled by tau^2 (reference-notes.md).
+  renormalised and the result is scaled by tau^2.
   `renormalize=True` instead drops the target logit before the softmax (the
   FedNTD form), a documented alternative.
 

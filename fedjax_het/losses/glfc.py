@@ -10,8 +10,7 @@
   * `infer_label_from_last_layer_gradient`: the label of a shared gradient
     from the sign of its last-layer gradient (iDLG, used by GLFC Sec. 4.2).
 
-Deviation from the paper text, following the authors' code
-(reference-notes.md): the classifier uses sigmoid outputs with binary
+Deviation from the paper text, following the authors' code: the classifier uses sigmoid outputs with binary
 cross-entropy over all classes seen so far, rather than a softmax CE, and
 L_RD is the BCE against the smoothed target rather than a KL divergence.
 
@@ -194,7 +193,7 @@ def prototype_perturbation_loss(*, features: jax.Array, labels: jax.Array,
     bias: (C,) bias of the head.
     gamma: noise scale (paper: 0.1).
     kind: 'bce' (sigmoid BCE over all classes, the code and
-      reference-notes.md) or 'ce' (softmax cross-entropy, the paper's D_CE).
+      the authors' code) or 'ce' (softmax cross-entropy, the paper's D_CE).
 
   Returns:
     Scalar loss.

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from fedjax_het.losses._core import check_rank, check_same_shape, loss_function, masked_mean
 
-#: The 19 Gaussian bandwidths (as variances) of reference-notes.md.
+#: The 19 Gaussian bandwidths (as variances) of the authors' code.
 MMD_BANDWIDTHS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 5.0, 10.0, 15.0, 20.0, 25.0,
                   30.0, 35.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 
@@ -64,7 +64,7 @@ def gaussian_kernel_matrix(*, x: jax.Array, y: jax.Array,
     x: (N, d).
     y: (M, d).
     bandwidths: 1-D sequence of variances (default: the 19 of
-      reference-notes.md). Must be positive.
+      the authors' code). Must be positive.
 
   Returns:
     (N, M) kernel matrix.
@@ -87,7 +87,7 @@ def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
   Args:
     x: (N, d), e.g. the frozen global model's outputs on a batch.
     y: (M, d), e.g. the local model's outputs on the same batch.
-    bandwidths: kernel variances (default: the 19 of reference-notes.md).
+    bandwidths: kernel variances (default: the 19 of the authors' code).
     mask: optional (N,) validity mask when x and y are two views of the same
       (padded) batch (requires N == M): the estimate uses the valid rows only.
 

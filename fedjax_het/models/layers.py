@@ -10,7 +10,7 @@
     depthwise convolutions multiply each window slice by its kernel tap and
     sum. Forward and backward are plain slices, pads, dots and elementwise
     ops, so it keeps full speed inside `lax.scan` on XLA:CPU (where the stock
-    conv's gradients run 15-25x slower, jax-ml/jax#12868, platform-notes.md)
+    conv's gradients run 15-25x slower, jax-ml/jax#12868)
     and under `jax.vmap` (a batched matmul, not a grouped convolution).
   - "custom_vjp": the stock forward convolution with a hand-written backward
     pass: the input gradient is one canonical NHWC/HWIO convolution (input
