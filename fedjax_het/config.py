@@ -74,10 +74,13 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
 
   sections = method.default_config()
   for name in sections:
-    if name in c:
-      raise ValueError(f"method {algorithm!r} declares config section {name!r}, which is "
-                       "run-wide.")
-    c[name] = sections[name]
+    if name in SHARED_SECTIONS:  # a method may change run-wide defaults (e.g. one architecture)
+      c[name].update(sections[name])
+    elif name in c:
+      raise ValueError(f"method {algorithm!r} declares config section {name!r}, which is a "
+                       f"run-wide field; run-wide sections it may override: {SHARED_SECTIONS}.")
+    else:
+      c[name] = sections[name]
   return c
 
 

@@ -12,6 +12,9 @@ Variants (the part after "digits.py:" or "digits_"):
                                         SVHN->EfficientNet-B0, SYN->MobileNetV2 (Table VI)
   fcclplus_homogeneous, fccl_homogeneous, solo_homogeneous
                                         ResNet12 for all, parameter averaging (FCCL+ Table XV)
+  fedavg, fedprox                       the homogeneous FedAvg family of FCCL+ Table XV: one
+                                        global ResNet12, all four participants every round,
+                                        uniform averaging (FedProx mu = 0.01)
   <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs,
                                         small test sets: minutes on a 2-core CPU
 
@@ -41,11 +44,12 @@ import ml_collections
 from fedjax_het.config import base_config
 
 HETEROGENEOUS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
-METHODS = ("fcclplus", "fccl", "solo")
+METHODS = ("fcclplus", "fccl", "solo", "fedavg", "fedprox")
+FEDAVG_FAMILY = ("fedavg", "fedprox")
 
 
 def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_homogeneous][_quick], method in fcclplus | fccl | solo."""
+  """`arg` = <method>[_homogeneous][_quick], method in fcclplus | fccl | solo | fedavg | fedprox."""
   parts = arg.split("_")
   method, flags = parts[0], set(parts[1:])
   if method not in METHODS or not flags <= {"homogeneous", "quick"}:
@@ -65,16 +69,22 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
     # BASE: 50 epochs of private training, one epoch per round, constant lr.
     c.num_rounds = 50
     c.logging.diagnostic_rounds = (1, 25, 50)
+  if method in FEDAVG_FAMILY:
+    # FCCL+ Table XV: one global ResNet12, all four participants every round, uniform average.
+    c.models.architectures = ("resnet12",) * 4
+    c.fedavg.weighting = "uniform"
+    c.fedavg.evaluate = "local"  # Table XV reports each participant's own model
+    c.logging.diagnostic_rounds = ()
   if "homogeneous" in flags:
     c.models.architectures = ("resnet12",) * 4
-    if method != "solo":
+    if method in ("fcclplus", "fccl"):
       c[method].average_parameters = True
   if "quick" in flags:
     c.models.width = 0.125
     c.num_rounds = 5 if method != "solo" else 10
     c.local.epochs = 5 if method != "solo" else 1
     c.local.batch_size = 64
-    if method != "solo":
+    if "collaborative" in c:
       c.collaborative.batch_size = 128
     c.scenario.public_size = 1024
     c.scenario.private_sizes = ml_collections.ConfigDict(
@@ -83,5 +93,6 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
     c.eval.batch_size = 300
     if method == "fccl":
       c.fccl.pretrain_epochs = 5
-    c.logging.diagnostic_rounds = (1, c.num_rounds)
+    if method not in FEDAVG_FAMILY:
+      c.logging.diagnostic_rounds = (1, c.num_rounds)
   return c

@@ -3,6 +3,8 @@
   fcclplus  FCCL+ (TPAMI): FCCM + FISL on public data, CE + FNTD locally.
   fccl      FCCL (CVPR 2022): cross-correlation + dual-domain distillation.
   solo      private training only (the BASE row).
+  fedavg    FedAvg (AISTATS 2017) with client sampling; FedAvgM / FedAdam by `config.server`.
+  fedprox   FedProx (MLSys 2020): FedAvg + (mu / 2) ||w - w_global||^2 locally.
 
 How to add a method (the whole recipe; `tests/test_round_api.py` does it with a
 toy FedAvg in the test file alone):
@@ -42,7 +44,7 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import fccl, fcclplus, solo
+from fedjax_het.algorithms import fccl, fcclplus, fedavg, fedprox, solo
 from fedjax_het.engine.api import Algorithm, Setup
 
 
@@ -75,5 +77,9 @@ register("fccl", make=fccl.make_fccl, default_config=fccl.default_config,
          validate_config=fccl.validate_config)
 register("solo", make=solo.make_solo, default_config=solo.default_config,
          validate_config=solo.validate_config)
+register("fedavg", make=fedavg.make_fedavg, default_config=fedavg.default_config,
+         validate_config=fedavg.validate_config)
+register("fedprox", make=fedprox.make_fedprox, default_config=fedprox.default_config,
+         validate_config=fedprox.validate_config)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]

@@ -18,7 +18,10 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
+
+from fedjax_het import validation as v
 
 
 def weighted_mean(tree: Any, weights: jax.Array) -> Any:
@@ -79,3 +82,52 @@ def server_update(optimizer: optax.GradientTransformation, server: Any, aggregat
   pseudo_gradient = jax.tree_util.tree_map(lambda s, a: s - a, server, aggregate)
   updates, opt_state = optimizer.update(pseudo_gradient, opt_state, server)
   return optax.apply_updates(server, updates), opt_state
+
+
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+def make_server_optimizer(name: str, *, lr: float, momentum: float = 0.9, b1: float = 0.9,
+                          b2: float = 0.99, eps: float = 1e-3) -> optax.GradientTransformation:
+  """The server optimiser applied to `server - aggregate` (see `server_update`).
+
+  Args:
+    name: "sgd" (lr 1: FedAvg), "momentum" (FedAvgM, Hsu et al. 2019: heavy-ball
+      momentum on the pseudo-gradient) or "adam" (FedAdam, Reddi et al. 2021,
+      whose defaults b1 = 0.9, b2 = 0.99 and adaptivity eps (tau) = 1e-3 are
+      used here).
+    lr, momentum, b1, b2, eps: its constants.
+  """
+  if name not in SERVER_OPTIMIZERS:
+    raise ValueError(f"config.server.optimizer must be one of {SERVER_OPTIMIZERS}, "
+                     f"got {name!r}.")
+  if name == "sgd":
+    return optax.sgd(lr)
+  if name == "momentum":
+    return optax.sgd(lr, momentum=momentum)
+  return optax.adam(lr, b1=b1, b2=b2, eps=eps)
+
+
+def default_server_config() -> ml_collections.ConfigDict:
+  """`config.server`: the server optimiser (plain FedAvg by default)."""
+  return ml_collections.ConfigDict({"optimizer": "sgd", "lr": 1.0, "momentum": 0.9,
+                                    "b1": 0.9, "b2": 0.99, "eps": 1e-3})
+
+
+def validate_server_config(config: Any, section: str = "server") -> None:
+  """Checks `config.<section>` (the fields of `default_server_config`)."""
+  v.require_section(config, section)
+  v.check(config, f"{section}.optimizer", v.choice(SERVER_OPTIMIZERS),
+          f"one of {SERVER_OPTIMIZERS}")
+  v.check(config, f"{section}.lr", v.positive, "a number > 0")
+  v.check(config, f"{section}.momentum", lambda x: 0 <= x < 1, "a number in [0, 1)")
+  v.check(config, f"{section}.b1", lambda x: 0 <= x < 1, "a number in [0, 1)")
+  v.check(config, f"{section}.b2", lambda x: 0 <= x < 1, "a number in [0, 1)")
+  v.check(config, f"{section}.eps", v.positive, "a number > 0")
+
+
+def server_optimizer_from_config(section: Any) -> optax.GradientTransformation:
+  """`make_server_optimizer` from a `config.server` section."""
+  return make_server_optimizer(section.optimizer, lr=float(section.lr),
+                               momentum=float(section.momentum), b1=float(section.b1),
+                               b2=float(section.b2), eps=float(section.eps))
