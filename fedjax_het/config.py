@@ -18,7 +18,8 @@ from fedjax_het import algorithms, validation
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
-SCENARIOS = ("digits", "office_caltech", "office31", "office_home")
+SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
+PARTITIONS = ("iid", "dirichlet", "shards", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 
 #: Run-wide top-level sections; every other section belongs to the method.
@@ -47,6 +48,14 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.scenario.test_size = 0               # 0 -> full test sets
   c.scenario.public_name = "cifar100"
   c.scenario.public_size = 5000
+  # scenario.name="partitioned": one labelled dataset split over many clients.
+  c.scenario.dataset = "mnist"           # mnist | cifar10
+  c.scenario.dataset_source = "real"     # the .npz bundle; "tfds"; "folder:<path>"
+  c.scenario.num_clients = 100
+  c.scenario.partition = "iid"           # iid | dirichlet | shards | permuted
+  c.scenario.dirichlet_alpha = 0.5
+  c.scenario.shards_per_client = 2
+  c.scenario.train_size = 0              # 0: the whole training set; else a stratified subsample
 
   c.models = ml_collections.ConfigDict()
   c.models.architectures = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
@@ -58,6 +67,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.eval.batch_size = 512
   c.eval.top_k = 1
   c.eval.last_rounds = 3
+  c.eval.target_accuracy = 0.0           # > 0: report the first round whose mean accuracy reaches it
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 1
@@ -101,16 +111,25 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "scenario.test_size", int_at_least(0), "an integer >= 0 (0: full test sets)")
   check(config, "scenario.public_name", choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
   check(config, "scenario.public_size", int_at_least(0), "an integer >= 0")
+  if config.scenario.name == "partitioned":
+    check(config, "scenario.num_clients", int_at_least(1), "an integer >= 1")
+    check(config, "scenario.partition", choice(PARTITIONS), f"one of {PARTITIONS}")
+    check(config, "scenario.dirichlet_alpha", positive, "a number > 0")
+    check(config, "scenario.shards_per_client", int_at_least(1), "an integer >= 1")
+    check(config, "scenario.train_size", int_at_least(0),
+          "an integer >= 0 (0: the whole training set)")
   archs = tuple(config.models.architectures)
   if not archs or any(a not in models.MODEL_NAMES for a in archs):
-    fail("models.architectures", f"a non-empty sequence of names from {models.MODEL_NAMES}",
-         archs)
+    fail("models.architectures", f"a non-empty sequence of names from {models.MODEL_NAMES} "
+         "(one per participant, or one for all)", archs)
   check(config, "models.width", positive, "a number > 0")
   check(config, "models.conv_impl", choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
   check(config, "eval.every", int_at_least(1), "an integer >= 1")
   check(config, "eval.batch_size", int_at_least(1), "an integer >= 1")
   check(config, "eval.top_k", int_at_least(1), "an integer >= 1")
   check(config, "eval.last_rounds", int_at_least(1), "an integer >= 1")
+  check(config, "eval.target_accuracy", lambda v: 0 <= v <= 100,
+        "a number in [0, 100] (percent; 0: off)")
   check(config, "checkpoint.every", int_at_least(1), "an integer >= 1")
   check(config, "checkpoint.keep", int_at_least(1), "an integer >= 1")
   check(config, "sharding.num_devices", int_at_least(0), "an integer >= 0 (0: all devices)")

@@ -45,8 +45,13 @@ def plot_accuracy_curves(records: Sequence[Mapping[str, Any]], client_names: Seq
   axes = axes[0]
   for ax, kind in zip(axes, kinds):
     rounds = [r["round"] for r in evaluated]
-    for name in client_names:
-      ax.plot(rounds, [r[f"eval/{kind}/{name}"] for r in evaluated], marker=".", label=name)
+    if len(client_names) <= 10:
+      for name in client_names:
+        ax.plot(rounds, [r[f"eval/{kind}/{name}"] for r in evaluated], marker=".", label=name)
+    else:  # many participants: the spread over them instead of one line each
+      per_round = np.array([[r[f"eval/{kind}/{n}"] for n in client_names] for r in evaluated])
+      ax.fill_between(rounds, per_round.min(axis=1), per_round.max(axis=1), alpha=0.3,
+                      label=f"min-max over {len(client_names)} participants")
     ax.plot(rounds, [r[f"eval/{kind}/mean"] for r in evaluated], "k--", label="mean")
     ax.set_title(f"{kind}-domain accuracy" if kind in ("intra", "inter") else "test accuracy")
     ax.set_xlabel("round")

@@ -97,6 +97,9 @@ class Progress:
 KIND_LABELS = {"inter": "inter →", "intra": "intra ↩", "accuracy": "accuracy"}
 
 
+MAX_TABLE_COLUMNS = 10  # more participants than this: the table shows AVG / min / max only
+
+
 def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[str], *,
                   last_rounds: int, method: str,
                   kinds: Sequence[str] = ("inter", "intra")) -> tuple[str, dict[str, Any]]:
@@ -104,7 +107,9 @@ def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[s
 
   With kinds ("inter", "intra") this is the FCCL+ Table VIII/IX layout
   (multi-domain scenarios); ("accuracy",) is one row of test accuracy (a
-  single-domain partition).
+  single-domain partition). With more than `MAX_TABLE_COLUMNS` participants
+  the markdown table shows AVG, min and max over participants (the dict keeps
+  every participant).
 
   Returns:
     (markdown table, the same numbers as a dict).
@@ -113,12 +118,15 @@ def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[s
   if not evaluated:
     return "(no evaluated rounds)", {}
   numbers: dict[str, Any] = {"method": method, "rounds": [r["round"] for r in evaluated]}
-  lines = [f"| {method} | " + " | ".join(client_names) + " | AVG |",
-           "|---" * (len(client_names) + 2) + "|"]
+  wide = len(client_names) > MAX_TABLE_COLUMNS
+  columns = ["AVG", "min", "max"] if wide else [*client_names, "AVG"]
+  lines = [f"| {method}{f' ({len(client_names)} participants)' if wide else ''} | "
+           + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
   for kind in kinds:
     values = [float(np.mean([r[f"eval/{kind}/{c}"] for r in evaluated])) for c in client_names]
     average = float(np.mean(values))
     numbers[kind] = dict(zip(client_names, values), AVG=average)
-    lines.append(f"| {KIND_LABELS.get(kind, kind)} | " + " | ".join(f"{v:.2f}" for v in values)
-                 + f" | {average:.2f} |")
+    shown = [average, min(values), max(values)] if wide else [*values, average]
+    lines.append(f"| {KIND_LABELS.get(kind, kind)} | " + " | ".join(f"{v:.2f}" for v in shown)
+                 + " |")
   return "\n".join(lines), numbers

@@ -116,7 +116,16 @@ def _client_names(domains: list[str]) -> list[str]:
 
 
 def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
+  """The scenario of `config.scenario`: a domain-shift scenario or a partitioned dataset."""
   sc = config.scenario
+  if sc.name == "partitioned":
+    from fedjax_het.data import partitioned  # pylint: disable=g-import-not-at-top
+    return partitioned.build_partitioned_scenario(
+        sc.dataset, num_clients=int(sc.num_clients), partition=sc.partition,
+        dirichlet_alpha=float(sc.dirichlet_alpha), shards_per_client=int(sc.shards_per_client),
+        source=sc.dataset_source, data_dir=sc.data_dir or None,
+        synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
+        test_size=int(sc.test_size) or None, seed=int(config.seed))
   return data_lib.build_scenario(
       sc.name, data_dir=sc.data_dir or None, sources=dict(sc.sources) or None,
       synthetic_fallback=bool(sc.synthetic_fallback),
@@ -135,6 +144,8 @@ class Experiment:
     scenario = self.scenario
     archs = list(config.models.architectures)
     k = len(scenario.train)
+    if len(archs) == 1:  # one architecture for every participant
+      archs = archs * k
     if len(archs) != k:
       raise ValueError(f"config.models.architectures has {len(archs)} entries but scenario "
                        f"{scenario.name!r} has {k} participants ({scenario.domains}).")
@@ -144,6 +155,7 @@ class Experiment:
     slot_multiple = mesh.devices.size if mesh is not None else 1
     modules = [models.get_model(a, scenario.num_classes, width=width, conv_impl=self.conv_impl)
                for a in archs]
+    self.architectures = archs
     self.groups = group_clients(archs, modules, slot_multiple=slot_multiple)
     self.client_names = _client_names(list(scenario.domains))
     self.test_domains = list(dict.fromkeys(scenario.test))
@@ -262,7 +274,7 @@ class Experiment:
         "test_sizes": {d: int(len(sc.test[d].labels)) for d in sc.test},
         "public_size": int(len(sc.public)),
         "participants": [{"name": n, "domain": d, "architecture": a} for n, d, a in
-                         zip(self.client_names, sc.domains, self.config.models.architectures)],
+                         zip(self.client_names, sc.domains, self.architectures)],
         "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
         "conv_impl": self.conv_impl, "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
@@ -327,6 +339,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
   done = start
   if done < num_rounds:
+    logging.info("compiling the round (the first run on a machine takes minutes; later runs "
+                 "reuse the compilation cache%s)",
+                 f" in {config.compilation_cache_dir}" if config.compilation_cache_dir else "")
     tick = time.perf_counter()
     run_rounds = experiment.compile_rounds(state)
     need = check_round_memory(run_rounds, config, available_memory_bytes(jax.devices()[0]))
@@ -364,6 +379,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   table, numbers = reporting.results_table(records, experiment.client_names,
                                            last_rounds=int(config.eval.last_rounds),
                                            method=config.algorithm, kinds=kinds)
+  target = float(config.eval.target_accuracy)
+  if target > 0 and numbers:
+    numbers["rounds_to_target"] = rounds_to_target(records, kinds, target)
+    reached = numbers["rounds_to_target"]
+    what = "test" if headline_kind(kinds) == "accuracy" else "intra-domain"
+    table += (f"\n\nRounds to reach {target:g}% mean {what} accuracy: "
+              f"{reached if reached is not None else 'not reached in ' + str(num_rounds)}.")
   substituted = experiment.scenario.substituted
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")
@@ -379,6 +401,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if diagnostics is not None and saved:
       diagnostics.plot(saved, experiment.client_names, workdir / f"{diagnostics.name}.png")
   return {"results": numbers, "last_record": records[-1] if records else {}, "records": records}
+
+
+def headline_kind(kinds: tuple[str, ...]) -> str:
+  """The accuracy a target refers to: plain accuracy, else intra-domain accuracy."""
+  return "accuracy" if "accuracy" in kinds else "intra"
+
+
+def rounds_to_target(records: list[dict[str, Any]], kinds: tuple[str, ...],
+                     target: float) -> int | None:
+  """The first round whose mean (headline) accuracy is >= target percent, or None."""
+  name = f"eval/{headline_kind(kinds)}/mean"
+  for record in records:
+    if name in record and record[name] >= target:
+      return int(record["round"])
+  return None
 
 
 def _load_diagnostics(path: pathlib.Path) -> dict[int, np.ndarray]:

@@ -57,3 +57,13 @@ def test_results_table_domain_and_single_domain_layouts():
   assert numbers["accuracy"] == {"a": 40.0, "b": 60.0, "AVG": 50.0}
   assert table.splitlines() == ["| m | a | b | AVG |", "|---|---|---|---|",
                                 "| accuracy | 40.00 | 60.00 | 50.00 |"]
+
+
+def test_results_table_with_many_participants_shows_avg_min_max():
+  names = [f"c{i}" for i in range(12)]
+  records = [{"round": 1, **{f"eval/accuracy/{n}": float(i) for i, n in enumerate(names)}}]
+  table, numbers = reporting.results_table(records, names, last_rounds=1, method="fedavg",
+                                           kinds=("accuracy",))
+  assert table.splitlines() == ["| fedavg (12 participants) | AVG | min | max |",
+                                "|---|---|---|---|", "| accuracy | 5.50 | 0.00 | 11.00 |"]
+  assert numbers["accuracy"]["c11"] == 11.0 and len(numbers["accuracy"]) == 13

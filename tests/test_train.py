@@ -255,3 +255,36 @@ def test_cli_runs_the_quick_config_with_overrides(tmp_path):
        "--config.num_round=2", f"--workdir={tmp_path / 'typo'}"], cwd=REPO, capture_output=True,
       text=True, timeout=600)
   assert typo.returncode != 0 and "num_rounds" in typo.stderr
+
+
+def test_rounds_to_target_is_the_first_round_reaching_the_mean_accuracy():
+  records = [{"round": 1, "eval/accuracy/mean": 40.0}, {"round": 2},
+             {"round": 3, "eval/accuracy/mean": 55.0}, {"round": 4, "eval/accuracy/mean": 50.0}]
+  assert train_lib.rounds_to_target(records, ("accuracy",), 50.0) == 3
+  assert train_lib.rounds_to_target(records, ("accuracy",), 60.0) is None
+  domain = [{"round": 1, "eval/intra/mean": 70.0, "eval/inter/mean": 10.0}]
+  assert train_lib.rounds_to_target(domain, ("inter", "intra"), 65.0) == 1
+
+
+def test_one_architecture_name_applies_to_every_participant():
+  config = tiny_config("solo", **{"name": "one_arch"})
+  config.models.architectures = ("simple_cnn",)
+  validate_config(config)
+  experiment = Experiment(config)
+  assert [g.name for g in experiment.groups] == ["simple_cnn"]
+  assert experiment.groups[0].clients == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("scenario.partition", "pathological", "config.scenario.partition must be one of ('iid', "
+                                          "'dirichlet', 'shards', 'permuted')"),
+    ("scenario.num_clients", 0, "config.scenario.num_clients must be an integer >= 1"),
+    ("eval.target_accuracy", 120.0, "config.eval.target_accuracy must be a number in [0, 100]"),
+])
+def test_partitioned_scenario_fields_are_validated(field, value, message):
+  config = tiny_config("solo")
+  config.scenario.name = "partitioned"
+  config.update_from_flattened_dict({field: value})
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                     .replace("[", r"\[")):
+    validate_config(config)

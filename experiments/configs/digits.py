@@ -4,6 +4,7 @@ Commands (from the repository root):
 
   python experiments/train.py --config=digits_fcclplus_quick      # the README main job
   python experiments/train.py --config=digits_fcclplus            # paper setting (GPU)
+  python experiments/train.py --config=digits_moon_quick          # a FedAvg-family baseline
   python experiments/train.py --config=experiments/configs/digits.py:fccl \
       --config.num_rounds=5 --workdir=/tmp/fccl
 
@@ -12,9 +13,12 @@ Variants (the part after "digits.py:" or "digits_"):
                                         SVHN->EfficientNet-B0, SYN->MobileNetV2 (Table VI)
   fcclplus_homogeneous, fccl_homogeneous, solo_homogeneous
                                         ResNet12 for all, parameter averaging (FCCL+ Table XV)
-  fedavg, fedprox                       the homogeneous FedAvg family of FCCL+ Table XV: one
+  fedavg, fedprox, moon, fedproc, fedrs the homogeneous FedAvg family of FCCL+ Table XV: one
                                         global ResNet12, all four participants every round,
-                                        uniform averaging (FedProx mu = 0.01)
+                                        uniform averaging, each participant's own model
+                                        evaluated (Table VII: FedProx mu = 0.01; MOON
+                                        tau = 0.5, mu = 1; FedProc alpha annealed
+                                        1 - r/(E-1); FedRS alpha = 0.5)
   <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs,
                                         small test sets: minutes on a 2-core CPU
 
@@ -33,6 +37,9 @@ batch 256 for 20 epochs, Adam 1e-3 both phases with linear decay, private sizes
 Expected results (paper, real data incl. SVHN/SYN, CIFAR-100 public, full-width backbones):
 FCCL+ Tables VIII / IX, Digits AVG inter -> / intra <-:
   BASE (solo) 25.68 / 73.14,  FCCL 33.51 / 85.69,  FCCL+ 50.49 / 90.57.
+FCCL+ Table XV (homogeneous ResNet12), Digits AVG inter -> / intra <-:
+  FedAvg 75.54 / 90.05,  FedProx 86.80 / 92.77,  MOON 77.85 / 87.20 (row tau = 1;
+  66.16 / 82.50 for tau = 5),  FedProc 71.77 / 83.76,  FedRS 63.97 / 81.65.
 The quick configs show the mechanics, not those numbers; measured figures for them are in
 the README.
 """
@@ -44,12 +51,12 @@ import ml_collections
 from fedjax_het.config import base_config
 
 HETEROGENEOUS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
-METHODS = ("fcclplus", "fccl", "solo", "fedavg", "fedprox")
-FEDAVG_FAMILY = ("fedavg", "fedprox")
+FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
+METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY
 
 
 def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_homogeneous][_quick], method in fcclplus | fccl | solo | fedavg | fedprox."""
+  """`arg` = <method>[_homogeneous][_quick], method in `METHODS`."""
   parts = arg.split("_")
   method, flags = parts[0], set(parts[1:])
   if method not in METHODS or not flags <= {"homogeneous", "quick"}:

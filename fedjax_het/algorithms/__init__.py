@@ -5,6 +5,13 @@
   solo      private training only (the BASE row).
   fedavg    FedAvg (AISTATS 2017) with client sampling; FedAvgM / FedAdam by `config.server`.
   fedprox   FedProx (MLSys 2020): FedAvg + (mu / 2) ||w - w_global||^2 locally.
+  moon      MOON (CVPR 2021): FedAvg + model-contrastive loss (global vs previous local model).
+  fedproc   FedProc (2021): FedAvg + prototype InfoNCE against global class prototypes.
+  fedrs     FedRS (KDD 2021): FedAvg with a restricted softmax (missing classes' logits scaled).
+
+The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs) shares `fedavg.make_family`;
+members pass their local objective and, where needed, its hooks (per-client
+state, extra server state, per-client constants from the data).
 
 How to add a method (the whole recipe; `tests/test_round_api.py` does it with a
 toy FedAvg in the test file alone):
@@ -44,7 +51,7 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import fccl, fcclplus, fedavg, fedprox, solo
+from fedjax_het.algorithms import fccl, fcclplus, fedavg, fedproc, fedprox, fedrs, moon, solo
 from fedjax_het.engine.api import Algorithm, Setup
 
 
@@ -81,5 +88,11 @@ register("fedavg", make=fedavg.make_fedavg, default_config=fedavg.default_config
          validate_config=fedavg.validate_config)
 register("fedprox", make=fedprox.make_fedprox, default_config=fedprox.default_config,
          validate_config=fedprox.validate_config)
+register("moon", make=moon.make_moon, default_config=moon.default_config,
+         validate_config=moon.validate_config)
+register("fedproc", make=fedproc.make_fedproc, default_config=fedproc.default_config,
+         validate_config=fedproc.validate_config)
+register("fedrs", make=fedrs.make_fedrs, default_config=fedrs.default_config,
+         validate_config=fedrs.validate_config)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]

@@ -21,6 +21,19 @@
 Only the sampled clients are computed: their data is gathered into a cohort
 axis of size `clients_per_round`, trained vmapped, and averaged.
 
+Server metrics of every round: `cohort_rows` (private rows trained on) and
+`bytes_up` / `bytes_down`, the bytes communicated that round: cohort size x
+the bytes of the model variables (parameters and BatchNorm statistics, which
+go both ways) plus what a method adds (FedProc's prototypes), from the shapes.
+
+Family members (FedProx, MOON, FedProc, FedRS) change only the local objective
+and plug in through `make_family`'s optional hooks: `ClientState` (per-client
+state that only sampled clients update, e.g. MOON's previous local model),
+`ServerState` (server state computed after aggregation, e.g. FedProc's global
+prototypes) and `client_constants` (per-client values derived from the data
+inside the round, e.g. FedRS's locally present classes). The local loss reads
+everything from its `aux` argument (see `make_family`).
+
 Evaluation (`fedavg.evaluate`): "global" tests the server model and reports it
 for every participant; "local" tests each participant's own model at the end
 of its latest local training (clients keep it as state; only sampled clients
@@ -36,27 +49,72 @@ Non-Identical Data Distribution for Federated Visual Classification, 2019.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import evaluation, losses, validation
+from fedjax_het import evaluation, losses, models, validation
 from fedjax_het.algorithms import common
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import ClientGroup, client_keys, init_group_variables, slot_active
+from fedjax_het.engine.clients import (ClientGroup, GroupData, client_keys, init_group_variables,
+                                       slot_active)
 from fedjax_het.engine.optim import round_decay_schedule
 
 WEIGHTINGS = ("size", "uniform")
 EVALUATES = ("global", "local")
 
-# objective_for(group) -> loss_fn(params, batch_stats, images, labels, mask, rng, aux) with
-# aux = {"global": the round's server variables}; returns (loss, (new batch_stats, metrics)).
+# objective_for(group) -> loss_fn(params, batch_stats, images, labels, mask, rng, aux), where
+# aux holds one client's entries (see `make_family`): "global" (the round's server variables),
+# "round" (the 0-based round index) and the hooks' entries; it returns
+# (loss, (new batch_stats, metrics)).
 ObjectiveFor = Callable[[ClientGroup], local.LocalLossFn]
+
+
+class ClientState(NamedTuple):
+  """Per-client state kept across rounds; only the sampled clients update theirs.
+
+  The entries live under `state["groups"][group.name]` with the slot axis
+  leading; each round the cohort's rows are gathered into the local objective's
+  `aux` (under the entries' names) and the updated rows scattered back.
+
+  Attributes:
+    init: initial variables of every slot (S, ...) -> {entry: (S, ...)}.
+    update: (the cohort's entries {entry: (M, ...)}, its trained variables
+      (M, ...)) -> the new entries (M, ...).
+  """
+  init: Callable[[Any], dict[str, Any]]
+  update: Callable[[Mapping[str, Any], Any], dict[str, Any]]
+
+
+class ServerState(NamedTuple):
+  """Extra server state computed after aggregation, sent to the next round's clients.
+
+  Stored replicated as `state[name]`; the local objective reads the previous
+  round's value as `aux[name]`.
+
+  Attributes:
+    name: state and aux key (e.g. "prototypes").
+    init: () -> the initial value.
+    update: (old value, the cohort's trained variables (M, ...), the cohort's
+      data `GroupData` (M, ...)) -> (new value, {server metric: scalar}).
+    bytes_up, bytes_down: bytes one sampled client sends / receives for it per
+      round (for the `bytes_up` / `bytes_down` metrics).
+  """
+  name: str
+  init: Callable[[], Any]
+  update: Callable[[Any, Any, GroupData], tuple[Any, dict[str, jax.Array]]]
+  bytes_up: int
+  bytes_down: int
+
+
+# client_constants(cohort data GroupData (M, ...)) -> {entry: (M, ...)}: per-client values
+# derived from the private data inside the round (e.g. FedRS's present classes), put in aux.
+ClientConstants = Callable[[GroupData], Mapping[str, Any]]
 
 
 def cross_entropy_objective(group: ClientGroup) -> local.LocalLossFn:
@@ -81,9 +139,42 @@ def the_group(setup: Setup, method: str) -> ClientGroup:
   return setup.groups[0]
 
 
+def variables_bytes(group: ClientGroup) -> int:
+  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes."""
+  shapes = jax.eval_shape(lambda: models.init_variables(group.model, jax.random.key(0)))
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+
+
+def _merge(entries: dict[str, Any], extra: Mapping[str, Any], hook: str) -> None:
+  """entries.update(extra), refusing to overwrite (hook names must be distinct)."""
+  clash = set(entries) & set(extra)
+  if clash:
+    raise ValueError(f"make_family: the {hook} entries {sorted(clash)} clash with the entries "
+                     f"{sorted(entries)}; rename them.")
+  entries.update(extra)
+
+
 def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
-                objective_for: ObjectiveFor) -> Algorithm:
-  """A FedAvg-style `Algorithm` with a custom local objective (FedAvg, FedProx, ...)."""
+                objective_for: ObjectiveFor, client_state: ClientState | None = None,
+                server_state: ServerState | None = None,
+                client_constants: ClientConstants | None = None) -> Algorithm:
+  """A FedAvg-style `Algorithm` with a custom local objective (FedAvg, FedProx, MOON, ...).
+
+  Args:
+    config: reads `config.fedavg`, `config.local`, `config.server`, `config.eval`.
+    setup: the run setup (one architecture group).
+    name: the method name.
+    objective_for: group -> local loss. Its `aux` holds, per client: "global"
+      (the round's server variables), "round" (the round index, int32) and
+      the entries of the hooks below.
+    client_state: optional per-client persistent state (`ClientState`).
+    server_state: optional extra server state (`ServerState`).
+    client_constants: optional per-client constants from the cohort's data
+      (`ClientConstants`).
+
+  Returns:
+    The `Algorithm`.
+  """
   group = the_group(setup, name)
   cfg, loc = config.fedavg, config.local
   cohort_size = int(cfg.clients_per_round) or group.num_clients
@@ -102,6 +193,12 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   evaluator = evaluation.make_evaluator(
       (group,), batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
       top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std))
+  if server_state is not None and server_state.name in ("server", "server_opt", "groups"):
+    raise ValueError(f"make_family: ServerState.name {server_state.name!r} is taken by the "
+                     "family's own state; choose another name.")
+  model_bytes = variables_bytes(group)
+  bytes_up = cohort_size * (model_bytes + (server_state.bytes_up if server_state else 0))
+  bytes_down = cohort_size * (model_bytes + (server_state.bytes_down if server_state else 0))
 
   def init(key, data):
     del data
@@ -109,8 +206,13 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
                                      num_participants=setup.num_participants)
     server = jax.tree_util.tree_map(lambda v: v[0], variables)
     state = {"server": server, "server_opt": server_tx.init(server["params"])}
-    if keep_local:
-      state["groups"] = {group.name: {"variables": variables}}
+    per_client = {"variables": variables} if keep_local else {}
+    if client_state is not None:
+      _merge(per_client, client_state.init(variables), "client_state")
+    if per_client:
+      state["groups"] = {group.name: per_client}
+    if server_state is not None:
+      state[server_state.name] = server_state.init()
     return state
 
   def round_fn(state, data, key, round_index):
@@ -118,8 +220,19 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     slots = cohort.sample_cohort(sample_key, active, cohort_size)
     members = cohort.gather(data.groups[group.name], slots)
     start = aggregation.broadcast(state["server"], cohort_size)
+    aux = {"global": start, "round": jnp.full((cohort_size,), round_index, jnp.int32)}
+    if client_state is not None:  # every per-client entry but the kept local models
+      kept = {entry: value for entry, value in state["groups"][group.name].items()
+              if not (keep_local and entry == "variables")}
+      own = cohort.gather(kept, slots)
+      _merge(aux, own, "client_state")
+    if server_state is not None:
+      sent = aggregation.broadcast(state[server_state.name], cohort_size)
+      _merge(aux, {server_state.name: sent}, "server_state")
+    if client_constants is not None:
+      _merge(aux, client_constants(members), "client_constants")
     trained, metrics = local.train_clients(
-        trainer, start, {"global": start}, members, client_keys(train_key, members.client_ids),
+        trainer, start, aux, members, client_keys(train_key, members.client_ids),
         jnp.full((epochs,), lr(round_index)))
     weights = members.sizes if weighting == "size" else jnp.ones((cohort_size,))
     mean = aggregation.weighted_mean(trained, weights)
@@ -129,13 +242,22 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     zeros = jnp.zeros((group.num_slots,))
     per_slot = {metric: cohort.scatter(zeros, slots, value) for metric, value in metrics.items()}
     per_slot["participated"] = cohort.scatter(zeros, slots, jnp.ones((cohort_size,)))
+    server_metrics = {"cohort_rows": jnp.sum(members.sizes).astype(jnp.float32),
+                      "bytes_up": jnp.float32(bytes_up), "bytes_down": jnp.float32(bytes_down)}
     new_state = {"server": server, "server_opt": server_opt}
+    per_client = {}
     if keep_local:  # only the cohort's models change
-      new_state["groups"] = {group.name: {"variables": cohort.scatter(
-          state["groups"][group.name]["variables"], slots, trained)}}
-    return (new_state,
-            {"local": {group.name: per_slot},
-             "server": {"cohort_rows": jnp.sum(members.sizes).astype(jnp.float32)}})
+      per_client["variables"] = cohort.scatter(state["groups"][group.name]["variables"], slots,
+                                               trained)
+    if client_state is not None:  # only the cohort's entries change
+      per_client.update(cohort.scatter(kept, slots, client_state.update(own, trained)))
+    if per_client:
+      new_state["groups"] = {group.name: per_client}
+    if server_state is not None:
+      new_state[server_state.name], extra_metrics = server_state.update(
+          state[server_state.name], trained, members)
+      server_metrics.update(extra_metrics)
+    return new_state, {"local": {group.name: per_slot}, "server": server_metrics}
 
   local_evaluator = common.make_evaluate(config, setup)
 

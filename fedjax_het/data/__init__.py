@@ -20,6 +20,13 @@ clients of unequal size into (K, N_max, ...) arrays with a mask.
 Partitioners (`partition`): IID, Dirichlet label skew, pathological shards,
 binary class split, permuted pixels, GLFC class-incremental task streams.
 
+Partitioned scenarios (`partitioned.build_partitioned_scenario`): one whole
+dataset (mnist, cifar10, usps, cifar100, svhn, fashion_mnist) split over many
+clients for FedAvg-style experiments: "iid", "dirichlet" (Hsu et al. 2019),
+"shards" (McMahan et al. 2017) or "permuted" (one pixel permutation, and so
+one domain, per client); with the same opt-in, logged and recorded synthetic
+fallback as `build_scenario`.
+
 Augmentation (`augment`, pure JAX): random crop, resized crop, flip, colour
 jitter, greyscale, rotation, FCCL+ weak/strong pipelines, normalisation.
 
@@ -44,6 +51,9 @@ from fedjax_het.data.partition import (Task, binary_class_split, class_increment
                                        client_permutation, dirichlet_partition, iid_partition,
                                        label_histogram, make_permutations, permuted_pixels,
                                        shard_partition)
+from fedjax_het.data.partitioned import (DATASET_STATS, PARTITION_DATASETS, PARTITIONS,
+                                         PERMUTED_TEST_MODES, build_partitioned_scenario,
+                                         partition_indices)
 from fedjax_het.data.scenarios import (SCENARIOS, Scenario, build_scenario, load_dataset,
                                        stratified_subsample)
 from fedjax_het.data.synthetic import (DEFAULT_SYNTHETIC_TEST_SIZE, DEFAULT_SYNTHETIC_TRAIN_SIZES,
@@ -52,17 +62,18 @@ from fedjax_het.data.synthetic import (DEFAULT_SYNTHETIC_TEST_SIZE, DEFAULT_SYNT
 from fedjax_het.data.tfds_source import TFDS_NAMES, load_tfds
 
 __all__ = [
-    "BUNDLE", "CACHE_DIR_ENV", "CIFAR100_MEAN", "CIFAR100_STD", "DATA_DIR_ENV",
+    "BUNDLE", "CACHE_DIR_ENV", "CIFAR100_MEAN", "CIFAR100_STD", "DATASET_STATS", "DATA_DIR_ENV",
     "DEFAULT_SYNTHETIC_TEST_SIZE", "DEFAULT_SYNTHETIC_TRAIN_SIZES", "DIGIT_DOMAINS",
-    "IMAGENET_MEAN", "IMAGENET_STD", "SCENARIOS", "SYNTHETIC_VERSION", "TFDS_NAMES",
-    "DataError", "DataUnavailableError", "Scenario", "Split", "StackedClients", "Task",
-    "available_bundle_files", "binary_class_split", "build_scenario", "cache_dir",
-    "class_incremental_tasks", "client_permutation", "color_jitter", "dirichlet_partition",
-    "iid_partition", "index_split", "label_histogram", "load_cifar10", "load_cifar100_glfc",
-    "load_dataset", "load_image_folder", "load_npz_digits", "load_office31",
-    "load_office_caltech", "load_office_domains", "load_public", "load_tfds",
-    "make_permutations", "normalize", "permuted_pixels", "random_crop", "random_flip",
-    "random_grayscale", "random_resized_crop", "random_rotation", "resolve_data_dir",
-    "shard_partition", "stack_clients", "stratified_subsample", "strong_augment",
-    "synthetic_digits", "synthetic_digits_benchmark", "synthetic_public", "weak_augment",
+    "IMAGENET_MEAN", "IMAGENET_STD", "PARTITIONS", "PARTITION_DATASETS", "PERMUTED_TEST_MODES",
+    "SCENARIOS", "SYNTHETIC_VERSION", "TFDS_NAMES", "DataError", "DataUnavailableError", "Scenario",
+    "Split", "StackedClients", "Task", "available_bundle_files", "binary_class_split",
+    "build_partitioned_scenario", "build_scenario", "cache_dir", "class_incremental_tasks",
+    "client_permutation", "color_jitter", "dirichlet_partition", "iid_partition", "index_split",
+    "label_histogram", "load_cifar10", "load_cifar100_glfc", "load_dataset", "load_image_folder",
+    "load_npz_digits", "load_office31", "load_office_caltech", "load_office_domains", "load_public",
+    "load_tfds", "make_permutations", "normalize", "partition_indices", "permuted_pixels",
+    "random_crop", "random_flip", "random_grayscale", "random_resized_crop", "random_rotation",
+    "resolve_data_dir", "shard_partition", "stack_clients", "stratified_subsample",
+    "strong_augment", "synthetic_digits", "synthetic_digits_benchmark", "synthetic_public",
+    "weak_augment",
 ]

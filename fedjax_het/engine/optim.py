@@ -102,9 +102,10 @@ def cosine_epoch_rates(base_lr: float, min_lr: float, epochs: int) -> jax.Array:
   """Per-epoch cosine annealing from base_lr towards min_lr, (epochs,) rates.
 
   timm's CosineLRScheduler with t_initial=epochs stepped per epoch (the FCCL
-  code's pretraining): min_lr + (base_lr - min_lr) (1 + cos(pi e / epochs)) / 2,
-  i.e. `optax.cosine_decay_schedule` with alpha = min_lr / base_lr.
+  code's pretraining): min_lr + (base_lr - min_lr) (1 + cos(pi e / epochs)) / 2.
+  The cosine factor is `optax.cosine_decay_schedule(1, epochs)`; scaling it
+  outside the schedule keeps the float32 rates bit-identical to the formula
+  (FCCL's pretraining feeds a sign-SGD-like phase that amplifies 1-ulp changes).
   """
-  schedule = optax.cosine_decay_schedule(init_value=base_lr, decay_steps=epochs,
-                                         alpha=min_lr / base_lr)
-  return jax.vmap(schedule)(jnp.arange(epochs))
+  shape = optax.cosine_decay_schedule(init_value=1.0, decay_steps=epochs)
+  return min_lr + (base_lr - min_lr) * jax.vmap(shape)(jnp.arange(epochs))

@@ -1,0 +1,67 @@
+"""MNIST over 100 clients with McMahan's pathological non-IID split (2 shards each).
+
+Commands (from the repository root):
+
+  python experiments/train.py --config=mnist_fedavg_quick
+  python experiments/train.py --config=mnist_fedavg
+  python experiments/train.py --config=mnist_fedavg --config.scenario.partition=iid
+
+Variants: <method>[_quick], method one of the FedAvg family (fedavg, fedprox, moon,
+fedproc, fedrs). Setting (McMahan et al. 2017, "pathological non-IID"): the 60000 MNIST
+training images sorted by label, cut into 200 shards of 300, 2 shards per client (so most
+clients see two digits), 10 of the 100 clients per round (C = 0.1), the FedAvg MNIST CNN,
+local SGD lr 0.05, batch 10, E = 5; global test accuracy per round; `eval.target_accuracy`
+(97%, the paper's CNN target is 99%) gives the rounds to reach it in results.md.
+
+Data: MNIST from digits.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
+--config.scenario.data_dir); without it the synthetic MNIST-style digit domain is used,
+logged and recorded.
+
+Quick variant: 3000 training images, 5 rounds of E = 1.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from fedjax_het.config import base_config
+
+FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
+
+
+def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
+  """`arg` = <method>[_quick], method in the FedAvg family."""
+  method, _, rest = arg.partition("_")
+  if method not in FEDAVG_FAMILY or rest not in ("", "quick"):
+    raise ValueError(f"mnist config: expected <method>[_quick] with method in "
+                     f"{FEDAVG_FAMILY}, got {arg!r}.")
+  c = base_config(method)
+  c.name = f"mnist_{arg}"
+  c.num_rounds = 100
+  c.scenario.name = "partitioned"
+  c.scenario.dataset = "mnist"
+  c.scenario.num_clients = 100
+  c.scenario.partition = "shards"
+  c.scenario.shards_per_client = 2
+  c.scenario.synthetic_fallback = True
+  c.scenario.public_size = 0
+  c.models.architectures = ("fedavg_mnist_cnn",)
+  c.fedavg.clients_per_round = 10
+  c.fedavg.weighting = "size"
+  c.fedavg.evaluate = "global"
+  c.local.optimizer = "sgd"
+  c.local.lr = 0.05
+  c.local.lr_decay = 0.0
+  c.local.weight_decay = 0.0
+  c.local.batch_size = 10
+  c.local.epochs = 5
+  c.eval.batch_size = 1000
+  c.eval.target_accuracy = 97.0
+  c.checkpoint.every = 10
+  if rest == "quick":
+    c.num_rounds = 5
+    c.local.epochs = 1
+    c.scenario.train_size = 3000
+    c.scenario.test_size = 1000
+    c.checkpoint.every = 1
+  return c
