@@ -216,3 +216,69 @@ def test_a_round_with_10_of_1000_clients_trains_a_cohort_axis_of_10():
   assert shapes, "the local phase should be a lax.scan"
   assert any(s and s[0] == 10 for s in shapes)        # the cohort axis
   assert not any(k in s for s in shapes), shapes       # nothing per-client over all 1000
+
+
+def test_fedadam_server_step_is_optax_adam_on_the_averaged_delta():
+  import optax
+  setup = _setup(2)
+  config = _config(**{"server.optimizer": "adam", "server.lr": 0.1})
+  algorithm = fedavg.make_fedavg(config, setup)
+  plain = fedavg.make_fedavg(_config(), setup)  # server SGD(1): the new server = the average
+  data, _, _ = _data(setup)
+  state = algorithm.init(jax.random.key(0), data)
+  key = jax.random.key(5)
+  averaged, _ = plain.round(state, data, key, jnp.int32(0))
+  got, _ = algorithm.round(state, data, key, jnp.int32(0))
+  # FedAdam (Reddi et al. 2021) with b1 = 0.9, b2 = 0.99, tau = 1e-3, by hand with optax.
+  tx = optax.adam(0.1, b1=0.9, b2=0.99, eps=1e-3)
+  delta = jax.tree_util.tree_map(lambda s, a: s - a, state["server"]["params"],
+                                 averaged["server"]["params"])
+  updates, _ = tx.update(delta, tx.init(state["server"]["params"]), state["server"]["params"])
+  want = optax.apply_updates(state["server"]["params"], updates)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                         got["server"]["params"], want)
+
+
+def test_sampling_is_reproducible_after_a_resume(tmp_path, tmp_path_factory, monkeypatch):
+  """A killed many-client run resumes with the same cohorts and the same final numbers."""
+  from fedjax_het import reporting
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  c = base_config("fedavg")
+  c.name = "resume"
+  c.num_rounds = 4
+  c.scenario.name = "partitioned"
+  c.scenario.dataset = "mnist"
+  c.scenario.dataset_source = "synthetic"
+  c.scenario.num_clients = 20
+  c.scenario.partition = "dirichlet"
+  c.scenario.train_size = 400
+  c.scenario.test_size = 50
+  c.scenario.public_size = 0
+  c.models.architectures = ("simple_cnn",)
+  c.fedavg.clients_per_round = 3
+  c.local.epochs = 1
+  c.local.batch_size = 16
+  c.eval.batch_size = 50
+  c.logging.progress = False
+  c.logging.tensorboard = False
+  c.logging.plots = False
+  c.compilation_cache_dir = ""
+  reference = train_and_evaluate(c, tmp_path / "uninterrupted")
+  original = reporting.MetricsWriter.write
+
+  def crash_in_round_3(self, record):
+    if record["round"] == 3:
+      raise KeyboardInterrupt("simulated kill")
+    original(self, record)
+
+  monkeypatch.setattr(reporting.MetricsWriter, "write", crash_in_round_3)
+  with pytest.raises(KeyboardInterrupt):
+    train_and_evaluate(c, tmp_path / "killed")
+  monkeypatch.setattr(reporting.MetricsWriter, "write", original)
+  resumed = train_and_evaluate(c, tmp_path / "killed")
+  for got, want in zip(resumed["records"], reference["records"]):
+    cohort_got = sorted(k for k, v in got.items() if "participated" in k and v == 1.0)
+    cohort_want = sorted(k for k, v in want.items() if "participated" in k and v == 1.0)
+    assert cohort_got == cohort_want and len(cohort_got) == 3
+    np.testing.assert_allclose(got["eval/accuracy/mean"], want["eval/accuracy/mean"], atol=1e-6)
