@@ -12,8 +12,9 @@ setting (use it on a GPU). Without the CIFAR-10 bundle the synthetic digit stand
 
 Measured side by side in one process (only ratios are meaningful on shared machines):
 1. "engine": the library's round, one jitted program: the cohort's data gathered, every
-   client's local epochs one `lax.scan`, vmapped over the cohort, then the weighted
-   average and the server step.
+   client's local epochs one loop over exactly its own steps, the cohort one after
+   another (`fedavg.client_loop="map"`, the CPU default) or vmapped ("vmap", the GPU/TPU
+   default), then the weighted average and the server step.
 2. "loop": the same math as fedjax's default backend or a PyTorch loop runs it: for each
    sampled client, for each batch, a jitted SGD step (stock XLA convolutions, the fastest
    choice for a per-client jitted step on CPU); then a jitted weighted average.
@@ -48,7 +49,8 @@ from fedjax_het.train import Experiment
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str):
+def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
+            client_loop: str = "auto"):
   spec = importlib.util.spec_from_file_location("cifar10", REPO / "experiments/configs/cifar10.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -58,6 +60,7 @@ def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str):
   c.scenario.test_size = 500
   c.local.epochs = epochs
   c.models.conv_impl = conv_impl
+  c.fedavg.client_loop = client_loop
   c.logging.progress = False
   c.logging.tensorboard = False
   c.compilation_cache_dir = ""
@@ -80,16 +83,11 @@ def client_steps(experiment, slots) -> int:
 
 
 def engine_round(experiment, repeats):
+  """Round 0 from the initial state, repeated (the same cohort as the loop trains)."""
   state = experiment.init_state()
   round_fn = jax.jit(experiment.round_fn)
-  state, _ = round_fn(state, experiment.data)  # compile + warm-up
-  holder = {"state": state}
-
-  def one():
-    holder["state"], _ = round_fn(holder["state"], experiment.data)
-    return holder["state"]
-
-  return _median_time(one, repeats)
+  jax.block_until_ready(round_fn(state, experiment.data))  # compile + warm-up
+  return _median_time(lambda: round_fn(state, experiment.data)[0], repeats)
 
 
 def loop_round(experiment, slots, repeats):
@@ -99,7 +97,7 @@ def loop_round(experiment, slots, repeats):
   preprocess = normalizer(experiment.setup.private_mean, experiment.setup.private_std)
   tx = optax.sgd(float(c.local.lr))
   batch = int(c.local.batch_size)
-  server = jax.tree_util.tree_map(lambda v: v[0], experiment.init_state()["server"])
+  server = experiment.init_state()["server"]  # the unstacked global model
 
   @jax.jit
   def step(variables, opt_state, images, labels):
@@ -143,6 +141,8 @@ def main():
   parser.add_argument("--epochs", type=int, default=1)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--loop-conv-impl", default="xla")
+  parser.add_argument("--engine-conv-impl", default="auto")
+  parser.add_argument("--client-loop", default="auto", help="fedavg.client_loop of the engine")
   parser.add_argument("--skip-loop", action="store_true")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
@@ -153,13 +153,15 @@ def main():
             "setting": "cifar10_fedavg: 100 clients, Dirichlet(0.5), fedavg_cifar_cnn, batch 50",
             "rows": []}
   for size in [int(v) for v in args.cohorts.split(",")]:
-    experiment = Experiment(_config(size, args.train_size, args.epochs, "auto"))
+    experiment = Experiment(_config(size, args.train_size, args.epochs, args.engine_conv_impl,
+                                    args.client_loop))
     active = jnp.asarray(slot_active(experiment.groups[0]))
     key = jax.random.fold_in(jax.random.wrap_key_data(experiment.init_state()["rng"]), 0)
     slots = np.asarray(cohort.sample_cohort(jax.random.split(key)[0], active, size))
     steps = client_steps(experiment, slots)
     engine_s, engine_all = engine_round(experiment, args.repeats)
     row = {"cohort": size, "client_steps": steps, "engine_conv_impl": experiment.conv_impl,
+           "engine_client_loop": args.client_loop,
            "engine_secs": engine_s, "engine_all": engine_all,
            "engine_client_steps_per_sec": steps / engine_s,
            "substituted": list(experiment.scenario.substituted)}

@@ -264,6 +264,30 @@ def test_fedrs_restricts_each_clients_own_missing_classes():
     assert not np.allclose(plain["head"]["kernel"], want["head"]["kernel"], atol=1e-6)
 
 
+def test_fedrs_count_form_scales_each_logit_by_the_clients_class_frequency():
+  # The FedRS authors' code: scale_c = alpha + (1 - alpha) n_c / max n (counts 4, 1, 0).
+  counts = fedrs.class_counts(jnp.array([0, 0, 1, 0, 0, 2, 2]), 5, 3)
+  np.testing.assert_array_equal(counts, [4.0, 1.0, 0.0])
+  np.testing.assert_allclose(fedrs.count_scale(counts, 0.5), [1.0, 0.625, 0.5])
+  alpha = 0.5
+  setup = _setup(2)
+  labels = [[0, 1, 1, 0, 0, 1], [1, 2, 1, 2]]
+  config = _config("fedrs", **{"fedrs.alpha": alpha, "fedrs.form": "count",
+                               "fedavg.evaluate": "local"})
+  algorithm = fedrs.make_fedrs(config, setup)
+  data, inputs, labels = _data(setup, labels)
+  state = algorithm.init(jax.random.key(0), data)
+  new, _ = jax.jit(algorithm.round)(state, data, jax.random.key(1), jnp.int32(0))
+  w = state["server"]["params"]
+  for k, scale in enumerate(([1.0, 1.0, alpha], [alpha, 1.0, 1.0])):  # equal counts -> 1
+    x, y = inputs[k], jnp.asarray(labels[k])
+    _allclose(_row(new["groups"]["a"]["variables"]["params"], k),
+              _sgd(w, _restricted_hand_grad(w, x, y, jnp.asarray(scale))))
+  # Unequal counts: client 0 with labels (0, 0, 0, 1) scales class 1 by 0.5 + 0.5 / 3.
+  np.testing.assert_allclose(fedrs.count_scale(fedrs.class_counts(jnp.array([0, 0, 0, 1]), 4, 3),
+                                               alpha), [1.0, 0.5 + 0.5 / 3, 0.5], rtol=1e-6)
+
+
 @pytest.mark.parametrize("method", ["fedavg", "moon", "fedproc", "fedrs"])
 def test_bytes_are_cohort_size_times_the_variables_sent(method):
   setup = _setup(3, TinyMLP())

@@ -44,6 +44,19 @@ def forward_fn(group: ClientGroup, *, train: bool) -> Callable[..., tuple[jax.Ar
   return forward
 
 
+def cross_entropy_loss_for(group: ClientGroup) -> Callable[..., Any]:
+  """Per-batch plain cross-entropy of a group's model (SOLO, FCCL pretraining, FedAvg)."""
+  forward = forward_fn(group, train=True)
+
+  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
+    del aux
+    _, logits, new_stats = forward(params, batch_stats, images, rng, mask)
+    ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
+    return ce, (new_stats, {"ce": ce})
+
+  return loss_fn
+
+
 def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: jax.Array,
                    key: jax.Array, ids: Mapping[str, jax.Array]
                    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array], dict[str, Any]]:

@@ -19,7 +19,10 @@
      "adam": FedAdam). BatchNorm statistics are set to the average.
 
 Only the sampled clients are computed: their data is gathered into a cohort
-axis of size `clients_per_round`, trained vmapped, and averaged.
+axis of size `clients_per_round`, trained in one program and averaged.
+`fedavg.client_loop`: "vmap" trains the cohort vmapped (GPU/TPU), "map" one
+client after another inside the program (`lax.map`; each client runs only its
+own steps, the least work on a CPU), "auto" picks by backend.
 
 Server metrics of every round: `cohort_rows` (private rows trained on) and
 `bytes_up` / `bytes_down`, the bytes communicated that round: cohort size x
@@ -56,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import evaluation, losses, models, validation
+from fedjax_het import evaluation, models, validation
 from fedjax_het.algorithms import common
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
@@ -67,6 +70,7 @@ from fedjax_het.engine.optim import round_decay_schedule
 
 WEIGHTINGS = ("size", "uniform")
 EVALUATES = ("global", "local")
+CLIENT_LOOPS = ("auto", "vmap", "map")
 
 # objective_for(group) -> loss_fn(params, batch_stats, images, labels, mask, rng, aux), where
 # aux holds one client's entries (see `make_family`): "global" (the round's server variables),
@@ -117,17 +121,8 @@ class ServerState(NamedTuple):
 ClientConstants = Callable[[GroupData], Mapping[str, Any]]
 
 
-def cross_entropy_objective(group: ClientGroup) -> local.LocalLossFn:
-  """FedAvg's local objective: softmax cross-entropy on the private batch."""
-  forward = common.forward_fn(group, train=True)
-
-  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
-    del aux
-    _, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-    ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
-    return ce, (new_stats, {"ce": ce})
-
-  return loss_fn
+# FedAvg's local objective: softmax cross-entropy on the private batch (shared with SOLO).
+cross_entropy_objective = common.cross_entropy_loss_for
 
 
 def the_group(setup: Setup, method: str) -> ClientGroup:
@@ -183,6 +178,9 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
                      f"participants ({group.num_clients}), got {cohort_size}.")
   weighting = common.check_choice("fedavg.weighting", cfg.weighting, WEIGHTINGS)
   keep_local = common.check_choice("fedavg.evaluate", cfg.evaluate, EVALUATES) == "local"
+  client_loop = common.check_choice("fedavg.client_loop", cfg.client_loop, CLIENT_LOOPS)
+  if client_loop == "auto":  # CPU: vmap buys no parallelism; one client after another is least work
+    client_loop = "map" if jax.default_backend() == "cpu" else "vmap"
   epochs = int(loc.epochs)
   trainer = local.make_group_trainers(
       setup, objective_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
@@ -233,7 +231,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
       _merge(aux, client_constants(members), "client_constants")
     trained, metrics = local.train_clients(
         trainer, start, aux, members, client_keys(train_key, members.client_ids),
-        jnp.full((epochs,), lr(round_index)))
+        jnp.full((epochs,), lr(round_index)), sequential=client_loop == "map")
     weights = members.sizes if weighting == "size" else jnp.ones((cohort_size,))
     mean = aggregation.weighted_mean(trained, weights)
     params, server_opt = aggregation.server_update(server_tx, state["server"]["params"],
@@ -281,7 +279,8 @@ def family_default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       "fedavg": {"clients_per_round": 0,      # 0: every participant, every round
                  "weighting": "size",         # "size": n_k / n (McMahan); "uniform"
-                 "evaluate": "global"},       # "global": server model; "local": own models
+                 "evaluate": "global",        # "global": server model; "local": own models
+                 "client_loop": "auto"},      # cohort: "vmap" (GPU/TPU), "map" (CPU), "auto"
       "local": local.default_config(),
       "server": aggregation.default_server_config(),
       # Run-wide default changed for this family: one global model needs one architecture.
@@ -304,6 +303,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                    f"one of {WEIGHTINGS}")
   validation.check(config, "fedavg.evaluate", validation.choice(EVALUATES),
                    f"one of {EVALUATES}")
+  validation.check(config, "fedavg.client_loop", validation.choice(CLIENT_LOOPS),
+                   f"one of {CLIENT_LOOPS}")
   if len(set(config.models.architectures)) > 1:
     validation.fail("models.architectures",
                     f"one architecture for every participant for {config.algorithm}",

@@ -18,11 +18,12 @@ The round is FedAvg's (`fedavg.py`, `config.fedavg`, `config.server`).
 Deviations:
   * The whole logit of a missing class is scaled, so the classifier bias of
     that class is scaled by alpha too (FedRS scales the weight vectors w_c).
-  * Only the paper's binary form (present / missing) is implemented: the
-    count-based variant of the FCCL+ benchmark code (a scaling derived from
-    the client's per-class label counts) is not offered, because
-    `losses.restricted_softmax_logits` takes a boolean class mask; there is
-    no `fedrs.form` option.
+
+Forms (`fedrs.form`): "paper" (default) is the binary present / missing
+scaling above (`losses.restricted_softmax_logits`); "count" is the FedRS
+authors' code's variant that the FCCL+ benchmark runs: class c's logit is
+scaled by alpha + (1 - alpha) n_c / max_c' n_c', with n_c the client's count of
+class c (1 for its most frequent class, alpha for a missing one).
 
 Reference: X.-C. Li, D.-C. Zhan. FedRS: Federated Learning with Restricted
 Softmax for Label Distribution Non-IID Data. ACM SIGKDD 2021, pp. 995-1005.
@@ -46,9 +47,24 @@ def class_presence(labels: jax.Array, size: jax.Array, num_classes: int) -> jax.
   return counts > 0
 
 
+FORMS = ("paper", "count")
+
+
+def class_counts(labels: jax.Array, size: jax.Array, num_classes: int) -> jax.Array:
+  """(C,) float: per-class counts among one client's first `size` labels."""
+  valid = jnp.arange(labels.shape[0]) < size
+  return jnp.sum(jax.nn.one_hot(labels, num_classes) * valid[:, None], axis=0)
+
+
+def count_scale(counts: jax.Array, alpha: float) -> jax.Array:
+  """(C,) logit scales of the count form: alpha + (1 - alpha) n_c / max n."""
+  return alpha + (1.0 - alpha) * counts / jnp.maximum(jnp.max(counts), 1.0)
+
+
 def make_fedrs(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedRS from `config.fedrs`, `config.fedavg`, `config.local`, `config.server`."""
   alpha = float(config.fedrs.alpha)
+  form = common.check_choice("fedrs.form", config.fedrs.form, FORMS)
   num_classes = setup.num_classes
 
   def objective_for(group):
@@ -56,17 +72,24 @@ def make_fedrs(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
     def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
       _, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-      restricted = losses.restricted_softmax_logits(logits=logits, class_mask=aux["class_mask"],
-                                                    alpha=alpha)
+      if form == "paper":
+        restricted = losses.restricted_softmax_logits(logits=logits,
+                                                      class_mask=aux["class_mask"], alpha=alpha)
+      else:
+        restricted = logits * aux["class_scale"][None, :]
       ce = losses.softmax_cross_entropy(logits=restricted, labels=labels, mask=mask)
       return ce, (new_stats, {"ce": ce})
 
     return loss_fn
 
   def client_constants(members):
-    present = jax.vmap(lambda y, n: class_presence(y, n, num_classes))(members.labels,
-                                                                       members.sizes)
-    return {"class_mask": present}
+    if form == "paper":
+      present = jax.vmap(lambda y, n: class_presence(y, n, num_classes))(members.labels,
+                                                                         members.sizes)
+      return {"class_mask": present}
+    counts = jax.vmap(lambda y, n: class_counts(y, n, num_classes))(members.labels,
+                                                                    members.sizes)
+    return {"class_scale": jax.vmap(lambda c: count_scale(c, alpha))(counts)}
 
   return fedavg.make_family(config, setup, name="fedrs", objective_for=objective_for,
                             client_constants=client_constants)
@@ -74,7 +97,10 @@ def make_fedrs(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
 def default_config() -> ml_collections.ConfigDict:
   c = fedavg.family_default_config()
-  c.fedrs = ml_collections.ConfigDict({"alpha": 0.5})  # missing-class scaling (FCCL+ Table VII)
+  c.fedrs = ml_collections.ConfigDict({
+      "alpha": 0.5,     # missing-class scaling (FCCL+ Table VII)
+      "form": "paper",  # "paper": present/missing; "count": the authors' code's count scaling
+  })
   return c
 
 
@@ -82,3 +108,4 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   fedavg.validate_config(config)
   validation.require_section(config, "fedrs")
   validation.check(config, "fedrs.alpha", lambda x: 0 <= x <= 1, "a number in [0, 1]")
+  validation.check(config, "fedrs.form", validation.choice(FORMS), f"one of {FORMS}")

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import losses
 from fedjax_het.algorithms import common
 from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
@@ -24,17 +23,7 @@ from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_a
 from fedjax_het.engine.optim import cosine_epoch_rates, round_decay_schedule
 
 
-def cross_entropy_loss_for(group):
-  """Per-batch plain cross-entropy (the SOLO / pretraining objective)."""
-  forward = common.forward_fn(group, train=True)
-
-  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
-    del aux
-    _, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-    ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
-    return ce, (new_stats, {"ce": ce})
-
-  return loss_fn
+cross_entropy_loss_for = common.cross_entropy_loss_for
 
 
 def train_private(setup: Setup, trainers: dict[str, Any], variables: dict[str, Any], data: Any,

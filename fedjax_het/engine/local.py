@@ -2,7 +2,8 @@
 
 `make_local_trainer` turns a per-batch loss into a function that runs several
 epochs of minibatch optimisation over ONE client's padded private data as a
-single `lax.scan`: per-epoch random orders, static-shape masked batches (see
+single loop (`lax.fori_loop` over exactly the client's ceil(size / batch)
+steps per epoch): per-epoch random orders, static-shape masked batches (see
 `batching`), a fresh optimiser state per call (the reference code builds a new
 optimiser every round), and a per-epoch learning rate. No Python runs per
 batch. `train_clients` vmaps a trainer over the participants of a group (all
@@ -55,7 +56,6 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     are means over the steps that held data.
   """
   steps = batching.steps_per_epoch(max_size, batch_size)
-  total_steps = epochs * steps
 
   def train(variables, aux, images, labels, size, key, learning_rates):
     images, labels = jnp.asarray(images), jnp.asarray(labels)
@@ -64,33 +64,52 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
                                 batch_size=batch_size)
     params, batch_stats = variables["params"], variables["batch_stats"]
     opt_state = optimizer.init(params)
+    # Only the steps that hold data run: ceil(size / batch) per epoch, as a while loop with
+    # this client's own trip count (vmapped, the loop runs to the longest client of the stack
+    # and the finished ones keep their values). Step (epoch e, batch b) keeps its flat index
+    # t = e * steps + b of the padded layout for its key and learning rate.
+    per_epoch = (jnp.asarray(size, jnp.int32) + batch_size - 1) // batch_size
 
-    def step(carry, t):
-      params, batch_stats, opt_state = carry
-      rows, mask, active = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
-      inputs = preprocess(images[rows])
-      (loss, (new_stats, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, batch_stats, inputs, labels[rows], mask, jax.random.fold_in(step_key, t), aux)
+    def loss_and_grad(params, batch_stats, t):
+      rows, mask, _ = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
+      return jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch_stats, preprocess(images[rows]), labels[rows], mask,
+          jax.random.fold_in(step_key, t), aux)
+
+    (_, (_, metric_shapes)), _ = jax.eval_shape(loss_and_grad, params, batch_stats,
+                                                jnp.zeros((), jnp.int32))
+    sums = {"loss": jnp.zeros((), jnp.float32),
+            **{name: jnp.zeros(m.shape, m.dtype) for name, m in metric_shapes.items()}}
+
+    def body(k, carry):
+      params, batch_stats, opt_state, sums = carry
+      epoch = k // jnp.maximum(per_epoch, 1)
+      t = epoch * steps + k % jnp.maximum(per_epoch, 1)
+      (loss, (new_stats, metrics)), grads = loss_and_grad(params, batch_stats, t)
       new_params, new_opt = apply_updates(optimizer, params, grads, opt_state,
-                                          learning_rates[t // steps])
-      keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new, old)
-      carry = (keep(new_params, params), keep(new_stats, batch_stats), keep(new_opt, opt_state))
-      return carry, ({"loss": loss, **metrics}, active)
+                                          learning_rates[epoch])
+      sums = {name: sums[name] + value for name, value in {"loss": loss, **metrics}.items()}
+      return new_params, new_stats, new_opt, sums
 
-    (params, batch_stats, _), (metrics, active) = jax.lax.scan(
-        step, (params, batch_stats, opt_state), jnp.arange(total_steps))
-    count = jnp.maximum(jnp.sum(active.astype(jnp.float32)), 1.0)
-    # Skipped steps may hold NaN (BatchNorm over an empty batch); select, do not multiply.
-    means = {name: jnp.sum(jnp.where(active, values, 0.0)) / count
-             for name, values in metrics.items()}
+    params, batch_stats, _, sums = jax.lax.fori_loop(
+        0, epochs * per_epoch, body, (params, batch_stats, opt_state, sums))
+    count = jnp.maximum(epochs * per_epoch, 1).astype(jnp.float32)
+    means = {name: value / count for name, value in sums.items()}
     return {"params": params, "batch_stats": batch_stats}, means
 
   return train
 
 
 def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: Any,
-                  keys: jax.Array, learning_rates: jax.Array) -> tuple[Any, Any]:
-  """Runs `trainer` for every participant of a stack, vmapped over the leading axis.
+                  keys: jax.Array, learning_rates: jax.Array, *,
+                  sequential: bool = False) -> tuple[Any, Any]:
+  """Runs `trainer` for every participant of a stack (leading axis), in one program.
+
+  `sequential=False` vmaps over the participants (the point of a GPU/TPU: many
+  small clients in one kernel; every client's loop runs as long as the
+  longest). `sequential=True` runs them one after another with `lax.map`
+  (each client only its own steps; on a CPU, where vmap buys no parallelism,
+  this does the least work).
 
   Args:
     trainer: a `make_local_trainer` function.
@@ -106,6 +125,9 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
   num = data.sizes.shape[0]
   chex.assert_tree_shape_prefix((variables, aux, data.images, data.labels, keys), (num,))
   chex.assert_rank(learning_rates, 1)
+  if sequential:
+    return jax.lax.map(lambda args: trainer(*args, learning_rates),
+                       (variables, aux, data.images, data.labels, data.sizes, keys))
   return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
       variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
 
