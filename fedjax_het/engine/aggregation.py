@@ -40,12 +40,10 @@ def weighted_mean(tree: Any, weights: jax.Array) -> Any:
   chex.assert_rank(w, 1)
   chex.assert_tree_shape_prefix(tree, w.shape)
   w = w / jnp.sum(w)
-
-  def mean(leaf):
-    wl = w.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
-    return jnp.sum(wl * leaf, axis=0)
-
-  return jax.tree_util.tree_map(mean, tree)
+  # A contraction, not sum(w * x, axis=0): XLA:CPU runs that broadcast-multiply-reduce over
+  # the leading axis ~1000x slower (10 s vs 6 ms for 10 x 4096 x 512 float32).
+  return jax.tree_util.tree_map(lambda leaf: jnp.tensordot(w.astype(leaf.dtype), leaf, axes=1),
+                                tree)
 
 
 def broadcast(tree: Any, num_slots: int) -> Any:
