@@ -20,7 +20,7 @@ Data: cifar10.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
 domain (logged loudly and recorded in metadata.json / results.md), so the quick variant
 runs on a bare machine; its numbers then say nothing about CIFAR-10.
 
-Quick variant: 2000 training images over the 100 clients, 10 per round, 5 rounds of E = 1.
+Quick variant: 10000 training images over the 100 clients, 10 per round, 10 rounds of E = 2.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
   c.eval.target_accuracy = 50.0
   c.checkpoint.every = 10
   if rest == "quick":
-    c.num_rounds = 5
-    c.local.epochs = 1
-    c.scenario.train_size = 2000
+    c.num_rounds = 10
+    c.local.epochs = 2
+    c.scenario.train_size = 10000
     c.scenario.test_size = 1000
     c.checkpoint.every = 1
   return c

@@ -17,7 +17,7 @@ Data: MNIST from digits.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
 --config.scenario.data_dir); without it the synthetic MNIST-style digit domain is used,
 logged and recorded.
 
-Quick variant: 3000 training images, 5 rounds of E = 1.
+Quick variant: 3000 training images (30 per client), 10 rounds of E = 5.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
   c.eval.target_accuracy = 97.0
   c.checkpoint.every = 10
   if rest == "quick":
-    c.num_rounds = 5
-    c.local.epochs = 1
+    c.num_rounds = 10
+    c.local.epochs = 5
     c.scenario.train_size = 3000
     c.scenario.test_size = 1000
     c.checkpoint.every = 1
