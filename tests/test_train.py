@@ -288,3 +288,18 @@ def test_partitioned_scenario_fields_are_validated(field, value, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
                      .replace("[", r"\[")):
     validate_config(config)
+
+
+@pytest.mark.parametrize("scenario", ["cifar10", "mnist"])
+def test_every_many_client_variant_builds_and_validates(scenario):
+  module = _load(REPO / "experiments" / "configs" / f"{scenario}.py", f"{scenario}_config")
+  for method in module.FEDAVG_FAMILY:
+    for suffix in ("", "_quick"):
+      config = module.get_config(method + suffix)
+      validate_config(config)
+      assert config.scenario.name == "partitioned" and config.scenario.num_clients == 100
+      assert config.fedavg.clients_per_round == 10
+  with pytest.raises(ValueError, match="expected <method>"):
+    module.get_config("fcclplus")
+  argv = cli.expand_config_name([f"--config={scenario}_fedavg_quick"])
+  assert argv == [f"--config={REPO / 'experiments/configs' / scenario}.py:fedavg_quick"]
