@@ -2,8 +2,11 @@
 
 `make_local_trainer` turns a per-batch loss into a function that runs several
 epochs of minibatch optimisation over ONE client's padded private data as a
-single loop (`lax.fori_loop` over exactly the client's ceil(size / batch)
-steps per epoch): per-epoch random orders, static-shape masked batches (see
+single loop: a `lax.scan` over the padded layout (every client runs as many
+steps as the largest; steps past its data are no-ops, the form that vmaps)
+or, with `exact_steps=True` (what `train_clients(sequential=True)` uses), a
+`lax.fori_loop` over exactly its ceil(size / batch) steps per epoch:
+per-epoch random orders, static-shape masked batches (see
 `batching`), a fresh optimiser state per call (the reference code builds a new
 optimiser every round), and a per-epoch learning rate. No Python runs per
 batch. `train_clients` vmaps a trainer over the participants of a group (all
@@ -38,7 +41,7 @@ LocalLossFn = Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]
 def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransformation,
                        epochs: int, batch_size: int, max_size: int,
                        preprocess: Callable[[jax.Array], jax.Array]) -> Callable[..., Any]:
-  """Builds `train(variables, aux, images, labels, size, key, learning_rates)`.
+  """Builds `train(variables, aux, images, labels, size, key, learning_rates, *, exact_steps)`.
 
   Args:
     loss_fn: per-batch loss (see `LocalLossFn`); `aux` is passed through
@@ -56,8 +59,40 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     are means over the steps that held data.
   """
   steps = batching.steps_per_epoch(max_size, batch_size)
+  total_steps = epochs * steps
 
-  def train(variables, aux, images, labels, size, key, learning_rates):
+  # The padded layout: every client runs epochs * steps steps, those past its data are no-ops
+  # (the form that vmaps; FCCL/FCCL+/SOLO's numbers are pinned to it).
+  def train_scan(variables, aux, images, labels, size, key, learning_rates):
+    images, labels = jnp.asarray(images), jnp.asarray(labels)
+    plan_key, step_key = jax.random.split(key)
+    plan = batching.plan_epochs(plan_key, size, max_size=max_size, epochs=epochs,
+                                batch_size=batch_size)
+    params, batch_stats = variables["params"], variables["batch_stats"]
+    opt_state = optimizer.init(params)
+
+    def step(carry, t):
+      params, batch_stats, opt_state = carry
+      rows, mask, active = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
+      inputs = preprocess(images[rows])
+      (loss, (new_stats, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch_stats, inputs, labels[rows], mask, jax.random.fold_in(step_key, t), aux)
+      new_params, new_opt = apply_updates(optimizer, params, grads, opt_state,
+                                          learning_rates[t // steps])
+      keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new, old)
+      carry = (keep(new_params, params), keep(new_stats, batch_stats), keep(new_opt, opt_state))
+      return carry, ({"loss": loss, **metrics}, active)
+
+    (params, batch_stats, _), (metrics, active) = jax.lax.scan(
+        step, (params, batch_stats, opt_state), jnp.arange(total_steps))
+    count = jnp.maximum(jnp.sum(active.astype(jnp.float32)), 1.0)
+    # Skipped steps may hold NaN (BatchNorm over an empty batch); select, do not multiply.
+    means = {name: jnp.sum(jnp.where(active, values, 0.0)) / count
+             for name, values in metrics.items()}
+    return {"params": params, "batch_stats": batch_stats}, means
+
+  # Exactly the steps that hold data (used one client at a time, `train_clients(sequential=True)`).
+  def train_exact(variables, aux, images, labels, size, key, learning_rates):
     images, labels = jnp.asarray(images), jnp.asarray(labels)
     plan_key, step_key = jax.random.split(key)
     plan = batching.plan_epochs(plan_key, size, max_size=max_size, epochs=epochs,
@@ -65,8 +100,7 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     params, batch_stats = variables["params"], variables["batch_stats"]
     opt_state = optimizer.init(params)
     # Only the steps that hold data run: ceil(size / batch) per epoch, as a while loop with
-    # this client's own trip count (vmapped, the loop runs to the longest client of the stack
-    # and the finished ones keep their values). Step (epoch e, batch b) keeps its flat index
+    # this client's own trip count. Step (epoch e, batch b) keeps its flat index
     # t = e * steps + b of the padded layout for its key and learning rate.
     per_epoch = (jnp.asarray(size, jnp.int32) + batch_size - 1) // batch_size
 
@@ -97,6 +131,10 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     means = {name: value / count for name, value in sums.items()}
     return {"params": params, "batch_stats": batch_stats}, means
 
+  def train(variables, aux, images, labels, size, key, learning_rates, *, exact_steps=False):
+    fn = train_exact if exact_steps else train_scan
+    return fn(variables, aux, images, labels, size, key, learning_rates)
+
   return train
 
 
@@ -126,7 +164,7 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
   chex.assert_tree_shape_prefix((variables, aux, data.images, data.labels, keys), (num,))
   chex.assert_rank(learning_rates, 1)
   if sequential:
-    return jax.lax.map(lambda args: trainer(*args, learning_rates),
+    return jax.lax.map(lambda args: trainer(*args, learning_rates, exact_steps=True),
                        (variables, aux, data.images, data.labels, data.sizes, keys))
   return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
       variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
