@@ -270,19 +270,11 @@ def _digits(variant):
 
 
 def _regression_config(variant, tiny):
-  c = _digits(f"{variant}_quick")
-  if tiny:  # tests/test_train.py's tiny config
-    c.models.architectures = ("simple_cnn", "fedavg_cifar_cnn", "simple_cnn", "fedavg_cifar_cnn")
-    c.local.epochs = 1
-    c.local.batch_size = 16
-    if "collaborative" in c:
-      c.collaborative.batch_size = 32
-    c.scenario.public_size = 64
-    c.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
-    c.scenario.test_size = 30
-    c.eval.batch_size = 30
-    if variant == "fccl":
-      c.fccl.pretrain_epochs = 1
+  if tiny:  # tests/test_train.py's tiny config, the one the values were recorded with
+    from tests.test_train import tiny_config  # pylint: disable=g-import-not-at-top
+    c = tiny_config(variant)
+  else:
+    c = _digits(f"{variant}_quick")
   c.num_rounds = 2
   c.logging.progress = False
   c.logging.tensorboard = False
