@@ -2,8 +2,14 @@
 
   python experiments/train.py --config=digits_fcclplus_quick
   python experiments/train.py --config=experiments/configs/digits.py:fccl --config.num_rounds=5
+
+A mistake in the config, the data or the workdir prints one line saying what is
+wrong and exits with status 1; `--verbose` (or FEDJAX_HET_TRACEBACK=1) shows the
+traceback too.
 """
 
+import logging as std_logging
+import os
 import pathlib
 import re
 import sys
@@ -35,15 +41,28 @@ def expand_config_name(argv: list[str]) -> list[str]:
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: runs/<config name>).")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of configuration, data and "
+                             "workdir errors (also FEDJAX_HET_TRACEBACK=1).")
+
+# Messages a normal run does not need: JAX probing for backends this machine lacks.
+for _name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
+  std_logging.getLogger(_name).setLevel(std_logging.WARNING)
 
 
 def main(argv):
   del argv
+  from fedjax_het.errors import UserError  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
   logging.info("workdir: %s", workdir)
-  train_and_evaluate(config, workdir)
+  try:
+    train_and_evaluate(config, workdir)
+  except UserError as error:
+    if _VERBOSE.value or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+      raise
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ml_collections
 
 from fedjax_het import algorithms, validation
+from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
@@ -37,6 +38,9 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.rounds_per_call = 1
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
   c.memory_check = True                  # fail before training if a round cannot fit in memory
+  # Resuming a workdir refuses a changed config; fields named here may differ (comma-separated
+  # names or section prefixes, e.g. "num_rounds" to extend a run). See fedjax_het.workdir.
+  c.resume_allow_changes = ""
 
   c.scenario = ml_collections.ConfigDict()
   c.scenario.name = "digits"
@@ -78,7 +82,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
 
   c.logging = ml_collections.ConfigDict()
   c.logging.progress = True
-  c.logging.tensorboard = True
+  c.logging.tensorboard = False         # True: also write TensorBoard events (needs tensorboardX)
   c.logging.plots = True
   c.logging.diagnostic_rounds = (1, 10, 40)  # rounds at which the method's diagnostics are saved
 
@@ -87,8 +91,8 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
     if name in SHARED_SECTIONS:  # a method may change run-wide defaults (e.g. one architecture)
       c[name].update(sections[name])
     elif name in c:
-      raise ValueError(f"method {algorithm!r} declares config section {name!r}, which is a "
-                       f"run-wide field; run-wide sections it may override: {SHARED_SECTIONS}.")
+      raise ConfigError(f"method {algorithm!r} declares config section {name!r}, which is a "
+                        f"run-wide field; run-wide sections it may override: {SHARED_SECTIONS}.")
     else:
       c[name] = sections[name]
   return c
@@ -104,6 +108,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "num_rounds", int_at_least(1), "an integer >= 1")
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
+  check(config, "resume_allow_changes", lambda v: isinstance(v, str),
+        "a comma-separated string of config field names (\"\" for none)")
   if config.num_rounds % config.rounds_per_call:
     fail("rounds_per_call", f"a divisor of num_rounds={config.num_rounds}",
          config.rounds_per_call)

@@ -31,8 +31,8 @@ class MetricsWriter:
         from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
         self._tb = SummaryWriter(str(workdir / "tensorboard"))
       except ImportError:
-        logging.info("tensorboardX not installed (pip install 'fedjax_het[tensorboard]'): "
-                     "no TensorBoard output.")
+        logging.warning("config.logging.tensorboard=True but tensorboardX is not installed "
+                        "(pip install 'fedjax_het[tensorboard]'): no TensorBoard output.")
 
   def read(self) -> list[dict[str, Any]]:
     if not self.path.exists():

@@ -7,6 +7,9 @@ checkpoints, plots. Nothing here depends on which method runs: the method's
 round, evaluation and diagnostics come from its `Algorithm`.
 
 Artefacts in `workdir`:
+  run.json          every config field and a fingerprint of the data the run
+                    started with: a resume with a different config or data is
+                    refused before anything is written (`fedjax_het.workdir`)
   config.json       the resolved config
   metadata.json     data provenance (real / TFDS / synthetic, substitutions),
                     participants, groups, devices, versions
@@ -41,11 +44,13 @@ import ml_collections
 import numpy as np
 
 from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
+from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds, sharding
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
+from fedjax_het.errors import ConfigError, RoundTooLargeError
 from fedjax_het.evaluation import intra_inter, stack_test_sets
 
 
@@ -90,7 +95,7 @@ def check_round_memory(compiled: Any, config: ml_collections.ConfigDict,
   if config.memory_check and available is not None and need > available:
     gib = 2.0 ** 30
     fields = ", ".join(f"config.{name} ({value})" for name, value in _batch_size_fields(config))
-    raise MemoryError(
+    raise RoundTooLargeError(
         f"config {config.name!r} needs about {need / gib:.1f} GiB for one round (XLA memory "
         f"analysis) but {available / gib:.1f} GiB is available on {jax.default_backend()}. "
         f"Lower {fields} or config.models.width ({config.models.width}), use "
@@ -134,6 +139,49 @@ def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
       domains=tuple(sc.domains) or None)
 
 
+def _size_field(config: ml_collections.ConfigDict, domain: str) -> str:
+  """The config field that sets a participant's private data size."""
+  if config.scenario.name == "partitioned":
+    return "scenario.train_size / scenario.num_clients"
+  return f"scenario.private_sizes.{domain}"
+
+
+def check_data_sizes(config: ml_collections.ConfigDict, scenario: data_lib.Scenario,
+                     client_names: list[str]) -> None:
+  """Checks the batch sizes against the data before anything compiles.
+
+  Raises `ConfigError` for a local batch larger than every participant's data
+  (which would only fail, or exhaust memory, minutes into compilation); warns,
+  naming the field, for participants with fewer rows than a batch or than
+  classes, and for a public batch larger than the public set (it is clamped).
+  """
+  sizes = [int(len(split.labels)) for split in scenario.train]
+  if "local" in config and sizes:
+    batch = int(config.local.batch_size)
+    if batch > max(sizes):
+      raise ConfigError(
+          f"config.local.batch_size must be at most the largest participant's data "
+          f"({max(sizes)} rows), got {batch}.")
+    small = [(n, d, s) for n, d, s in zip(client_names, scenario.domains, sizes) if s < batch]
+    if small:
+      shown = ", ".join(f"{n} ({s})" for n, _, s in small[:5]) + (" ..." if len(small) > 5 else "")
+      logging.warning("%d participant(s) hold fewer rows than config.local.batch_size=%d, so "
+                      "each of their epochs is one partial batch: %s (set by config.%s).",
+                      len(small), batch, shown, _size_field(config, small[0][1]))
+  tiny = [(n, d, s) for n, d, s in zip(client_names, scenario.domains, sizes)
+          if s < scenario.num_classes]
+  if tiny:
+    shown = ", ".join(f"{n} ({s})" for n, _, s in tiny[:5]) + (" ..." if len(tiny) > 5 else "")
+    logging.warning("%d participant(s) hold fewer rows than the %d classes, so they cannot see "
+                    "every class: %s (set by config.%s).", len(tiny), scenario.num_classes,
+                    shown, _size_field(config, tiny[0][1]))
+  public = int(len(scenario.public))
+  if "collaborative" in config and public and int(config.collaborative.batch_size) > public:
+    logging.warning("config.collaborative.batch_size=%d is larger than the public set (%d "
+                    "images, config.scenario.public_size): batches of %d are used.",
+                    int(config.collaborative.batch_size), public, max(public, 2))
+
+
 class Experiment:
   """A configured run: data, groups, algorithm and jitted functions (no state)."""
 
@@ -142,13 +190,15 @@ class Experiment:
     self.config = config
     self.scenario = build_scenario(config)
     scenario = self.scenario
+    self.client_names = _client_names(list(scenario.domains))
+    check_data_sizes(config, scenario, self.client_names)
     archs = list(config.models.architectures)
     k = len(scenario.train)
     if len(archs) == 1:  # one architecture for every participant
       archs = archs * k
     if len(archs) != k:
-      raise ValueError(f"config.models.architectures has {len(archs)} entries but scenario "
-                       f"{scenario.name!r} has {k} participants ({scenario.domains}).")
+      raise ConfigError(f"config.models.architectures has {len(archs)} entries but scenario "
+                        f"{scenario.name!r} has {k} participants ({scenario.domains}).")
     self.conv_impl = resolve_conv_impl(config.models.conv_impl)
     width = float(config.models.width)
     self.mesh = mesh
@@ -157,7 +207,6 @@ class Experiment:
                for a in archs]
     self.architectures = archs
     self.groups = group_clients(archs, modules, slot_multiple=slot_multiple)
-    self.client_names = _client_names(list(scenario.domains))
     self.test_domains = list(dict.fromkeys(scenario.test))
     self.client_domain_index = [self.test_domains.index(d) for d in scenario.domains]
     images = [s.images for s in scenario.train]
@@ -211,6 +260,18 @@ class Experiment:
     return jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), like,
         self._state_shardings)
+
+  def restore_state(self, checkpointer: checkpointing.Checkpointer, round_index: int) -> Any:
+    """The state saved at `round_index`, placed as a fresh state is.
+
+    Restored arrays come back committed to a device while a fresh run's are
+    not; without a mesh that changes the lowered program, hence its
+    persistent-cache key, and a resumed run would recompile from scratch.
+    """
+    state = checkpointer.restore(round_index, self.abstract_state())
+    if self.mesh is None:
+      state = jax.device_put(jax.device_get(state))
+    return state
 
   def diagnostics(self, state) -> np.ndarray | None:
     """The method's diagnostic arrays (K, ...) in participant order, or None if it has none."""
@@ -307,7 +368,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     record, "records": all records}.
   """
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir_lib.check_workdir(workdir)
   if config.compilation_cache_dir:
     # XLA compilation of a heterogeneous round takes minutes on a CPU; cache it across runs.
     jax.config.update("jax_compilation_cache_dir",
@@ -316,17 +377,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
   experiment = Experiment(config, mesh=mesh)
   _log_data_provenance(experiment.scenario)
+  # Nothing is written to the workdir before the resume guard has passed.
+  record = workdir_lib.run_record(config, experiment.scenario)
+  checkpoints = workdir / "checkpoints"
+  checkpointer = (checkpointing.Checkpointer(checkpoints, keep=int(config.checkpoint.keep))
+                  if checkpoints.is_dir() else None)
+  start = checkpointer.latest_round() if checkpointer is not None else None
+  if start is not None:
+    workdir_lib.check_resume(workdir, record, workdir_lib.allowed_changes(config),
+                             resume_round=start)
+  workdir.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_run_record(workdir, record)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
   (workdir / "metadata.json").write_text(json.dumps(experiment.metadata(), indent=2) + "\n")
 
   writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
-  checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=int(config.checkpoint.keep))
-  start = checkpointer.latest_round()
+  if checkpointer is None:
+    checkpointer = checkpointing.Checkpointer(checkpoints, keep=int(config.checkpoint.keep))
   if start is None:
     start, state = 0, experiment.init_state()
     checkpointer.save(0, state)
   else:
-    state = checkpointer.restore(start, experiment.abstract_state())
+    state = experiment.restore_state(checkpointer, start)
     logging.info("resumed from the checkpoint of round %d in %s", start, workdir)
   records = writer.truncate_after(start)
 
@@ -345,8 +417,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     tick = time.perf_counter()
     run_rounds = experiment.compile_rounds(state)
     need = check_round_memory(run_rounds, config, available_memory_bytes(jax.devices()[0]))
-    logging.info("compiled the round in %.1f s; it needs about %.2f GiB (XLA memory analysis)",
-                 time.perf_counter() - tick, need / 2.0 ** 30)
+    # The evaluation (and diagnostics) compile now too: the first round's time, and so the
+    # progress bar's ETA, then count training rounds only.
+    jax.block_until_ready(experiment.evaluate(state, experiment.data.test))
+    if diagnostic_rounds:
+      experiment.diagnostics(state)
+    logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
+                 "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)
   while done < num_rounds:
     tick = time.perf_counter()
     state, metrics = run_rounds(state, experiment.data)
@@ -397,7 +474,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                table)
   if config.logging.plots:
     plots.plot_accuracy_curves(records, experiment.client_names, workdir / "accuracy.png",
-                               title=config.name, kinds=kinds)
+                               title=config.name, kinds=kinds,
+                               num_classes=experiment.scenario.num_classes)
     if diagnostics is not None and saved:
       diagnostics.plot(saved, experiment.client_names, workdir / f"{diagnostics.name}.png")
   return {"results": numbers, "last_record": records[-1] if records else {}, "records": records}

@@ -2,7 +2,7 @@
 
     check(config, "local.batch_size", int_at_least(1), "an integer >= 1")
 
-raises `ValueError("config.local.batch_size must be an integer >= 1, got 0.")`.
+raises `ConfigError("config.local.batch_size must be an integer >= 1, got 0.")`.
 The run-wide fields are checked by `fedjax_het.config.validate_config`; each
 method module and engine block checks its own sections with these helpers.
 """
@@ -14,9 +14,11 @@ from typing import Any
 
 import ml_collections
 
+from fedjax_het.errors import ConfigError
+
 
 def fail(field: str, allowed: str, value: Any) -> None:
-  raise ValueError(f"config.{field} must be {allowed}, got {value!r}.")
+  raise ConfigError(f"config.{field} must be {allowed}, got {value!r}.")
 
 
 def get(config: ml_collections.ConfigDict, field: str) -> Any:
@@ -41,10 +43,10 @@ def check(config: ml_collections.ConfigDict, field: str, ok: Callable[[Any], boo
 def require_section(config: ml_collections.ConfigDict, section: str) -> None:
   """Raises when the method's section `config.<section>` is missing."""
   if section not in config:
-    raise ValueError(
-        f"config.{section} is missing but config.algorithm={config.algorithm!r} needs it: "
-        f"build the config with fedjax_het.config.base_config({config.algorithm!r}) (or a "
-        f"scenario config for that method) instead of changing config.algorithm alone.")
+    raise ConfigError(
+         f"config.{section} is missing but config.algorithm={config.algorithm!r} needs it: "
+         f"build the config with fedjax_het.config.base_config({config.algorithm!r}) (or a "
+         f"scenario config for that method) instead of changing config.algorithm alone.")
 
 
 def int_at_least(minimum: int) -> Callable[[Any], bool]:

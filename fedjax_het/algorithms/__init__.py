@@ -53,6 +53,7 @@ import ml_collections
 
 from fedjax_het.algorithms import fccl, fcclplus, fedavg, fedproc, fedprox, fedrs, moon, solo
 from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.errors import ConfigError
 
 
 class Method(NamedTuple):
@@ -74,7 +75,7 @@ def register(name: str, *, make, default_config, validate_config) -> None:
 def get_method(name: str) -> Method:
   """The registered method `name`; unknown names raise, listing the valid ones."""
   if name not in METHODS:
-    raise ValueError(f"config.algorithm must be one of {tuple(METHODS)}, got {name!r}.")
+    raise ConfigError(f"config.algorithm must be one of {tuple(METHODS)}, got {name!r}.")
   return METHODS[name]
 
 

@@ -13,6 +13,7 @@ from fedjax_het import evaluation, losses, models, plots
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine.api import Diagnostics, Setup
 from fedjax_het.engine.clients import ClientGroup, client_keys, slot_active
+from fedjax_het.errors import ConfigError
 
 
 def mean_over_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> jax.Array:
@@ -94,7 +95,7 @@ def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
 
 def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
   if value not in allowed:
-    raise ValueError(f"config.{field} must be one of {allowed}, got {value!r}.")
+    raise ConfigError(f"config.{field} must be one of {allowed}, got {value!r}.")
   return value
 
 
@@ -102,8 +103,8 @@ def check_parameter_averaging(field: str, value: Any, setup: Setup) -> bool:
   """`field` (a bool) asks for parameter averaging, which needs one architecture."""
   average = bool(value)
   if average and not setup.homogeneous:
-    raise ValueError(f"config.{field}=True needs one architecture for all participants, got "
-                     f"groups {[g.name for g in setup.groups]}.")
+    raise ConfigError(f"config.{field}=True needs one architecture for all participants, got "
+                      f"groups {[g.name for g in setup.groups]}.")
   return average
 
 

@@ -37,6 +37,7 @@ from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
                                        where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
+from fedjax_het.errors import ConfigError
 
 OWN_SLOTS = ("previous", "current")
 
@@ -64,8 +65,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   average = common.check_parameter_averaging("fccl.average_parameters",
                                               cfg.average_parameters, setup)
   if col.optimizer_reset != "batch":
-    raise ValueError("config.collaborative.optimizer_reset must be 'batch' for fccl (the "
-                     f"code's fresh Adam per public batch), got {col.optimizer_reset!r}.")
+    raise ConfigError("config.collaborative.optimizer_reset must be 'batch' for fccl (the "
+                      f"code's fresh Adam per public batch), got {col.optimizer_reset!r}.")
   col_tx = make_optimizer(col.optimizer)
   col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
   loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))

@@ -27,6 +27,11 @@ Defaults follow the authors' code; every deviation is a config field:
     second forward for the features, updating BatchNorm statistics twice).
   * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.local_distillation`
     in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "none"}.
+  * the metric `local/distill` (FNTD) can be slightly negative (about -0.02):
+    the authors' form is the KL sum without the target class's term and
+    without renormalising over the C-1 non-target classes, and such a partial
+    sum is not bounded below by 0 (`non_target_distillation_loss(renormalize=True)`
+    is a true KL divergence).
 
 Reference: W. Huang, M. Ye, Z. Shi, B. Du. Generalizable Heterogeneous Federated
 Cross-Correlation and Instance Similarity Learning. TPAMI.

@@ -67,6 +67,7 @@ from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (ClientGroup, GroupData, client_keys, init_group_variables,
                                        slot_active)
 from fedjax_het.engine.optim import round_decay_schedule
+from fedjax_het.errors import ConfigError
 
 WEIGHTINGS = ("size", "uniform")
 EVALUATES = ("global", "local")
@@ -128,9 +129,9 @@ cross_entropy_objective = common.cross_entropy_loss_for
 def the_group(setup: Setup, method: str) -> ClientGroup:
   """The single architecture group of a FedAvg-family run (raises otherwise)."""
   if not setup.homogeneous:
-    raise ValueError(f"config.models.architectures must name one architecture for every "
-                     f"participant for {method} (one global model), got groups "
-                     f"{[g.name for g in setup.groups]}.")
+    raise ConfigError(f"config.models.architectures must name one architecture for every "
+                      f"participant for {method} (one global model), got groups "
+                      f"{[g.name for g in setup.groups]}.")
   return setup.groups[0]
 
 
@@ -174,8 +175,8 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   cfg, loc = config.fedavg, config.local
   cohort_size = int(cfg.clients_per_round) or group.num_clients
   if cohort_size > group.num_clients:
-    raise ValueError(f"config.fedavg.clients_per_round must be at most the number of "
-                     f"participants ({group.num_clients}), got {cohort_size}.")
+    raise ConfigError(f"config.fedavg.clients_per_round must be at most the number of "
+                      f"participants ({group.num_clients}), got {cohort_size}.")
   weighting = common.check_choice("fedavg.weighting", cfg.weighting, WEIGHTINGS)
   keep_local = common.check_choice("fedavg.evaluate", cfg.evaluate, EVALUATES) == "local"
   client_loop = common.check_choice("fedavg.client_loop", cfg.client_loop, CLIENT_LOOPS)

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedjax_het.errors import UserError
+
 #: Environment variable naming the directory of the offline `.npz` bundle.
 DATA_DIR_ENV = "FEDJAX_HET_DATA_DIR"
 #: Environment variable naming the cache directory of generated data.
@@ -23,7 +25,7 @@ IMAGE_SHAPE = (32, 32, 3)
 logger = logging.getLogger("fedjax_het.data")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """Data that is present but invalid: corrupt file, wrong dtype/shape/labels.
 
   The message names the file (or the object) and what was expected and found.

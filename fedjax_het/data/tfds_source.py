@@ -16,6 +16,7 @@ images repeated to three channels.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,12 @@ TFDS_NAMES = {"mnist": "mnist", "svhn": "svhn_cropped", "cifar10": "cifar10",
 _INSTALL_HINT = 'pip install "fedjax_het[data]"  (tensorflow-datasets, pillow, importlib_resources)'
 
 
+def _drop_variant_folder_warning(record: logging.LogRecord) -> bool:
+  """TFDS warns "Variant folder ... has no dataset_info.json" while it probes an unprepared
+  dataset; the data layer reports that case itself (with how to prepare it)."""
+  return "Variant folder" not in str(record.msg)
+
+
 def import_tfds() -> Any:
   """Imports tensorflow_datasets lazily; DataUnavailableError if it is not installed."""
   try:
@@ -41,6 +48,9 @@ def import_tfds() -> Any:
     raise DataUnavailableError(
         f"tensorflow_datasets is not installed, so TFDS sources cannot be used. Install the "
         f"optional extra: {_INSTALL_HINT}.") from e
+  absl_logger = logging.getLogger("absl")
+  if _drop_variant_folder_warning not in absl_logger.filters:
+    absl_logger.addFilter(_drop_variant_folder_warning)
   return tfds
 
 

@@ -22,6 +22,7 @@ import ml_collections
 import optax
 
 from fedjax_het import validation as v
+from fedjax_het.errors import ConfigError
 
 
 def weighted_mean(tree: Any, weights: jax.Array) -> Any:
@@ -97,8 +98,8 @@ def make_server_optimizer(name: str, *, lr: float, momentum: float = 0.9, b1: fl
     lr, momentum, b1, b2, eps: its constants.
   """
   if name not in SERVER_OPTIMIZERS:
-    raise ValueError(f"config.server.optimizer must be one of {SERVER_OPTIMIZERS}, "
-                     f"got {name!r}.")
+    raise ConfigError(f"config.server.optimizer must be one of {SERVER_OPTIMIZERS}, "
+                      f"got {name!r}.")
   if name == "sgd":
     return optax.sgd(lr)
   if name == "momentum":

@@ -1,0 +1,147 @@
+"""What a workdir records about its run, and the guard that keeps a resume from mixing runs.
+
+A run's workdir holds `run.json`: every config field and a fingerprint of the
+data (a SHA-256 over every array the run trains and evaluates on, with the
+provenance of each domain). `train_and_evaluate` resumes from the workdir's
+latest checkpoint only when the config and the data it would resume with are
+those the run was started with, except for
+
+  * `NEUTRAL_FIELDS`: fields that never change the numbers (output, logging,
+    caching, how many checkpoints are kept, which rounds the results table
+    averages, ...), which may change freely, and
+  * the fields the user names in `config.resume_allow_changes` (comma-separated
+    field names or section prefixes, e.g. "num_rounds" to extend a finished
+    run). Such a change is the user's call: extending `num_rounds` also
+    stretches the learning-rate decay of the rounds still to run, so the
+    extended run is not the run a fresh start with the new `num_rounds` gives.
+
+Otherwise `check_resume` raises `WorkdirError` before anything in the workdir
+is written, listing every differing field (recorded -> now).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from fedjax_het.errors import WorkdirError
+
+RUN_FILE = "run.json"
+
+#: Config fields (or section prefixes) that never change a run's numbers.
+NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
+                  "checkpoint.every", "eval.last_rounds", "eval.target_accuracy",
+                  "scenario.data_dir", "resume_allow_changes")
+
+
+def flatten_config(config: ml_collections.ConfigDict | Mapping[str, Any],
+                   prefix: str = "") -> dict[str, Any]:
+  """{"local.batch_size": 256, ...}: every leaf field, JSON values (tuples as lists)."""
+  flat = {}
+  for key in sorted(config.keys()):
+    value, name = config[key], f"{prefix}{key}"
+    if isinstance(value, (ml_collections.ConfigDict, Mapping)):
+      flat.update(flatten_config(value, f"{name}."))
+    else:
+      flat[name] = json.loads(json.dumps(value, default=str))
+  return flat
+
+
+def data_fingerprint(scenario: Any) -> str:
+  """SHA-256 over the scenario's domains, labels, images (train, test, public) and class count."""
+  digest = hashlib.sha256()
+
+  def add(tag: str, array: np.ndarray) -> None:
+    array = np.ascontiguousarray(array)
+    digest.update(f"{tag}:{array.dtype}:{array.shape};".encode())
+    digest.update(array.data)
+
+  digest.update(f"{scenario.name}:{scenario.num_classes}:{list(scenario.domains)};".encode())
+  for index, split in enumerate(scenario.train):
+    add(f"train{index}/images", split.images)
+    add(f"train{index}/labels", split.labels)
+  for domain in sorted(scenario.test):
+    add(f"test/{domain}/images", scenario.test[domain].images)
+    add(f"test/{domain}/labels", scenario.test[domain].labels)
+  add("public", scenario.public)
+  return digest.hexdigest()
+
+
+def run_record(config: ml_collections.ConfigDict, scenario: Any) -> dict[str, Any]:
+  """The contents of `run.json` for `config` on `scenario`."""
+  return {"config": flatten_config(config),
+          "data": {"fingerprint": data_fingerprint(scenario),
+                   "sources": dict(scenario.sources),
+                   "substituted": list(scenario.substituted)}}
+
+
+def allowed_changes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """NEUTRAL_FIELDS plus the names in `config.resume_allow_changes`."""
+  named = [f.strip() for f in str(config.get("resume_allow_changes", "")).split(",") if f.strip()]
+  return NEUTRAL_FIELDS + tuple(named)
+
+
+def _covered(field: str, prefixes: tuple[str, ...]) -> bool:
+  return any(field == p or field.startswith(p + ".") for p in prefixes)
+
+
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                allowed: tuple[str, ...]) -> list[str]:
+  """Human-readable lines for every difference that changes results."""
+  lines = []
+  old, new = recorded.get("config", {}), current["config"]
+  for field in sorted(set(old) | set(new)):
+    if _covered(field, allowed):
+      continue
+    missing = "<absent>"
+    if old.get(field, missing) != new.get(field, missing):
+      lines.append(f"config.{field}: {old.get(field, missing)!r} -> {new.get(field, missing)!r}")
+  old_data, new_data = recorded.get("data", {}), current["data"]
+  if old_data.get("fingerprint") != new_data["fingerprint"]:
+    changed = sorted(d for d in set(old_data.get("sources", {})) | set(new_data["sources"])
+                     if old_data.get("sources", {}).get(d) != new_data["sources"].get(d))
+    detail = "; ".join(f"{d}: {old_data.get('sources', {}).get(d, '<absent>')} -> "
+                       f"{new_data['sources'].get(d, '<absent>')}" for d in changed)
+    lines.append("the data differ (fingerprint "
+                 f"{str(old_data.get('fingerprint'))[:12]} -> {new_data['fingerprint'][:12]}"
+                 + (f"; {detail}" if detail else "; same sources, different contents") + ")")
+  return lines
+
+
+def check_workdir(workdir: pathlib.Path) -> None:
+  """Raises `WorkdirError` when `workdir` exists but is not a directory."""
+  if workdir.exists() and not workdir.is_dir():
+    raise WorkdirError(f"workdir {str(workdir)!r} exists and is not a directory; pass "
+                       "--workdir=<a new or existing directory>.")
+
+
+def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
+                 allowed: tuple[str, ...], *, resume_round: int) -> None:
+  """Raises `WorkdirError` if resuming `workdir` at `resume_round` would mix two runs."""
+  path = workdir / RUN_FILE
+  if not path.exists():
+    logging.warning("%s has checkpoints but no %s (written by an older version): cannot check "
+                    "that the config and the data are those it was started with.", workdir,
+                    RUN_FILE)
+    return
+  recorded = json.loads(path.read_text())
+  lines = differences(recorded, current, allowed)
+  if lines:
+    listing = "\n  ".join(lines)
+    raise WorkdirError(
+        f"workdir {str(workdir)!r} holds a run (checkpoint of round {resume_round}) started "
+        f"with a different config or data; resuming it would mix two runs:\n  {listing}\n"
+        "Nothing was changed in the workdir. Start a new run with --workdir=<another "
+        "directory>, or, for fields that are safe to change (e.g. num_rounds to extend a "
+        "run), resume with --config.resume_allow_changes=<field>[,<field>...].")
+
+
+def write_run_record(workdir: pathlib.Path, record: Mapping[str, Any]) -> None:
+  (workdir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,173 @@
+"""A workdir resumes only the run it holds; bad sizes and workdirs fail in the first seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedjax_het import train as train_lib
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.errors import ConfigError, UserError, WorkdirError
+from fedjax_het.train import Experiment, train_and_evaluate
+from tests.test_train import REPO, tiny_config  # noqa: F401  (its autouse fixture too)
+from tests.test_train import _shared_cache  # noqa: F401  pylint: disable=unused-import
+
+
+def _snapshot(workdir):
+  """Bytes of every file a refused resume must leave alone."""
+  return {p.relative_to(workdir): p.read_bytes() for p in sorted(workdir.rglob("*"))
+          if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """A finished 2-round tiny run (no real data directory: synthetic domains).
+
+  Module-scoped; the tests below that use it run in file order and only the
+  last one (the num_rounds extension) changes it.
+  """
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+    patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+    workdir = tmp_path_factory.mktemp("finished")
+    config = tiny_config(**{"num_rounds": 2, "logging.plots": False})
+    result = train_and_evaluate(config, workdir)
+  return config, workdir, result
+
+
+@pytest.mark.parametrize("field, value", [("seed", 1), ("models.width", 0.25),
+                                          ("local.lr", 0.5)])
+def test_resume_with_a_changed_config_is_refused_and_writes_nothing(finished_run, field, value):
+  config, workdir, _ = finished_run
+  before = _snapshot(workdir)
+  changed = tiny_config(**{"num_rounds": 2, "logging.plots": False, field: value})
+  with pytest.raises(WorkdirError) as error:
+    train_and_evaluate(changed, workdir)
+  message = str(error.value)
+  old = workdir_lib.flatten_config(config)[field]
+  assert f"config.{field}: {old!r} -> {value!r}" in message
+  assert "--workdir" in message and "resume_allow_changes" in message
+  assert _snapshot(workdir) == before
+
+
+def test_resume_with_different_data_is_refused(finished_run, monkeypatch):
+  config, workdir, _ = finished_run
+  before = _snapshot(workdir)
+  build = train_lib.build_scenario
+
+  def one_pixel_changed(cfg):
+    scenario = build(cfg)
+    images = scenario.train[0].images.copy()
+    images[0, 0, 0, 0] ^= 1
+    train = (dataclasses.replace(scenario.train[0], images=images),) + scenario.train[1:]
+    return dataclasses.replace(scenario, train=train)
+
+  monkeypatch.setattr(train_lib, "build_scenario", one_pixel_changed)
+  with pytest.raises(WorkdirError, match="the data differ .*same sources, different contents"):
+    train_and_evaluate(config, workdir)
+  assert _snapshot(workdir) == before
+
+
+def test_neutral_fields_resume_and_named_fields_extend_the_run(finished_run, tmp_path):
+  config, workdir, result = finished_run
+  # Output-only fields may change: the finished run is resumed, nothing retrained.
+  same = train_and_evaluate(tiny_config(**{"num_rounds": 2, "logging.plots": True,
+                                           "eval.last_rounds": 1}), workdir)
+  assert [r["round"] for r in same["records"]] == [1, 2]
+  assert same["records"][-1] == result["records"][-1]
+  # Extending a run needs the explicit flag; with it rounds 3-4 train on top of round 2.
+  longer = tiny_config(**{"num_rounds": 4, "logging.plots": False})
+  with pytest.raises(WorkdirError, match=r"config.num_rounds: 2 -> 4"):
+    train_and_evaluate(longer, workdir)
+  longer.resume_allow_changes = "num_rounds"
+  extended = train_and_evaluate(longer, workdir)
+  assert [r["round"] for r in extended["records"]] == [1, 2, 3, 4]
+  assert json.loads((workdir / "run.json").read_text())["config"]["num_rounds"] == 4
+
+
+def test_a_restored_state_lowers_to_the_program_of_a_fresh_one(tmp_path):
+  """A resume must hit the persistent compilation cache: same lowered text, same cache key."""
+  from fedjax_het import checkpointing  # pylint: disable=g-import-not-at-top
+  experiment = Experiment(tiny_config())
+  state = experiment.init_state()
+  saver = checkpointing.Checkpointer(tmp_path / "checkpoints")
+  saver.save(0, state)
+  saver.close()
+  restored = experiment.restore_state(checkpointing.Checkpointer(tmp_path / "checkpoints"), 0)
+  fresh = experiment.run_rounds.lower(state, experiment.data).as_text()
+  assert experiment.run_rounds.lower(restored, experiment.data).as_text() == fresh
+
+
+def test_differences_cover_prefixes_and_absent_fields():
+  old = {"config": {"a.b": 1, "a.c": 2, "d": 3}, "data": {"fingerprint": "x", "sources": {}}}
+  new = {"config": {"a.b": 5, "a.c": 2, "e": 4}, "data": {"fingerprint": "x", "sources": {}}}
+  assert workdir_lib.differences(old, new, ()) == [
+      "config.a.b: 1 -> 5", "config.d: 3 -> '<absent>'", "config.e: '<absent>' -> 4"]
+  assert workdir_lib.differences(old, new, ("a", "d", "e")) == []
+  assert workdir_lib.differences(old, new, ("a.b.c", "ab", "d", "e")) == ["config.a.b: 1 -> 5"]
+
+
+def test_a_workdir_that_is_a_file_is_named(tmp_path):
+  path = tmp_path / "results"
+  path.write_text("not a directory")
+  with pytest.raises(WorkdirError, match="exists and is not a directory"):
+    train_and_evaluate(tiny_config(), path)
+
+
+def test_a_batch_larger_than_every_client_fails_before_compiling():
+  with pytest.raises(ConfigError, match=r"config.local.batch_size must be at most the largest "
+                     r"participant's data \(40 rows\), got 100000"):
+    Experiment(tiny_config(**{"local.batch_size": 100000}))
+
+
+def test_clients_smaller_than_a_batch_or_the_classes_are_named(caplog):
+  config = tiny_config()
+  config.scenario.private_sizes.mnist = 3
+  with caplog.at_level(logging.WARNING):
+    Experiment(config)
+  text = caplog.text
+  assert "fewer rows than config.local.batch_size=16" in text and "mnist (3)" in text
+  assert "fewer rows than the 10 classes" in text
+  assert "config.scenario.private_sizes.mnist" in text
+
+
+def test_user_errors_are_value_errors_where_they_were():
+  assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, UserError)
+  assert issubclass(train_lib.RoundTooLargeError, MemoryError)
+
+
+def test_cli_prints_one_line_for_a_user_error_and_a_traceback_when_verbose(tmp_path):
+  args = [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
+          "--config.local.batch_size=100000", "--config.compilation_cache_dir=",
+          f"--workdir={tmp_path / 'run'}"]
+  env = {k: v for k, v in os.environ.items() if k != "FEDJAX_HET_DATA_DIR"}
+  quiet = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+  assert quiet.returncode == 1
+  assert "Traceback" not in quiet.stderr
+  last = quiet.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: config.local.batch_size must be at most"), quiet.stderr[-2000:]
+  assert not (tmp_path / "run").exists()  # refused before the workdir was made
+  loud = subprocess.run(args + ["--verbose"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, env=env)
+  assert loud.returncode != 0 and "Traceback" in loud.stderr and "ConfigError" in loud.stderr
+
+
+def test_data_fingerprint_sees_one_pixel_and_one_label():
+  experiment_free = tiny_config()
+  scenario = train_lib.build_scenario(experiment_free)
+  base = workdir_lib.data_fingerprint(scenario)
+  assert workdir_lib.data_fingerprint(train_lib.build_scenario(experiment_free)) == base
+  labels = scenario.train[1].labels.copy()
+  labels[0] = (labels[0] + 1) % 10
+  train = list(scenario.train)
+  train[1] = dataclasses.replace(train[1], labels=labels)
+  changed = dataclasses.replace(scenario, train=tuple(train))
+  assert workdir_lib.data_fingerprint(changed) != base
+  assert np.array_equal(scenario.train[1].labels[1:], labels[1:])
