@@ -8,7 +8,7 @@ import pytest
 
 from fedjax_het import losses
 from fedjax_het.engine import batching, clients, local, optim
-from tests.tiny_models import TinyLinear
+from tests.tiny_models import TinyBatchNorm, TinyLinear
 
 
 # --------------------------------------------------------------------------- batching
@@ -148,6 +148,56 @@ def test_local_trainer_counts_steps_like_pytorch_and_skips_empty_slots():
   # Mean rows per active step: client 0 has batches of 2,1 (mean 1.5); client 1: 2,2,2,1 (1.75).
   np.testing.assert_allclose(metrics["rows"], [1.5, 1.75], rtol=1e-6)
   del counter
+
+
+def test_partial_batch_buckets_halve_down_to_one_row():
+  assert batching.partial_batch_buckets(50) == (50, 25, 13, 7)
+  assert batching.partial_batch_buckets(8) == (8, 4, 2, 1)
+  assert batching.partial_batch_buckets(2) == (2, 1)
+  assert batching.partial_batch_buckets(1) == (1,)
+
+
+def test_exact_steps_one_client_at_a_time_equals_the_vmapped_padded_scan():
+  """train_clients(sequential=True) (each client its own steps, a partial batch run at the
+  smallest bucket that holds it) trains the same models as the vmapped padded scan,
+  BatchNorm statistics and metrics included."""
+  model = TinyBatchNorm()
+  rng = np.random.default_rng(3)
+  sizes = (5, 16, 23, 1)  # partial batches of 5, none, 7 and 1 rows at batch 8
+  data = [_client(rng, n, 23) for n in sizes]
+  group_data = clients.GroupData(
+      images=jnp.stack([d[0] for d in data]), labels=jnp.stack([d[1] for d in data]),
+      sizes=jnp.array(sizes, jnp.int32), client_ids=jnp.arange(4, dtype=jnp.int32),
+      active=jnp.ones((4,), bool))
+
+  traced_rows = set()
+
+  def loss_fn(params, batch_stats, x, y, mask, rng_, aux):
+    del rng_, aux
+    traced_rows.add(x.shape[0])
+    (_, logits), new = model.apply({"params": params, "batch_stats": batch_stats}, x,
+                                   train=True, mask=mask, mutable=["batch_stats"])
+    ce = losses.softmax_cross_entropy(logits=logits, labels=y, mask=mask)
+    return ce, (new["batch_stats"], {"rows": jnp.sum(mask.astype(jnp.float32))})
+
+  train = local.make_local_trainer(loss_fn=loss_fn, optimizer=optim.make_optimizer("sgd"),
+                                   epochs=2, batch_size=8, max_size=23,
+                                   preprocess=lambda x: x.astype(jnp.float32) / 255.0)
+  init = model.init(jax.random.key(0), jnp.zeros((1, 2, 2, 3)), train=False)
+  variables = jax.tree_util.tree_map(lambda p: jnp.stack([p] * 4), dict(init))
+  keys = jax.random.split(jax.random.key(4), 4)
+  lrs = jnp.array([0.3, 0.2])
+  padded = jax.jit(lambda v: local.train_clients(train, v, jnp.zeros((4,)), group_data, keys,
+                                                 lrs))(variables)
+  exact = jax.jit(lambda v: local.train_clients(train, v, jnp.zeros((4,)), group_data, keys,
+                                                lrs, sequential=True))(variables)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                         exact, padded)
+  # Mean valid rows per step: 5 | 8, 8 | 8, 8, 7 | 1 (the partial batches are not padded rows).
+  np.testing.assert_allclose(exact[1]["rows"], [5.0, 8.0, 23 / 3, 1.0], rtol=1e-6)
+  assert traced_rows == {8, 4, 2, 1}  # the exact path traces one step per bucket
+  assert not np.allclose(exact[0]["params"]["Dense_0"]["kernel"][0],
+                         variables["params"]["Dense_0"]["kernel"][0])
 
 
 # --------------------------------------------------------------------------- grouping
