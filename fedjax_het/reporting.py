@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import tqdm
 
+from fedjax_het import workdir as workdir_lib
+
 
 class MetricsWriter:
   """Appends one JSON record per round to `metrics.jsonl` (and TensorBoard if asked).
@@ -35,13 +37,23 @@ class MetricsWriter:
                         "(pip install 'fedjax_het[tensorboard]'): no TensorBoard output.")
 
   def read(self) -> list[dict[str, Any]]:
+    """The records; a last line cut short by a kill mid-append is dropped."""
     if not self.path.exists():
       return []
-    return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+    lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+    records = []
+    for index, line in enumerate(lines):
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        if index < len(lines) - 1:
+          raise
+    return records
 
   def truncate_after(self, round_number: int) -> list[dict[str, Any]]:
+    """Keeps the records of rounds <= round_number (rewritten atomically)."""
     kept = [r for r in self.read() if r["round"] <= round_number]
-    self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    workdir_lib.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
   def write(self, record: Mapping[str, Any]) -> None:

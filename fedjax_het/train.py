@@ -388,8 +388,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                              resume_round=start)
   workdir.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_run_record(workdir, record)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-  (workdir / "metadata.json").write_text(json.dumps(experiment.metadata(), indent=2) + "\n")
+  workdir_lib.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
+  workdir_lib.write_atomic(workdir / "metadata.json",
+                           json.dumps(experiment.metadata(), indent=2) + "\n")
 
   writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
   if checkpointer is None:
@@ -439,8 +440,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       last.update(experiment.evaluation_record(state))
     if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
       saved[done] = experiment.diagnostics(state)
-      np.savez(workdir / f"{diagnostics.name}.npz",
-               **{f"round_{r}": m for r, m in saved.items()})
+      workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
+                               **{f"round_{r}": m for r, m in saved.items()})
     for record in new_records:
       writer.write(record)
       records.append(record)
@@ -466,10 +467,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   substituted = experiment.scenario.substituted
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")
-  (workdir / "results.md").write_text(
+  workdir_lib.write_atomic(
+      workdir / "results.md",
       f"# {config.name}: mean of the last {config.eval.last_rounds} evaluated rounds\n\n"
       f"{table}{note}")
-  (workdir / "results.json").write_text(json.dumps(numbers, indent=2) + "\n")
+  workdir_lib.write_atomic(workdir / "results.json", json.dumps(numbers, indent=2) + "\n")
   logging.info("results (mean of the last %d evaluated rounds):\n%s", config.eval.last_rounds,
                table)
   if config.logging.plots:

@@ -22,8 +22,10 @@ is written, listing every differing field (recorded -> now).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -143,5 +145,27 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
         "run), resume with --config.resume_allow_changes=<field>[,<field>...].")
 
 
+def write_atomic(path: pathlib.Path, content: str | bytes) -> None:
+  """Writes `content` to `path` so that a kill at any instant leaves the old or the new file.
+
+  (A temporary file in the same folder, then `os.replace`.)
+  """
+  path = pathlib.Path(path)
+  temporary = path.with_name(f".{path.name}.tmp")
+  data = content.encode() if isinstance(content, str) else content
+  with open(temporary, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(temporary, path)
+
+
+def savez_atomic(path: pathlib.Path, **arrays: np.ndarray) -> None:
+  """`np.savez(path, **arrays)`, written atomically (see `write_atomic`)."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  write_atomic(path, buffer.getvalue())
+
+
 def write_run_record(workdir: pathlib.Path, record: Mapping[str, Any]) -> None:
-  (workdir / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+  write_atomic(workdir / RUN_FILE, json.dumps(record, indent=2) + "\n")

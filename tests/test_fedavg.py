@@ -13,42 +13,11 @@ from fedjax_het.algorithms import fedavg, fedprox
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients
 from fedjax_het.train import train_and_evaluate
+from tests.tiny_federation import SIZES, STATS, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyLinear
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-SIZES = (6, 4, 5)
-
-
-def _setup(k):
-  groups = clients.group_clients(["a"] * k, [TinyLinear()] * k)
-  return api.Setup(groups=groups, num_participants=k, num_classes=3, num_rounds=4,
-                   max_sizes={"a": 6}, private_mean=STATS[0], private_std=STATS[1],
-                   public_mean=STATS[0], public_std=STATS[1], max_test_size=4)
-
-
-def _config(method="fedavg", **fields):
-  c = base_config(method)
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.5
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6          # >= every client: one full-batch step per epoch
-  c.eval.batch_size = 4
-  c.update_from_flattened_dict(fields)
-  return c
-
-
-def _data(setup, seed=0):
-  rng = np.random.default_rng(seed)
-  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in SIZES]
-  labels = [rng.integers(0, 3, n).astype(np.int32) for n in SIZES]
-  group = setup.groups[0]
-  stacked = jax.device_put(clients.stack_group_data(
-      group, images[:setup.num_participants], labels[:setup.num_participants],
-      num_participants=setup.num_participants, max_size=6))
-  return api.FederatedArrays({"a": stacked}, jnp.zeros((0, 32, 32, 3), jnp.uint8), None), images, labels
+_setup, _config, _data = tiny_setup, tiny_config, tiny_data
 
 
 def _ce_grad(params, x, y, mu=0.0, anchor=None):

@@ -14,12 +14,10 @@ from fedjax_het.algorithms import fedavg, fedproc, fedrs, moon
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, rounds
 from fedjax_het.train import train_and_evaluate
+from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyLinear
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-SIZES = (6, 4, 5)
-LR = 0.5
 MAKE = {"fedavg": fedavg.make_fedavg, "moon": moon.make_moon, "fedproc": fedproc.make_fedproc,
         "fedrs": fedrs.make_fedrs}
 
@@ -39,39 +37,12 @@ class TinyMLP(nn.Module):
     return h, nn.Dense(self.num_classes, name="head")(h)
 
 
-def _setup(k, model=None, num_rounds=4):
-  model = model or TinyLinear()
-  groups = clients.group_clients(["a"] * k, [model] * k)
-  return api.Setup(groups=groups, num_participants=k, num_classes=3, num_rounds=num_rounds,
-                   max_sizes={"a": 6}, private_mean=STATS[0], private_std=STATS[1],
-                   public_mean=STATS[0], public_std=STATS[1], max_test_size=4)
-
-
-def _config(method, **fields):
-  c = base_config(method)
-  c.local.optimizer = "sgd"
-  c.local.lr = LR
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6          # >= every client: one full-batch step per epoch
-  c.eval.batch_size = 4           # FedProc's class means: two batches, the second padded
-  c.update_from_flattened_dict(fields)
-  return c
+_setup, _config = tiny_setup, tiny_config
 
 
 def _data(setup, labels=None, seed=0):
-  rng = np.random.default_rng(seed)
-  k = setup.num_participants
-  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in SIZES[:k]]
-  if labels is None:
-    labels = [rng.integers(0, 3, n) for n in SIZES[:k]]
-  labels = [np.asarray(y, np.int32) for y in labels]
-  stacked = jax.device_put(clients.stack_group_data(setup.groups[0], images, labels,
-                                                    num_participants=k, max_size=6))
-  data = api.FederatedArrays({"a": stacked}, jnp.zeros((0, 32, 32, 3), jnp.uint8), None)
-  inputs = [jnp.asarray(x, jnp.float32).reshape(len(x), -1) / 255.0 for x in images]
-  return data, inputs, labels
+  data, images, labels = tiny_data(setup, labels, seed)
+  return data, flat_inputs(images), labels
 
 
 def _allclose(got, want, rtol=1e-5, atol=1e-6):

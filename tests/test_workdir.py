@@ -171,3 +171,24 @@ def test_data_fingerprint_sees_one_pixel_and_one_label():
   changed = dataclasses.replace(scenario, train=tuple(train))
   assert workdir_lib.data_fingerprint(changed) != base
   assert np.array_equal(scenario.train[1].labels[1:], labels[1:])
+
+
+def test_atomic_writes_leave_no_temporary_and_metrics_survive_a_cut_line(tmp_path):
+  from fedjax_het import reporting  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "x.json"
+  workdir_lib.write_atomic(path, "old")
+  workdir_lib.write_atomic(path, "new")
+  assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+  workdir_lib.savez_atomic(tmp_path / "m.npz", round_1=np.arange(3))
+  with np.load(tmp_path / "m.npz") as stored:
+    np.testing.assert_array_equal(stored["round_1"], np.arange(3))
+  writer = reporting.MetricsWriter(tmp_path, tensorboard=False)
+  writer.write({"round": 1, "a": 1.0})
+  writer.write({"round": 2, "a": 2.0})
+  with writer.path.open("a") as f:
+    f.write('{"round": 3, "a": 3.')  # a kill in the middle of appending round 3
+  assert writer.truncate_after(2) == [{"round": 1, "a": 1.0}, {"round": 2, "a": 2.0}]
+  assert writer.read() == [{"round": 1, "a": 1.0}, {"round": 2, "a": 2.0}]
+  writer.path.write_text('{"round": 1, "a": 1.\n{"round": 2, "a": 2.0}\n')
+  with pytest.raises(json.JSONDecodeError):  # damage before the last line is not hidden
+    writer.read()

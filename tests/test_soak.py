@@ -1,0 +1,165 @@
+"""Resume soak (benchmarks/soak_resume.py): SIGKILL the CLI, resume, compare bit for bit.
+
+  pytest -m slow tests/test_soak.py        # the 3-trial soak (about 2 minutes on 2 CPU cores)
+  pytest tests/test_soak.py                # only the checks that the comparison can fail
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import pathlib
+import random
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_het import checkpointing
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(path, name):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+soak = _load(REPO / "benchmarks" / "soak_resume.py", "soak_resume")
+
+
+def _records():
+  return [{"round": r, "train/local/loss/mnist": 2.0 / r, "eval/intra/mnist": 10.0 * r,
+           "eval/intra/mean": 10.5 * r, "time/round_secs": 0.3} for r in (1, 2, 3)]
+
+
+def _state(scale=1.0):
+  return {"params": {"w": jnp.arange(6.0).reshape(2, 3) * scale, "b": jnp.zeros((3,))},
+          "round": jnp.asarray(3, jnp.int32)}
+
+
+def _write_run(workdir, records, results, state, diagnostics=None):
+  workdir.mkdir(parents=True)
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+  if diagnostics is not None:
+    np.savez(workdir / "cross_correlation.npz", **diagnostics)
+  checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=2)
+  checkpointer.save(2, state)
+  checkpointer.save(3, state)
+  checkpointer.close()
+  return workdir
+
+
+@pytest.fixture(name="reference")
+def _reference(tmp_path):
+  return _write_run(tmp_path / "reference", _records(),
+                    {"method": "fcclplus", "intra": {"AVG": 1.5}}, _state(),
+                    {"round_3": np.eye(3, dtype=np.float32)})
+
+
+def _copy(reference, tmp_path):
+  return pathlib.Path(shutil.copytree(reference, tmp_path / "candidate"))
+
+
+def test_compare_runs_identical_ignores_time(reference, tmp_path):
+  candidate = _copy(reference, tmp_path)
+  records = _records()
+  for r in records:
+    r["time/round_secs"] = 9.9
+  (candidate / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert soak.compare_runs(reference, candidate) == []
+
+
+def test_compare_runs_finds_one_metric_number(reference, tmp_path):
+  candidate = _copy(reference, tmp_path)
+  records = _records()
+  records[1]["eval/intra/mnist"] = np.nextafter(records[1]["eval/intra/mnist"], 100.0)
+  (candidate / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  differences = soak.compare_runs(reference, candidate)
+  assert len(differences) == 1 and "round 2 eval/intra/mnist" in differences[0], differences
+
+
+def test_compare_runs_finds_a_missing_round_and_results(reference, tmp_path):
+  candidate = _copy(reference, tmp_path)
+  (candidate / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in _records()[1:]))
+  (candidate / "results.json").write_text(json.dumps({"method": "fcclplus",
+                                                      "intra": {"AVG": 1.5000001}}))
+  differences = soak.compare_runs(reference, candidate)
+  assert any("rounds" in d for d in differences) and any("results.json" in d
+                                                        for d in differences), differences
+
+
+def test_compare_runs_finds_one_checkpoint_element(reference, tmp_path):
+  state = _state()
+  w = np.asarray(state["params"]["w"]).copy()
+  w[1, 2] = np.nextafter(w[1, 2], np.float32(0))
+  state["params"]["w"] = jnp.asarray(w)
+  candidate = _write_run(tmp_path / "candidate", _records(),
+                         {"method": "fcclplus", "intra": {"AVG": 1.5}}, state,
+                         {"round_3": np.eye(3, dtype=np.float32)})
+  differences = soak.compare_runs(reference, candidate)
+  assert len(differences) == 1, differences
+  assert "checkpoint 3" in differences[0] and "['w']" in differences[0]
+  assert "1 of 6 elements differ (first at (1, 2)" in differences[0]
+
+
+def test_compare_runs_finds_diagnostics_and_signed_zero(reference, tmp_path):
+  candidate = _copy(reference, tmp_path)
+  diagonal = np.eye(3, dtype=np.float32)
+  diagonal[0, 1] = -0.0  # equal as a number, different bits
+  np.savez(candidate / "cross_correlation.npz", round_3=diagonal)
+  differences = soak.compare_runs(reference, candidate)
+  assert len(differences) == 1 and "cross_correlation.npz round_3" in differences[0], differences
+
+
+def test_classify_reads_the_phase(tmp_path):
+  log = ("I train.py] compiling the round (...)\nI train.py] compiled the round in 4.2 s\n"
+         "I reporting.py] round 1/6 inter 10.0 intra 10.8 (4.7 s/round)\n")
+  assert soak.classify(log, tmp_path, 6)["detail"] == "round 2"
+  assert soak.classify("I train.py] compiling the round\n", tmp_path, 6)["phase"] == "compiling"
+  assert soak.classify("I train.py] workdir: x\n", tmp_path, 6)["phase"] == "start-up"
+  (tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-123").mkdir(parents=True)
+  assert soak.classify(log, tmp_path, 6)["phase"] == "checkpoint"
+  assert soak.classify(log, tmp_path, 6, ["2.orbax-checkpoint-tmp-123"])["phase"] == "round"
+
+
+def test_timeline_reads_absl_timestamps():
+  started = datetime.datetime(2024, 1, 2, 23, 59, 58).timestamp()
+  log = ("I0102 23:59:59.500000 1 train.py:414] compiling the round (...)\n"
+         "I0103 00:00:03.000000 1 train.py:425] compiled the round in 3.5 s\n"
+         "I0103 00:00:03.250000 1 reporting.py:89] round 1/2 inter 1.0 intra 2.0\n"
+         "I0103 00:00:03.750000 1 reporting.py:89] round 2/2 inter 1.0 intra 2.0\n")
+  assert soak.timeline(log, started) == {"compiling": 1.5, "compiled": 5.0, "first_round": 5.25,
+                                         "last_round": 5.75}
+
+
+def test_kill_times_use_median_windows_of_full_runs():
+  kill_times = soak.KillTimes(random.Random(0), round_focus=1.0)
+  full = {"killed": False, "rc": 0, "resumed_from": None}
+  kill_times.add({**full, "wall_s": 9.0, "timeline_s": {"compiled": 6.0, "last_round": 8.0}})
+  kill_times.add({**full, "wall_s": 7.0, "timeline_s": {"compiled": 4.0, "last_round": 6.0}})
+  kill_times.add({**full, "wall_s": 8.0, "timeline_s": {"compiled": 5.0, "last_round": 7.0}})
+  kill_times.add({**full, "resumed_from": 3, "wall_s": 1.0,  # resumed: not a full run
+                  "timeline_s": {"compiled": 0.5, "last_round": 0.9}})
+  kill_times.add({"killed": True, "rc": -9, "wall_s": 1.0, "timeline_s": {}})
+  assert kill_times.windows() == {"whole run": (0.0, 8.0), "rounds": (5.0, 7.0)}
+  for _ in range(20):
+    delay, window = kill_times.draw()
+    assert window == "rounds" and 5.0 <= delay <= 7.0
+
+
+@pytest.mark.slow
+def test_soak_resume_three_kills_end_identical(tmp_path):
+  summary = soak.main(["--trials", "3", "--seed", "1", "--tmp-dir", str(tmp_path),
+                       "--out", str(tmp_path / "soak.json")])
+  assert summary["control"]["identical"], summary["control"]["differences"]
+  assert summary["kills"] >= 3
+  failed = [(t["trial"], t["details"], t["differences"][:3]) for t in summary["results"]
+            if not t["identical"]]
+  assert summary["identical"] == 3, failed

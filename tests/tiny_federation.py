@@ -1,0 +1,58 @@
+"""A tiny homogeneous federation for hand-checkable FedAvg-family tests.
+
+Clients of SIZES rows of random 32x32x3 images with identity normalisation
+(mean 0, std 1 on [0, 1] inputs), full-batch local SGD by default.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_het.config import base_config
+from fedjax_het.engine import api, clients
+from tests.tiny_models import TinyLinear
+
+STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+SIZES = (6, 4, 5)
+LR = 0.5
+
+
+def tiny_setup(k, model=None, num_rounds=4):
+  """k participants of one architecture (default TinyLinear)."""
+  model = model or TinyLinear()
+  groups = clients.group_clients(["a"] * k, [model] * k)
+  return api.Setup(groups=groups, num_participants=k, num_classes=3, num_rounds=num_rounds,
+                   max_sizes={"a": 6}, private_mean=STATS[0], private_std=STATS[1],
+                   public_mean=STATS[0], public_std=STATS[1], max_test_size=4)
+
+
+def tiny_config(method="fedavg", **fields):
+  """`method`'s base config with one full-batch SGD step of lr LR per epoch, no decay."""
+  c = base_config(method)
+  c.local.optimizer = "sgd"
+  c.local.lr = LR
+  c.local.lr_decay = 0.0
+  c.local.weight_decay = 0.0
+  c.local.epochs = 1
+  c.local.batch_size = 6          # >= every client: one full-batch step per epoch
+  c.eval.batch_size = 4           # FedProc's class means: two batches, the second padded
+  c.update_from_flattened_dict(fields)
+  return c
+
+
+def tiny_data(setup, labels=None, seed=0):
+  """(FederatedArrays, uint8 images per client, int32 labels per client)."""
+  rng = np.random.default_rng(seed)
+  k = setup.num_participants
+  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in SIZES[:k]]
+  if labels is None:
+    labels = [rng.integers(0, 3, n) for n in SIZES[:k]]
+  labels = [np.asarray(y, np.int32) for y in labels]
+  stacked = jax.device_put(clients.stack_group_data(setup.groups[0], images, labels,
+                                                    num_participants=k, max_size=6))
+  return api.FederatedArrays({"a": stacked}, jnp.zeros((0, 32, 32, 3), jnp.uint8), None), images, labels
+
+
+def flat_inputs(images):
+  """The model inputs of each client, flattened: (n, 3072) float32 in [0, 1]."""
+  return [jnp.asarray(x, jnp.float32).reshape(len(x), -1) / 255.0 for x in images]
