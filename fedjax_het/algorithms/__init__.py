@@ -8,6 +8,9 @@
   moon      MOON (CVPR 2021): FedAvg + model-contrastive loss (global vs previous local model).
   fedproc   FedProc (2021): FedAvg + prototype InfoNCE against global class prototypes.
   fedrs     FedRS (KDD 2021): FedAvg with a restricted softmax (missing classes' logits scaled).
+  rhfl      RHFL (CVPR 2022): public KL alignment with client confidence re-weighting, local SCE.
+  fedmd     FedMD (2019): L1 digest of the mean logits on a public subset, then private CE.
+  feddf     FedDF (NeurIPS 2020): KL distillation toward the all-participant logit ensemble.
 
 The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs) shares `fedavg.make_family`;
 members pass their local objective and, where needed, its hooks (per-client
@@ -51,7 +54,8 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import fccl, fcclplus, fedavg, fedproc, fedprox, fedrs, moon, solo
+from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedmd, fedproc, fedprox, fedrs,
+                                   moon, rhfl, solo)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -95,5 +99,11 @@ register("fedproc", make=fedproc.make_fedproc, default_config=fedproc.default_co
          validate_config=fedproc.validate_config)
 register("fedrs", make=fedrs.make_fedrs, default_config=fedrs.default_config,
          validate_config=fedrs.validate_config)
+register("rhfl", make=rhfl.make_rhfl, default_config=rhfl.default_config,
+         validate_config=rhfl.validate_config)
+register("fedmd", make=fedmd.make_fedmd, default_config=fedmd.default_config,
+         validate_config=fedmd.validate_config)
+register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
+         validate_config=feddf.validate_config)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]

@@ -12,7 +12,9 @@ import numpy as np
 from fedjax_het import evaluation, losses, models, plots
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine.api import Diagnostics, Setup
-from fedjax_het.engine.clients import ClientGroup, client_keys, slot_active
+from fedjax_het.engine.clients import (ClientGroup, client_keys, slot_active, slot_ids,
+                                       where_active)
+from fedjax_het.engine.optim import apply_updates
 from fedjax_het.errors import ConfigError
 
 
@@ -84,6 +86,75 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
         forward, in_axes=(0, 0, None, 0))(params[group.name], batch_stats, images,
                                           client_keys(key, ids[group.name]))
   return features, logits, stats
+
+
+def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
+                   loss_fn: Callable[[jax.Array, jax.Array], tuple[jax.Array, dict[str, Any]]],
+                   optimizer: Any, learning_rate: jax.Array, *, keep_optimizer: bool = False
+                   ) -> tuple[Any, dict[str, Any]]:
+  """One optimiser step of every participant toward the mean logits on a public batch.
+
+  The logit-exchange step of FedMD (digest) and FedDF (distillation): every
+  participant's train-mode logits Z_i on the shared batch come from one
+  forward pass (`public_forward`); the target is Z_bar = 1/K sum_i Z_i over
+  all K real participants, self included, detached (`mean_over_participants`);
+  participant i descends loss_fn(Z_i, Z_bar). Each loss depends only on its
+  own participant's parameters, so one gradient of the sum over participants
+  gives every participant's own gradient: all participants update
+  simultaneously from the models they held at the start of the batch. Padding
+  slots contribute nothing and keep their variables.
+
+  Args:
+    setup: the run's groups.
+    state: algorithm state with state["groups"][group]["variables"] (and
+      ["public_opt"] when `keep_optimizer`).
+    images: (B, 32, 32, 3) preprocessed public batch.
+    key: the batch's key (participant p draws from fold_in(key, p)).
+    loss_fn: (logits (B, C), target (B, C)) -> (scalar loss, {metric: scalar}).
+    optimizer: `optim.make_optimizer` transformation.
+    learning_rate: the step's rate.
+    keep_optimizer: False: a fresh optimiser state for this step (the
+      reference code builds a new optimiser per public batch); True: read and
+      write state["groups"][group]["public_opt"].
+
+  Returns:
+    (new state, {group: {metric: (slots,)}}).
+  """
+  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
+  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
+  params = {name: g["variables"]["params"] for name, g in state["groups"].items()}
+
+  def total_loss(params):
+    _, logits, stats = public_forward(setup, state, params, images, key, ids)
+    target = mean_over_participants(logits, setup)
+    total, metrics = 0.0, {}
+    for group in setup.groups:
+      per_client, metrics[group.name] = jax.vmap(lambda z: loss_fn(z, target))(logits[group.name])
+      total = total + jnp.sum(jnp.where(active[group.name], per_client, 0.0))
+    return total, (metrics, stats)
+
+  grads, (metrics, stats) = jax.grad(total_loss, has_aux=True)(params)
+  groups = {}
+  for group in setup.groups:
+    g = state["groups"][group.name]
+    opt_state = g["public_opt"] if keep_optimizer else jax.vmap(optimizer.init)(params[group.name])
+    new_params, new_opt = jax.vmap(lambda p, gr, o: apply_updates(optimizer, p, gr, o,
+                                                                  learning_rate))(
+        params[group.name], grads[group.name], opt_state)
+    new_vars = where_active(active[group.name],
+                            {"params": new_params, "batch_stats": stats[group.name]},
+                            g["variables"])
+    groups[group.name] = {**g, "variables": new_vars}
+    if keep_optimizer:
+      groups[group.name]["public_opt"] = new_opt
+  return {**state, "groups": groups}, metrics
+
+
+def with_fresh_public_optimizer(state: Any, optimizer: Any) -> Any:
+  """`state` with a new ["public_opt"] in every group (`consensus_step(keep_optimizer=True)`)."""
+  groups = {name: {**g, "public_opt": jax.vmap(optimizer.init)(g["variables"]["params"])}
+            for name, g in state["groups"].items()}
+  return {**state, "groups": groups}
 
 
 def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
