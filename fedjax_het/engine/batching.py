@@ -63,17 +63,6 @@ def batch_indices(plan: EpochPlan, step: jax.Array, *, batch_size: int,
   return indices, mask, start < plan.size
 
 
-def partial_batch_buckets(batch_size: int, levels: int = 4) -> tuple[int, ...]:
-  """Row counts a partial batch may run at: batch_size, /2, /4, ... (`levels` of them, >= 1).
-
-  Descending and distinct; the first is always `batch_size`.
-  """
-  sizes = [batch_size]
-  while len(sizes) < levels and math.ceil(sizes[-1] / 2) < sizes[-1]:
-    sizes.append(math.ceil(sizes[-1] / 2))
-  return tuple(sizes)
-
-
 def public_batches(key: jax.Array, num_examples: int, *, batch_size: int,
                    epochs: int) -> jax.Array:
   """Index batches over the public set: (epochs * ceil(N0 / B0), B0) int32.

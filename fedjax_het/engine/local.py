@@ -19,7 +19,6 @@ its slots, or a sampled cohort gathered with `engine.cohort`), and
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -105,23 +104,11 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     # t = e * steps + b of the padded layout for its key and learning rate.
     per_epoch = (jnp.asarray(size, jnp.int32) + batch_size - 1) // batch_size
 
-    def loss_and_grad_rows(rows_kept, params, batch_stats, t):
+    def loss_and_grad(params, batch_stats, t):
       rows, mask, _ = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
-      rows, mask = rows[:rows_kept], mask[:rows_kept]
       return jax.value_and_grad(loss_fn, has_aux=True)(
           params, batch_stats, preprocess(images[rows]), labels[rows], mask,
           jax.random.fold_in(step_key, t), aux)
-
-    # A batch's valid rows come first, so a partial batch (the last of an epoch) runs as the
-    # smallest of B, B/2, B/4, B/8 rows that holds them: the same masked loss on fewer padding
-    # rows (the padded layout computes all B).
-    buckets = batching.partial_batch_buckets(batch_size)
-    branches = [functools.partial(loss_and_grad_rows, n) for n in buckets]
-
-    def loss_and_grad(params, batch_stats, t):
-      valid = jnp.clip(size - (t % steps) * batch_size, 0, batch_size)
-      branch = jnp.sum(jnp.asarray(buckets[1:]) >= valid)  # the smallest bucket >= valid
-      return jax.lax.switch(branch, branches, params, batch_stats, t)
 
     (_, (_, metric_shapes)), _ = jax.eval_shape(loss_and_grad, params, batch_stats,
                                                 jnp.zeros((), jnp.int32))
