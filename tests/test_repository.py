@@ -45,3 +45,32 @@ def test_readme_model_table_matches_model_summary():
     assert summary["feature_dim"] == int(feature_dim), name
     assert summary["params"] == int(params.replace(",", "")), name
     assert abs(summary["flops"] / 1e6 - float(mflops.replace(",", ""))) < 0.06, name
+
+
+def _readme_results_script():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("readme_results",
+                                                ROOT / "experiments" / "readme_results.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_readme_result_tables_are_the_recorded_runs():
+  """Every measured block of the README is rendered from benchmarks/results/readme_runs.json."""
+  script = _readme_results_script()
+  text = (ROOT / "README.md").read_text()
+  blocks = re.findall(r"<!-- readme_results:(\w+) -->", text)
+  assert set(blocks) == set(script.BLOCKS), blocks
+  runs = script.load_runs()
+  assert script.rewrite(text, runs) == text, "stale: run python experiments/readme_results.py"
+
+
+def test_readme_results_rewrite_replaces_a_stale_block():
+  script = _readme_results_script()
+  runs = script.load_runs()
+  stale = "a\n<!-- readme_results:digits_quick -->\nold numbers\n<!-- /readme_results -->\nb\n"
+  new = script.rewrite(stale, runs)
+  assert "old numbers" not in new and new.startswith("a\n") and new.endswith("b\n")
+  for name in script.BLOCKS["digits_quick"]:
+    assert f"--config={name}`" in new and runs[name]["table"] in new
