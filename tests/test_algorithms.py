@@ -51,10 +51,13 @@ def _participant_params(state, setup):
   return out
 
 
-def test_fcclplus_collaborative_step_equals_each_participants_own_gradient():
-  """Three participants in two groups; SGD: p_i <- p_i - lr * grad_i(FCCM + omega FISL)."""
+@pytest.mark.parametrize("use_fccm", [True, False])
+def test_fcclplus_collaborative_step_equals_each_participants_own_gradient(use_fccm):
+  """Three participants in two groups; SGD: p_i <- p_i - lr * grad_i(FCCM + omega FISL)
+  (FISL alone for the use_fccm=False ablation)."""
   setup = _setup(["a", "b", "a"])
   config = _config(lr=0.1)
+  config.fcclplus.use_fccm = use_fccm
   algorithm = fcclplus.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), None)
   images = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
@@ -72,7 +75,8 @@ def test_fcclplus_collaborative_step_equals_each_participants_own_gradient():
   for i in range(3):
     def objective(params):
       z, s = outputs({"params": params})
-      return (losses.cross_correlation_loss(logits=z, target_logits=jnp.asarray(z_bar))
+      fccm = losses.cross_correlation_loss(logits=z, target_logits=jnp.asarray(z_bar))
+      return ((fccm if use_fccm else 0.0)
               + 3.0 * losses.instance_similarity_loss(similarity=s,
                                                       target_similarity=jnp.asarray(s_bar)))
     grad = jax.grad(objective)(before[i]["params"])
@@ -80,6 +84,16 @@ def test_fcclplus_collaborative_step_equals_each_participants_own_gradient():
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6),
                            after[i]["params"], want)
   assert set(metrics["a"]) == {"fccm", "fisl"} and metrics["a"]["fccm"].shape == (2,)
+
+
+def test_fcclplus_needs_one_collaborative_loss():
+  from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
+  config = _config()
+  config.fcclplus.use_fccm = False
+  config.fcclplus.use_fisl = False
+  with pytest.raises(ValueError, match=r"config.fcclplus.use_fccm must be True when "
+                     r"fcclplus.use_fisl is False"):
+    validate_config(config)
 
 
 def test_fcclplus_fresh_adam_moves_every_weight_by_the_learning_rate():

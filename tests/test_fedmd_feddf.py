@@ -318,6 +318,7 @@ def test_round_is_traced_once_over_several_rounds(variant):
   assert all({"loss", "ce"} <= set(m) for m in metrics["local"].values())
 
 
+@pytest.mark.slow  # the default suite covers the round through the trainer's scan (traced once)
 @pytest.mark.parametrize("variant", ["fedmd", "feddf"])
 def test_train_and_evaluate_writes_results(tmp_path, variant):
   out = train_and_evaluate(tiny_config(variant), tmp_path)

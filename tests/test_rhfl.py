@@ -265,6 +265,7 @@ def test_round_is_traced_once_over_several_rounds_with_finite_metrics():
   assert set(metrics) == {"confidence", "collaborative", "local"}
 
 
+@pytest.mark.slow  # the default suite covers the round through the trainer's scan (traced once)
 def test_train_and_evaluate_runs_rhfl_end_to_end(tmp_path):
   out = train_and_evaluate(tiny_config("rhfl", **{"logging.plots": False}), tmp_path)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -25,7 +25,8 @@ Defaults follow the authors' code; every deviation is a config field:
     (`fcclplus.teacher_train_mode`).
   * deviation: one forward pass yields features and logits (the code runs a
     second forward for the features, updating BatchNorm statistics twice).
-  * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.local_distillation`
+  * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.use_fccm=False` (FISL
+    only; FCCL+ Table X's rows without FCCM), `fcclplus.local_distillation`
     in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "none"}.
   * the metric `local/distill` (FNTD) can be slightly negative (about -0.02):
     the authors' form is the KL sum without the target class's term and
@@ -79,6 +80,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   mu = float(cfg.fisl_temperature)
   tau = float(cfg.fntd_temperature)
   use_fisl = bool(cfg.use_fisl)
+  use_fccm = bool(cfg.use_fccm)
   distillation = common.check_choice("fcclplus.local_distillation", cfg.local_distillation,
                                      LOCAL_DISTILLATIONS)
   renormalize = bool(cfg.fntd_renormalize)
@@ -130,7 +132,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
               similarity=s, target_similarity=similarity_target))(similarities[group.name])
         else:
           fisl = jnp.zeros_like(fccm)
-        per_client = fccm + omega * fisl
+        # Without FCCM (ablation) its value is still logged but takes no part in the gradient.
+        per_client = (fccm if use_fccm else 0.0) + omega * fisl
         total = total + jnp.sum(jnp.where(active[group.name], per_client, 0.0))
         metrics[group.name] = {"fccm": fccm, "fisl": fisl}
       return total, (metrics, stats)
@@ -239,6 +242,7 @@ def default_config() -> ml_collections.ConfigDict:
           "fntd_renormalize": False,
           "teacher_train_mode": True,
           "use_fisl": True,
+          "use_fccm": True,
           "local_distillation": "fntd",
           "average_parameters": False,                             # True: homogeneous variant
       },
@@ -255,8 +259,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fcclplus.fisl_weight", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fcclplus.fisl_temperature", v.positive, "a number > 0")
   v.check(config, "fcclplus.fntd_temperature", v.positive, "a number > 0")
-  for flag in ("fntd_renormalize", "teacher_train_mode", "use_fisl", "average_parameters"):
+  for flag in ("fntd_renormalize", "teacher_train_mode", "use_fisl", "use_fccm",
+               "average_parameters"):
     v.check(config, f"fcclplus.{flag}", v.is_bool, "True or False")
+  if not (config.fcclplus.use_fccm or config.fcclplus.use_fisl):
+    v.fail("fcclplus.use_fccm", "True when fcclplus.use_fisl is False (one collaborative loss "
+           "at least)", False)
   v.check(config, "fcclplus.local_distillation", v.choice(LOCAL_DISTILLATIONS),
           f"one of {LOCAL_DISTILLATIONS}")
   if config.fcclplus.average_parameters and len(set(config.models.architectures)) > 1:
