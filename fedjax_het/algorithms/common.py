@@ -11,7 +11,8 @@ import numpy as np
 
 from fedjax_het import evaluation, losses, models, plots
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine.api import Diagnostics, Setup
+from fedjax_het.engine import public
+from fedjax_het.engine.api import Algorithm, Diagnostics, Setup
 from fedjax_het.engine.clients import (ClientGroup, client_keys, slot_active, slot_ids,
                                        where_active)
 from fedjax_het.engine.optim import apply_updates
@@ -203,3 +204,30 @@ def cross_correlation_diagnostics(setup: Setup, batch_size: int) -> Diagnostics:
     return plots.plot_cross_correlation(matrices, client_names, path)
 
   return Diagnostics(name="cross_correlation", compute=compute, plot=plot)
+
+
+def public_data_algorithm(name: str, config: Any, setup: Setup, init: Callable[..., Any],
+                          round_fn: Callable[..., Any]) -> Algorithm:
+  """The `Algorithm` of a public-data method (FCCL, FCCL+, FedMD, FedDF, RHFL): every
+  participant evaluated on every test domain, and the cross-correlation diagnostics on
+  a public batch of `collaborative.batch_size`."""
+  return Algorithm(name=name, init=init, round=round_fn, evaluate=make_evaluate(config, setup),
+                   diagnostics=cross_correlation_diagnostics(
+                       setup, int(config.collaborative.batch_size)))
+
+
+def run_public_phase(step: Callable[..., Any], state: Any, images: jax.Array,
+                     spec: public.PublicSpec, metrics: dict[str, Any], *,
+                     order_key: jax.Array, augment_key: jax.Array,
+                     step_key: jax.Array) -> Any:
+  """`public.public_phase` of `step` over `images` when the run has a public phase.
+
+  Records the phase's metrics as metrics["collaborative"]; without public data
+  (or with `collaborative.epochs=0`) returns `state` unchanged.
+  """
+  if not public.has_public_phase(spec, images):
+    return state
+  state, metrics["collaborative"] = public.public_phase(
+      step, state, images, spec, order_key=order_key, augment_key=augment_key,
+      step_key=step_key)
+  return state

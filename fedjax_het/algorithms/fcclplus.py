@@ -215,18 +215,14 @@ def make_fcclplus(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     if reset_each_round:
       state = phases.reset_optimizer(state)
     metrics = {}
-    if public.has_public_phase(spec, data.public):
-      step = lambda s, images, k: phases.collaborative_step(s, images, k, round_index)
-      state, metrics["collaborative"] = public.public_phase(
-          step, state, data.public, spec, order_key=order_key, augment_key=augment_key,
-          step_key=collab_key)
+    step = lambda s, images, k: phases.collaborative_step(s, images, k, round_index)
+    state = common.run_public_phase(step, state, data.public, spec, metrics,
+                                    order_key=order_key, augment_key=augment_key,
+                                    step_key=collab_key)
     state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
     return state, metrics
 
-  return Algorithm(name="fcclplus", init=phases.init, round=round_fn,
-                   evaluate=common.make_evaluate(config, setup),
-                   diagnostics=common.cross_correlation_diagnostics(
-                       setup, int(config.collaborative.batch_size)))
+  return common.public_data_algorithm("fcclplus", config, setup, phases.init, round_fn)
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -149,13 +149,10 @@ def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     metrics = {}
 
     def distillation(state):
-      if not public.has_public_phase(spec, data.public):
-        return state
       step = lambda s, images, k: phases.distill_step(s, images, k, round_index)
-      state, metrics["collaborative"] = public.public_phase(
-          step, state, data.public, spec, order_key=order_key, augment_key=augment_key,
-          step_key=distill_key)
-      return state
+      return common.run_public_phase(step, state, data.public, spec, metrics,
+                                     order_key=order_key, augment_key=augment_key,
+                                     step_key=distill_key)
 
     if order == "distill_then_local":
       state = distillation(state)
@@ -164,10 +161,7 @@ def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
       state = distillation(state)
     return state, metrics
 
-  return Algorithm(name="feddf", init=phases.init, round=round_fn,
-                   evaluate=common.make_evaluate(config, setup),
-                   diagnostics=common.cross_correlation_diagnostics(
-                       setup, int(config.collaborative.batch_size)))
+  return common.public_data_algorithm("feddf", config, setup, phases.init, round_fn)
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -165,10 +165,7 @@ def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     state, metrics["local"] = phases.revisit(state, data.groups, revisit_key, round_index)
     return state, metrics
 
-  return Algorithm(name="fedmd", init=phases.init, round=round_fn,
-                   evaluate=common.make_evaluate(config, setup),
-                   diagnostics=common.cross_correlation_diagnostics(
-                       setup, int(config.collaborative.batch_size)))
+  return common.public_data_algorithm("fedmd", config, setup, phases.init, round_fn)
 
 
 def default_config() -> ml_collections.ConfigDict:
