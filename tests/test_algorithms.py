@@ -9,6 +9,7 @@ from fedjax_het import losses
 from fedjax_het.algorithms import fccl, fcclplus, solo
 from fedjax_het.config import base_config
 from fedjax_het.engine import api, clients, optim
+from tests.tiny_federation import grouped_data
 from tests.tiny_models import TinyBatchNorm, TinyLinear
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -33,14 +34,7 @@ def _config(method="fcclplus", **collab):
   return c
 
 
-def _data(setup, seed=0):
-  rng = np.random.default_rng(seed)
-  sizes = [6, 4, 5, 3][:setup.num_participants]
-  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in sizes]
-  labels = [rng.integers(0, 3, n).astype(np.int32) for n in sizes]
-  return {g.name: jax.device_put(clients.stack_group_data(
-      g, images, labels, num_participants=setup.num_participants, max_size=6))
-          for g in setup.groups}, images, labels
+_data = grouped_data
 
 
 def _participant_params(state, setup):

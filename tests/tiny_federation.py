@@ -56,3 +56,14 @@ def tiny_data(setup, labels=None, seed=0):
 def flat_inputs(images):
   """The model inputs of each client, flattened: (n, 3072) float32 in [0, 1]."""
   return [jnp.asarray(x, jnp.float32).reshape(len(x), -1) / 255.0 for x in images]
+
+
+def grouped_data(setup, seed=0):
+  """({group: GroupData}, images, labels) for up to four participants of 6, 4, 5, 3 rows."""
+  rng = np.random.default_rng(seed)
+  sizes = [6, 4, 5, 3][:setup.num_participants]
+  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in sizes]
+  labels = [rng.integers(0, 3, n).astype(np.int32) for n in sizes]
+  return {g.name: jax.device_put(clients.stack_group_data(
+      g, images, labels, num_participants=setup.num_participants, max_size=6))
+          for g in setup.groups}, images, labels
