@@ -25,7 +25,7 @@ Artefacts in `workdir`:
   accuracy.png      accuracy curves
   <diagnostic>.npz/.png  the method's diagnostics (e.g. FCCL/FCCL+'s
                     cross_correlation) at config.logging.diagnostic_rounds
-  tensorboard/      when tensorboardX is installed
+  tensorboard/      with config.logging.tensorboard=True (needs tensorboardX)
 """
 
 from __future__ import annotations
