@@ -9,7 +9,7 @@ formulations:
   * vmap:  the same scan, `jax.vmap`ped over `--clients` stacked clients.
 
 On XLA:CPU the stock convolution's gradients run 15-25x slower inside loop
-bodies (jax-ml/jax#12868; platform-notes.md); "im2col" and "custom_vjp" are
+bodies (jax-ml/jax#12868: non-canonical layouts in loop bodies); "im2col" and "custom_vjp" are
 the two fixes. Throughput is reported as client-steps per second (median of
 `--repeats` timed runs after compiling ahead of time and one warm-up run),
 with ratios to "xla". Because the stock conv is so slow inside loops on
