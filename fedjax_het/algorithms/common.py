@@ -151,9 +151,10 @@ def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
   return {**state, "groups": groups}, metrics
 
 
-def with_fresh_public_optimizer(state: Any, optimizer: Any) -> Any:
-  """`state` with a new ["public_opt"] in every group (`consensus_step(keep_optimizer=True)`)."""
-  groups = {name: {**g, "public_opt": jax.vmap(optimizer.init)(g["variables"]["params"])}
+def with_fresh_public_optimizer(state: Any, optimizer: Any, entry: str = "public_opt") -> Any:
+  """`state` with a new optimiser state for every slot's parameters in every group's `entry`
+  (["public_opt"]: what `consensus_step(keep_optimizer=True)` reads)."""
+  groups = {name: {**g, entry: jax.vmap(optimizer.init)(g["variables"]["params"])}
             for name, g in state["groups"].items()}
   return {**state, "groups": groups}
 

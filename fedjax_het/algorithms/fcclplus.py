@@ -107,9 +107,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return {"groups": groups}
 
   def reset_optimizer(state):
-    groups = {name: {**g, "collab_opt": jax.vmap(col_tx.init)(g["variables"]["params"])}
-              for name, g in state["groups"].items()}
-    return {**state, "groups": groups}
+    return common.with_fresh_public_optimizer(state, col_tx, entry="collab_opt")
 
   def collaborative_step(state, images, key, round_index):
     lr = col_lr(round_index)

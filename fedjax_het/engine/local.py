@@ -61,22 +61,32 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
   steps = batching.steps_per_epoch(max_size, batch_size)
   total_steps = epochs * steps
 
-  # The padded layout: every client runs epochs * steps steps, those past its data are no-ops
-  # (the form that vmaps; FCCL/FCCL+/SOLO's numbers are pinned to it).
-  def train_scan(variables, aux, images, labels, size, key, learning_rates):
+  def make_step_gradient(aux, images, labels, size, key):
+    """The client's `(params, batch_stats, t) -> ((loss, aux), grads), active` for flat step t
+    (its random epoch orders, its batch t, the key fold_in(step key, t))."""
     images, labels = jnp.asarray(images), jnp.asarray(labels)
     plan_key, step_key = jax.random.split(key)
     plan = batching.plan_epochs(plan_key, size, max_size=max_size, epochs=epochs,
                                 batch_size=batch_size)
+
+    def step_gradient(params, batch_stats, t):
+      rows, mask, active = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
+      return jax.value_and_grad(loss_fn, has_aux=True)(
+          params, batch_stats, preprocess(images[rows]), labels[rows], mask,
+          jax.random.fold_in(step_key, t), aux), active
+
+    return step_gradient
+
+  # The padded layout: every client runs epochs * steps steps, those past its data are no-ops
+  # (the form that vmaps; FCCL/FCCL+/SOLO's numbers are pinned to it).
+  def train_scan(variables, aux, images, labels, size, key, learning_rates):
+    step_gradient = make_step_gradient(aux, images, labels, size, key)
     params, batch_stats = variables["params"], variables["batch_stats"]
     opt_state = optimizer.init(params)
 
     def step(carry, t):
       params, batch_stats, opt_state = carry
-      rows, mask, active = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
-      inputs = preprocess(images[rows])
-      (loss, (new_stats, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, batch_stats, inputs, labels[rows], mask, jax.random.fold_in(step_key, t), aux)
+      ((loss, (new_stats, metrics)), grads), active = step_gradient(params, batch_stats, t)
       new_params, new_opt = apply_updates(optimizer, params, grads, opt_state,
                                           learning_rates[t // steps])
       keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new, old)
@@ -93,10 +103,7 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
 
   # Exactly the steps that hold data (used one client at a time, `train_clients(sequential=True)`).
   def train_exact(variables, aux, images, labels, size, key, learning_rates):
-    images, labels = jnp.asarray(images), jnp.asarray(labels)
-    plan_key, step_key = jax.random.split(key)
-    plan = batching.plan_epochs(plan_key, size, max_size=max_size, epochs=epochs,
-                                batch_size=batch_size)
+    step_gradient = make_step_gradient(aux, images, labels, size, key)
     params, batch_stats = variables["params"], variables["batch_stats"]
     opt_state = optimizer.init(params)
     # Only the steps that hold data run: ceil(size / batch) per epoch, as a while loop with
@@ -104,14 +111,8 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     # t = e * steps + b of the padded layout for its key and learning rate.
     per_epoch = (jnp.asarray(size, jnp.int32) + batch_size - 1) // batch_size
 
-    def loss_and_grad(params, batch_stats, t):
-      rows, mask, _ = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
-      return jax.value_and_grad(loss_fn, has_aux=True)(
-          params, batch_stats, preprocess(images[rows]), labels[rows], mask,
-          jax.random.fold_in(step_key, t), aux)
-
-    (_, (_, metric_shapes)), _ = jax.eval_shape(loss_and_grad, params, batch_stats,
-                                                jnp.zeros((), jnp.int32))
+    ((_, (_, metric_shapes)), _), _ = jax.eval_shape(step_gradient, params, batch_stats,
+                                                     jnp.zeros((), jnp.int32))
     sums = {"loss": jnp.zeros((), jnp.float32),
             **{name: jnp.zeros(m.shape, m.dtype) for name, m in metric_shapes.items()}}
 
@@ -119,7 +120,7 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
       params, batch_stats, opt_state, sums = carry
       epoch = k // jnp.maximum(per_epoch, 1)
       t = epoch * steps + k % jnp.maximum(per_epoch, 1)
-      (loss, (new_stats, metrics)), grads = loss_and_grad(params, batch_stats, t)
+      ((loss, (new_stats, metrics)), grads), _ = step_gradient(params, batch_stats, t)
       new_params, new_opt = apply_updates(optimizer, params, grads, opt_state,
                                           learning_rates[epoch])
       sums = {name: sums[name] + value for name, value in {"loss": loss, **metrics}.items()}
