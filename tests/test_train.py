@@ -211,7 +211,7 @@ def test_every_digits_variant_builds_and_validates():
   assert (full.num_rounds, full.local.epochs, full.local.batch_size,
           full.collaborative.batch_size) == (40, 20, 256, 512)  # the paper's settings
   with pytest.raises(ValueError, match="expected <method>"):
-    digits.get_config("fedmatch")  # a Table VIII method this library does not implement
+    digits.get_config("fedgkt")  # a method this library does not implement
   assert "collaborative" not in digits.get_config("solo")  # a method's config has its sections only
 
 

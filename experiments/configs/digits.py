@@ -28,6 +28,7 @@ Variants (the part after "digits.py:" or "digits_"):
                                         ensemble with SGD, then private CE) on the
                                         heterogeneous backbones above; _homogeneous: ResNet12
                                         for all (FedDF also averages before local training)
+  fedmatch                              FedMatch: public KL + agreement pseudo labels, private CE
   <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs
                                         (SOLO included: the same local budget), small test
                                         sets: minutes on a 2-core CPU
@@ -63,7 +64,7 @@ from fedjax_het.config import base_config
 
 HETEROGENEOUS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
-METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf")
+METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf", "fedmatch")
 
 
 def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:

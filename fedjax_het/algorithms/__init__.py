@@ -11,6 +11,7 @@
   rhfl      RHFL (CVPR 2022): public KL alignment with client confidence re-weighting, local SCE.
   fedmd     FedMD (2019): L1 digest of the mean logits on a public subset, then private CE.
   feddf     FedDF (NeurIPS 2020): KL distillation toward the all-participant logit ensemble.
+  fedmatch  FedMatch (ICLR 2021): inter-client KL + agreement pseudo labels on public data, CE.
 
 The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs) shares `fedavg.make_family`;
 members pass their local objective and, where needed, its hooks (per-client
@@ -54,8 +55,8 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedmd, fedproc, fedprox, fedrs,
-                                   moon, rhfl, solo)
+from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedmatch, fedmd, fedproc,
+                                   fedprox, fedrs, moon, rhfl, solo)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -105,5 +106,7 @@ register("fedmd", make=fedmd.make_fedmd, default_config=fedmd.default_config,
          validate_config=fedmd.validate_config)
 register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
          validate_config=feddf.validate_config)
+register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.default_config,
+         validate_config=fedmatch.validate_config)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]
