@@ -50,7 +50,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
-            client_loop: str = "auto"):
+            client_loop: str = "auto", partition: str = "dirichlet"):
   spec = importlib.util.spec_from_file_location("cifar10", REPO / "experiments/configs/cifar10.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -61,6 +61,7 @@ def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
   c.local.epochs = epochs
   c.models.conv_impl = conv_impl
   c.fedavg.client_loop = client_loop
+  c.scenario.partition = partition
   c.logging.progress = False
   c.logging.tensorboard = False
   c.compilation_cache_dir = ""
@@ -143,6 +144,9 @@ def main():
   parser.add_argument("--loop-conv-impl", default="xla")
   parser.add_argument("--engine-conv-impl", default="auto")
   parser.add_argument("--client-loop", default="auto", help="fedavg.client_loop of the engine")
+  parser.add_argument("--partition", default="dirichlet",
+                      help="scenario.partition: dirichlet (alpha 0.5, unequal client sizes: "
+                      "a vmapped cohort runs as many steps as its largest client) or iid")
   parser.add_argument("--skip-loop", action="store_true")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
@@ -150,11 +154,12 @@ def main():
             "jax": jax.__version__, "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
             "repeats": args.repeats, "train_size": args.train_size, "epochs": args.epochs,
-            "setting": "cifar10_fedavg: 100 clients, Dirichlet(0.5), fedavg_cifar_cnn, batch 50",
+            "setting": "cifar10_fedavg: 100 clients, fedavg_cifar_cnn, batch 50",
+            "partition": args.partition,
             "rows": []}
   for size in [int(v) for v in args.cohorts.split(",")]:
     experiment = Experiment(_config(size, args.train_size, args.epochs, args.engine_conv_impl,
-                                    args.client_loop))
+                                    args.client_loop, args.partition))
     active = jnp.asarray(slot_active(experiment.groups[0]))
     key = jax.random.fold_in(jax.random.wrap_key_data(experiment.init_state()["rng"]), 0)
     slots = np.asarray(cohort.sample_cohort(jax.random.split(key)[0], active, size))
@@ -168,7 +173,8 @@ def main():
     print(f"[cohort {size:3d}] {steps} client-steps; engine {engine_s:.2f} s "
           f"({steps / engine_s:.1f} client-steps/s)", flush=True)
     if not args.skip_loop:
-      loop_exp = Experiment(_config(size, args.train_size, args.epochs, args.loop_conv_impl))
+      loop_exp = Experiment(_config(size, args.train_size, args.epochs, args.loop_conv_impl,
+                                    partition=args.partition))
       loop_s, loop_all = loop_round(loop_exp, slots, args.repeats)
       row.update({"loop_conv_impl": args.loop_conv_impl, "loop_secs": loop_s,
                   "loop_all": loop_all, "loop_client_steps_per_sec": steps / loop_s,

@@ -1,0 +1,169 @@
+"""Where the first round's time goes: data, trace, lower, XLA compile, first run, steady state.
+
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/first_round.py \
+        --config=digits_fcclplus_quick --out benchmarks/results/first_round_cpu2.json
+
+For one config (any name `experiments/train.py` takes, with `--set field=value`
+overrides), the script times in one process, cold (an empty persistent
+compilation cache) and then, in a second process, warm (the cache the first
+one filled):
+
+  * `data_secs`: building the Experiment (data loading/synthesis, models, groups);
+  * `init_secs`: the jitted initial state (its compile included);
+  * `trace_secs`, `lower_secs`, `compile_secs`: `jax.jit(run_rounds).trace(...)`,
+    `.lower()`, `.compile()` of the round program (the compile step is where a
+    persistent-cache hit saves its time);
+  * `first_round_secs`: the first execution of the compiled round (on a GPU it
+    includes loading the kernels);
+  * `eval_first_secs`: the evaluation's compile plus its first run;
+  * `steady_round_secs`: the median of `--rounds` further rounds;
+  * `start_to_round1_end_secs`: from the start of the process to the end of the
+    first round, what a user waits for.
+
+The lowered StableHLO's size (characters and lines) is reported as a measure of
+how much the tracer produced. JSON rows {"cold": ..., "warm": ...} go to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+START = time.perf_counter()
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(name: str):
+  """`<scenario>_<variant>` (as experiments/train.py takes it) -> its ConfigDict."""
+  scenario, _, variant = name.partition("_")
+  spec = importlib.util.spec_from_file_location(scenario, REPO / "experiments/configs" /
+                                                f"{scenario}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def set_field(config, field: str, value: str) -> None:
+  """config.<field> = value, the value parsed as a Python literal where it is one."""
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    parsed = value
+  *parents, leaf = field.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  node[leaf] = parsed
+
+
+def _measure(config_name: str, overrides: list[str], rounds: int) -> dict:
+  import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
+
+  from fedjax_het.train import Experiment  # noqa: PLC0415
+
+  config = load_config(config_name)
+  for item in overrides:
+    field, value = item.split("=", 1)
+    set_field(config, field, value)
+  config.logging.progress = False
+  config.logging.tensorboard = False
+  row = {"config": config_name, "overrides": overrides, "import_secs": time.perf_counter() - START}
+
+  tick = time.perf_counter()
+  experiment = Experiment(config)
+  row["data_secs"] = time.perf_counter() - tick
+  tick = time.perf_counter()
+  state = jax.block_until_ready(experiment.init_state())
+  row["init_secs"] = time.perf_counter() - tick
+  tick = time.perf_counter()
+  traced = experiment.run_rounds.trace(state, experiment.data)
+  row["trace_secs"] = time.perf_counter() - tick
+  tick = time.perf_counter()
+  lowered = traced.lower()
+  row["lower_secs"] = time.perf_counter() - tick
+  text = lowered.as_text()
+  row["stablehlo_chars"], row["stablehlo_lines"] = len(text), text.count("\n")
+  tick = time.perf_counter()
+  compiled = lowered.compile()
+  row["compile_secs"] = time.perf_counter() - tick
+  tick = time.perf_counter()
+  state, _ = compiled(state, experiment.data)
+  jax.block_until_ready(state)
+  row["first_round_secs"] = time.perf_counter() - tick
+  row["start_to_round1_end_secs"] = time.perf_counter() - START
+  tick = time.perf_counter()
+  jax.block_until_ready(experiment.evaluate(state, experiment.data.test))
+  row["eval_first_secs"] = time.perf_counter() - tick
+  times = []
+  for _ in range(rounds):
+    tick = time.perf_counter()
+    state, _ = compiled(state, experiment.data)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - tick)
+  row["steady_round_secs"] = statistics.median(times) if times else None
+  row["steady_round_all"] = times
+  analysis = compiled.memory_analysis()
+  if analysis is not None:
+    row["memory_gib"] = (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+                         + analysis.output_size_in_bytes) / 2.0 ** 30
+  row["backend"], row["devices"] = jax.default_backend(), [str(d) for d in jax.devices()]
+  row["jax"] = jax.__version__
+  row["substituted"] = list(experiment.scenario.substituted)
+  return row
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="digits_fcclplus_quick")
+  parser.add_argument("--set", action="append", default=[], help="field=value override")
+  parser.add_argument("--rounds", type=int, default=3, help="steady-state rounds timed")
+  parser.add_argument("--cache-dir", default="", help="persistent cache (default: a new temp)")
+  parser.add_argument("--skip-warm", action="store_true")
+  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--out", default="")
+  args = parser.parse_args()
+  if args.child:  # one measurement in this process, the cache dir given
+    import jax  # noqa: PLC0415
+    jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    row = _measure(args.config, args.set, args.rounds)
+    pathlib.Path(args.child).write_text(json.dumps(row))
+    return
+  cache = args.cache_dir or tempfile.mkdtemp(prefix="fedjax_het_first_round_cache_")
+  report = {"python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), "cache_dir": cache}
+  for phase in ("cold", "warm"):
+    if phase == "warm" and args.skip_warm:
+      break
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+      out = handle.name
+    command = [sys.executable, __file__, "--config", args.config, "--rounds", str(args.rounds),
+               "--cache-dir", cache, "--child", out]
+    for item in args.set:
+      command += ["--set", item]
+    subprocess.run(command, check=True)
+    report[phase] = json.loads(pathlib.Path(out).read_text())
+    print(f"[{phase}] " + ", ".join(f"{k} {v:.1f}" for k, v in report[phase].items()
+                                    if k.endswith("_secs")), flush=True)
+    if args.out:  # after each phase: a run killed in the warm phase keeps the cold figures
+      pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+  if "warm" in report:
+    report["warm_vs_cold_start_to_round1"] = (report["warm"]["start_to_round1_end_secs"]
+                                              / report["cold"]["start_to_round1_end_secs"])
+  print(json.dumps(report, indent=2))
+  if args.out:
+    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+  main()
