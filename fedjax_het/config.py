@@ -15,6 +15,7 @@ from __future__ import annotations
 import ml_collections
 
 from fedjax_het import algorithms, validation
+from fedjax_het.data.scenarios import OFFICE_TESTS
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
@@ -22,6 +23,7 @@ CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
 PARTITIONS = ("iid", "dirichlet", "shards", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
+OFFICE_SCENARIOS = ("office_caltech", "office31", "office_home")
 
 #: Run-wide top-level sections; every other section belongs to the method.
 SHARED_SECTIONS = ("scenario", "models", "eval", "checkpoint", "sharding", "logging")
@@ -52,6 +54,8 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.scenario.test_size = 0               # 0 -> full test sets
   c.scenario.public_name = "cifar100"
   c.scenario.public_size = 5000
+  # scenario.office_test ("held_out" | "whole_domain"): declared by the Office configs
+  # (experiments/configs/office.py) only, so other runs' configs stay as they were.
   # scenario.name="partitioned": one labelled dataset split over many clients.
   c.scenario.dataset = "mnist"           # mnist | cifar10
   c.scenario.dataset_source = "real"     # the .npz bundle; "tfds"; "folder:<path>"
@@ -117,6 +121,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "scenario.test_size", int_at_least(0), "an integer >= 0 (0: full test sets)")
   check(config, "scenario.public_name", choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
   check(config, "scenario.public_size", int_at_least(0), "an integer >= 0")
+  if "office_test" in config.scenario:
+    check(config, "scenario.office_test", choice(OFFICE_TESTS), f"one of {OFFICE_TESTS}")
+    office = config.scenario.name in OFFICE_SCENARIOS
+    if not office and config.scenario.office_test != "held_out":
+      fail("scenario.office_test", f"'held_out' unless config.scenario.name is one of "
+           f"{OFFICE_SCENARIOS} (other scenarios keep their own test sets)",
+           config.scenario.office_test)
   if config.scenario.name == "partitioned":
     check(config, "scenario.num_clients", int_at_least(1), "an integer >= 1")
     check(config, "scenario.partition", choice(PARTITIONS), f"one of {PARTITIONS}")

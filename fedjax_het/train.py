@@ -30,6 +30,7 @@ Artefacts in `workdir`:
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import pathlib
@@ -136,7 +137,7 @@ def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
       synthetic_fallback=bool(sc.synthetic_fallback),
       private_sizes=dict(sc.private_sizes) or None, test_size=int(sc.test_size) or None,
       public_name=sc.public_name, public_size=int(sc.public_size), seed=int(config.seed),
-      domains=tuple(sc.domains) or None)
+      domains=tuple(sc.domains) or None, office_test=sc.get("office_test", "held_out"))
 
 
 def _size_field(config: ml_collections.ConfigDict, domain: str) -> str:
@@ -242,12 +243,31 @@ class Experiment:
     self.evaluate = jax.jit(self.algorithm.evaluate)
     diagnostics = self.algorithm.diagnostics
     self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
+    self._evaluate_compiled = self._diagnostics_compiled = None  # set by `compile_all`
     # One test domain: plain accuracy; several: intra/inter-domain accuracy (FCCL+ tables).
     self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
 
   def compile_rounds(self, state: Any) -> Any:
     """The compiled `run_rounds` for this state's shapes (traces once; uses the cache)."""
     return self.run_rounds.lower(state, self.data).compile()
+
+  def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
+    """Compiles the round, the evaluation and the diagnostics concurrently; returns the round.
+
+    XLA compilation releases the GIL, so the evaluation and diagnostics programs
+    (tens of seconds for four architectures on a GPU) compile in worker threads
+    while the round compiles. The evaluation and diagnostics executables are kept
+    and used by `evaluation_record` / `diagnostics` from then on.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+      evaluation = pool.submit(lambda: self.evaluate.lower(state, self.data.test).compile())
+      diagnostics = (pool.submit(lambda: self._diagnostics.lower(state, self.data).compile())
+                     if with_diagnostics and self._diagnostics is not None else None)
+      compiled = self.compile_rounds(state)
+      self._evaluate_compiled = evaluation.result()
+      if diagnostics is not None:
+        self._diagnostics_compiled = diagnostics.result()
+    return compiled
 
   def init_state(self) -> Any:
     return self._init(jax.random.key(int(self.config.seed)), self.data)
@@ -277,7 +297,8 @@ class Experiment:
     """The method's diagnostic arrays (K, ...) in participant order, or None if it has none."""
     if self._diagnostics is None:
       return None
-    per_group = jax.device_get(self._diagnostics(state, self.data))
+    compute = self._diagnostics_compiled or self._diagnostics
+    per_group = jax.device_get(compute(state, self.data))
     return scatter_to_participants(self.groups, per_group, self.setup.num_participants)
 
   def evaluation_record(self, state) -> dict[str, float]:
@@ -286,7 +307,8 @@ class Experiment:
     kind is intra/inter (own domain / mean of the other domains) when the
     scenario has several test domains, else accuracy.
     """
-    accuracy = scatter_to_participants(self.groups, jax.device_get(self.evaluate(state, self.data.test)),
+    evaluate = self._evaluate_compiled or self.evaluate
+    accuracy = scatter_to_participants(self.groups, jax.device_get(evaluate(state, self.data.test)),
                                        self.setup.num_participants)
     if self.accuracy_kinds == ("accuracy",):
       per_kind = {"accuracy": np.asarray(accuracy, np.float64)[:, 0]}
@@ -334,6 +356,7 @@ class Experiment:
         "train_sizes": {n: int(len(s.labels)) for n, s in zip(self.client_names, sc.train)},
         "test_sizes": {d: int(len(sc.test[d].labels)) for d in sc.test},
         "public_size": int(len(sc.public)),
+        **({"office_test": sc.office_test} if sc.office_test else {}),
         "participants": [{"name": n, "domain": d, "architecture": a} for n, d, a in
                          zip(self.client_names, sc.domains, self.architectures)],
         "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
@@ -409,22 +432,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = _load_diagnostics(workdir / f"{diagnostics.name}.npz") if diagnostics and start else {}
   kinds = experiment.accuracy_kinds
-  progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
   done = start
   if done < num_rounds:
     logging.info("compiling the round (the first run on a machine takes minutes; later runs "
                  "reuse the compilation cache%s)",
                  f" in {config.compilation_cache_dir}" if config.compilation_cache_dir else "")
     tick = time.perf_counter()
-    run_rounds = experiment.compile_rounds(state)
+    # The evaluation (and diagnostics) compile now too, beside the round: the first round's
+    # time, and so the progress bar's ETA, then count training rounds only.
+    run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
     need = check_round_memory(run_rounds, config, available_memory_bytes(jax.devices()[0]))
-    # The evaluation (and diagnostics) compile now too: the first round's time, and so the
-    # progress bar's ETA, then count training rounds only.
-    jax.block_until_ready(experiment.evaluate(state, experiment.data.test))
-    if diagnostic_rounds:
-      experiment.diagnostics(state)
     logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
                  "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)
+  # Made after compiling: its rate and ETA count training rounds only.
+  progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
   while done < num_rounds:
     tick = time.perf_counter()
     state, metrics = run_rounds(state, experiment.data)
@@ -467,10 +488,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   substituted = experiment.scenario.substituted
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")
+  protocol = _office_test_line(experiment.scenario.office_test, int(config.eval.top_k))
   workdir_lib.write_atomic(
       workdir / "results.md",
       f"# {config.name}: mean of the last {config.eval.last_rounds} evaluated rounds\n\n"
-      f"{table}{note}")
+      f"{protocol}{table}{note}")
   workdir_lib.write_atomic(workdir / "results.json", json.dumps(numbers, indent=2) + "\n")
   logging.info("results (mean of the last %d evaluated rounds):\n%s", config.eval.last_rounds,
                table)
@@ -481,6 +503,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if diagnostics is not None and saved:
       diagnostics.plot(saved, experiment.client_names, workdir / f"{diagnostics.name}.png")
   return {"results": numbers, "last_record": records[-1] if records else {}, "records": records}
+
+
+def _office_test_line(office_test: str, top_k: int) -> str:
+  """The results.md line saying which Office test protocol (and top-k) the numbers use."""
+  if not office_test:
+    return ""
+  what = {"held_out": "held-out images (i % 10 >= 8 of each domain, never in private data)",
+          "whole_domain": "the whole domain, training images included (as the FCCL+ code "
+                          "evaluates)"}[office_test]
+  return f"Test sets (scenario.office_test={office_test!r}): {what}; top-{top_k} accuracy.\n\n"
 
 
 def headline_kind(kinds: tuple[str, ...]) -> str:

@@ -129,6 +129,19 @@ def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monke
   assert [r["round"] for r in result["records"]] == [1]
 
 
+def test_progress_starts_after_compilation_so_its_eta_counts_rounds_only(tmp_path, monkeypatch):
+  events = []
+  compile_rounds = Experiment.compile_rounds
+  monkeypatch.setattr(Experiment, "compile_rounds",
+                      lambda self, state: events.append("compile") or compile_rounds(self, state))
+  progress_init = reporting.Progress.__init__
+  monkeypatch.setattr(reporting.Progress, "__init__",
+                      lambda self, *a, **k: events.append("progress") or progress_init(self, *a, **k))
+  config = tiny_config(**{"name": "eta", "num_rounds": 1, "logging.plots": False})
+  train_and_evaluate(config, tmp_path)
+  assert events == ["compile", "progress"]
+
+
 def test_memory_estimate_is_positive_and_below_this_machine():
   experiment = Experiment(tiny_config(name="memory_estimate"))
   compiled = experiment.compile_rounds(experiment.init_state())

@@ -13,9 +13,11 @@ Sources (all offline by default):
     SYN, and a natural-image-like public set.
 
 Scenarios (`scenarios.build_scenario`): Digits, Office-Caltech, Office31,
-Office-Home with FCCL+ Table V private sizes, explicit per-domain sources and
-an opt-in, logged and recorded synthetic fallback. `stack_clients` pads
-clients of unequal size into (K, N_max, ...) arrays with a mask.
+Office-Home with FCCL+ Table V private sizes, explicit per-domain sources,
+an opt-in, logged and recorded synthetic fallback, and for Office a choice of
+test protocol (`OFFICE_TESTS`: held-out images, or the whole domain as the
+FCCL+ code evaluates). `stack_clients` pads clients of unequal size into
+(K, N_max, ...) arrays with a mask.
 
 Partitioners (`partition`): IID, Dirichlet label skew, pathological shards,
 binary class split, permuted pixels, GLFC class-incremental task streams.
@@ -54,8 +56,8 @@ from fedjax_het.data.partition import (Task, binary_class_split, class_increment
 from fedjax_het.data.partitioned import (DATASET_STATS, PARTITION_DATASETS, PARTITIONS,
                                          PERMUTED_TEST_MODES, build_partitioned_scenario,
                                          partition_indices)
-from fedjax_het.data.scenarios import (SCENARIOS, Scenario, build_scenario, load_dataset,
-                                       stratified_subsample)
+from fedjax_het.data.scenarios import (OFFICE_TESTS, SCENARIOS, Scenario, build_scenario,
+                                       load_dataset, stratified_subsample)
 from fedjax_het.data.synthetic import (DEFAULT_SYNTHETIC_TEST_SIZE, DEFAULT_SYNTHETIC_TRAIN_SIZES,
                                        DIGIT_DOMAINS, SYNTHETIC_VERSION, synthetic_digits,
                                        synthetic_digits_benchmark, synthetic_public)
@@ -64,7 +66,8 @@ from fedjax_het.data.tfds_source import TFDS_NAMES, load_tfds
 __all__ = [
     "BUNDLE", "CACHE_DIR_ENV", "CIFAR100_MEAN", "CIFAR100_STD", "DATASET_STATS", "DATA_DIR_ENV",
     "DEFAULT_SYNTHETIC_TEST_SIZE", "DEFAULT_SYNTHETIC_TRAIN_SIZES", "DIGIT_DOMAINS",
-    "IMAGENET_MEAN", "IMAGENET_STD", "PARTITIONS", "PARTITION_DATASETS", "PERMUTED_TEST_MODES",
+    "IMAGENET_MEAN", "IMAGENET_STD", "OFFICE_TESTS", "PARTITIONS", "PARTITION_DATASETS",
+    "PERMUTED_TEST_MODES",
     "SCENARIOS", "SYNTHETIC_VERSION", "TFDS_NAMES", "DataError", "DataUnavailableError", "Scenario",
     "Split", "StackedClients", "Task", "available_bundle_files", "binary_class_split",
     "build_partitioned_scenario", "build_scenario", "cache_dir", "class_incremental_tasks",

@@ -49,6 +49,9 @@ class Scenario:
     private_mean, private_std: normalisation statistics of private data.
     public_mean, public_std: normalisation statistics of the public data.
     class_names: class names when known (else ()).
+    office_test: the test protocol of an Office scenario, "held_out" (test
+      images are never private data) or "whole_domain" (each test set is
+      the whole domain, training images included); "" for other scenarios.
   """
   name: str
   num_classes: int
@@ -63,6 +66,7 @@ class Scenario:
   public_mean: Stats
   public_std: Stats
   class_names: tuple[str, ...] = ()
+  office_test: str = ""
 
   def __post_init__(self):
     if len(self.train) != len(self.domains):
@@ -90,6 +94,7 @@ class Scenario:
         "substituted": list(self.substituted),
         "private_mean": list(self.private_mean), "private_std": list(self.private_std),
         "public_mean": list(self.public_mean), "public_std": list(self.public_std),
+        **({"office_test": self.office_test} if self.office_test else {}),
     }
 
 
@@ -124,6 +129,9 @@ SCENARIOS: dict[str, _Spec] = {
                           "real_world": "real"},
                          "office_home", npz.OFFICE_TRAIN_MAX_REMAINDER),
 }
+
+#: Test protocols of the Office scenarios (`build_scenario(office_test=...)`).
+OFFICE_TESTS = ("held_out", "whole_domain")
 
 _TFDS_DOMAINS = {"mnist": "mnist", "svhn": "svhn_cropped"}
 _PUBLIC_NPZ = tuple(npz.PUBLIC_FILES)
@@ -270,7 +278,8 @@ class _SyntheticPool(_ArrayPool):
     return self._test
 
 
-def _folder_pool(path: str, spec: _Spec, scenario: str) -> _Pool:
+def _folder_pool(path: str, spec: _Spec, scenario: str, whole_domain_test: bool = False) -> _Pool:
+  """An ImageFolder domain; `whole_domain_test`: its test split is all of its images."""
   root = os.path.expanduser(path)
   expected = tuple(str(i) for i in range(10)) if scenario == "digits" else None
   test_dir = next((os.path.join(root, d) for d in ("test", "val")
@@ -279,23 +288,30 @@ def _folder_pool(path: str, spec: _Spec, scenario: str) -> _Pool:
     train, names = load_image_folder(os.path.join(root, "train"), class_names=expected)
     test, test_names = load_image_folder(test_dir, class_names=names)
     del test_names
+    if whole_domain_test:
+      test = Split(np.concatenate([train.images, test.images]),
+                   np.concatenate([train.labels, test.labels]))
   else:
     full, names = load_image_folder(root, class_names=expected)
     train, test = npz.index_split(full, spec.train_max_remainder)
+    if whole_domain_test:
+      test = full
   if len(names) != spec.num_classes:
     raise DataError(f"{root}: {len(names)} class folders, scenario {scenario!r} has "
                     f"{spec.num_classes} classes.")
   return _ArrayPool(train, test, f"folder:{root}", names)
 
 
-def _real_pool(domain: str, spec: _Spec, scenario: str,
-               data_dir: str | os.PathLike | None) -> _Pool:
+def _real_pool(domain: str, spec: _Spec, scenario: str, data_dir: str | os.PathLike | None,
+               whole_domain_test: bool = False) -> _Pool:
   if scenario == "digits":
     train, test = npz.load_npz_digits(data_dir, domains=(domain,))[domain]
     path = npz.bundle_path("digits", data_dir)
     return _ArrayPool(train, test, f"npz:{path}[{domain}]", tuple(str(i) for i in range(10)))
   splits, names = npz.load_office_domains(spec.bundle, data_dir, domains=(domain,))
   train, test = npz.index_split(splits[domain], spec.train_max_remainder)
+  if whole_domain_test:
+    test = splits[domain]
   path = npz.bundle_path(spec.bundle, data_dir)
   return _ArrayPool(train, test, f"npz:{path}[{domain}]", names)
 
@@ -316,6 +332,40 @@ def _how_to(domain: str, source: str, spec: _Spec, scenario: str) -> str:
     hints.append(f"sources={{{domain!r}: 'synthetic'}} or synthetic_fallback=True for the "
                  "synthetic stand-in")
   return "; or ".join(hints)
+
+
+def _office_unavailable(name: str, spec: _Spec, failures: Sequence[tuple[str, str, str]],
+                        loaded: Mapping[str, _Pool]) -> str:
+  """One line for unavailable Office domains: which, why, the field to set, the folder layout.
+
+  `failures` holds (domain, source, reason); `loaded` the domains that did load.
+  """
+  groups: dict[tuple[str, str], list[str]] = {}
+  for domain, source, reason in failures:
+    groups.setdefault((source, " ".join(reason.splitlines())), []).append(domain)
+  missing = [d for d, _, _ in failures]
+  what = "; ".join(
+      f"domain{'s' if len(ds) > 1 else ''} {', '.join(repr(d) for d in ds)} (source "
+      f"{source!r}: {reason.rstrip('.')})" for (source, reason), ds in groups.items())
+  first = missing[0]
+  names = next((p.class_names for p in loaded.values() if p.class_names), ())
+  classes = (f"the class folders: {', '.join(names)}" if names and len(names) <= 12 else
+             f"{spec.num_classes} class folders, named as in the other domains")
+  each, it = ("each", "them") if len(missing) > 1 else ("it", "it")
+  message = (
+      f"Scenario {name!r}: no data for {what}. Give {each} as an image folder: "
+      f"--config.scenario.sources.{first}=folder:<path> (config field "
+      f"scenario.sources.{first if len(missing) == 1 else '<domain>'}; in Python "
+      f"build_scenario(sources={{{first!r}: 'folder:<path>'}})), an ImageFolder with one "
+      f"sub-folder per class, <path>/<class name>/*.jpg (split by image index: i % 10 <= 7 "
+      f"train, the rest test), or <path>/train/<class name>/*.jpg beside <path>/test/ (or "
+      f"val/); {classes}; or put {npz.BUNDLE[spec.bundle].filename} with keys "
+      f"{first}_x/{first}_y in the data directory (scenario.data_dir or ${DATA_DIR_ENV})")
+  remaining = tuple(d for d in spec.domains if d in loaded)
+  if remaining:
+    message += (f"; or leave {it} out: --config.scenario.domains=\"{remaining!r}\" with one "
+                f"config.models.architectures entry per remaining participant")
+  return message + "."
 
 
 # ----------------------------------------------------------------------------
@@ -371,7 +421,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
                    public_size: int = 5000, seed: int = 0,
                    domains: Sequence[str] | None = None,
                    homogeneous: bool = False,
-                   tfds_data_dir: str | os.PathLike | None = None) -> Scenario:
+                   tfds_data_dir: str | os.PathLike | None = None,
+                   office_test: str = "held_out") -> Scenario:
   """Builds a domain-shift scenario of FCCL / FCCL+ (one client per domain by default).
 
   Scenarios, their domains and default sources (every default requests the
@@ -401,7 +452,11 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   domain's array is a training example iff i % 10 <= 7 (the FCCL+ code's rule
   for Office31, Office-Caltech and Office-Home). Synthetic domains generate a
   training pool of exactly the requested size and a test set of `test_size`
-  (default 2000) images from a separate random stream.
+  (default 2000) images from a separate random stream. Office test protocol
+  (`office_test`): "held_out" (default) tests on the images outside the
+  training split only; "whole_domain" tests on every image of the domain,
+  training images included, which is what the FCCL+ benchmark code evaluates
+  on (private data still comes from the training split).
 
   Private data: client i draws `private_sizes[domains[i]]` training examples
   of its domain without replacement (seeded); clients sharing a domain get
@@ -425,8 +480,9 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   domain and how to provide it. With `synthetic_fallback=True`, an
   unavailable digit domain or public set is replaced by its synthetic
   counterpart with a logged warning and recorded in `substituted` and
-  `sources`; Office domains have no synthetic stand-in and still raise.
-  Corrupt data (DataError) is never replaced.
+  `sources`; Office domains have no synthetic stand-in and still raise, with
+  a one-line message naming the domains, the `sources` field to set and the
+  ImageFolder layout expected. Corrupt data (DataError) is never replaced.
 
   Args:
     name: "digits", "office_caltech", "office31" or "office_home".
@@ -447,6 +503,9 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
     homogeneous: see "Private data".
     tfds_data_dir: TFDS data directory for "tfds" sources (default: TFDS's
       own, $TFDS_DATA_DIR or ~/tensorflow_datasets).
+    office_test: "held_out" or "whole_domain", see "Splits" (Office
+      scenarios; Digits accepts "held_out" only). Recorded in
+      `Scenario.office_test`.
 
   Returns:
     Scenario.
@@ -472,6 +531,12 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
     raise ValueError(f"`public_size` must be >= 0, got {public_size!r}.")
   if not isinstance(seed, (int, np.integer)) or seed < 0:
     raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}.")
+  if office_test not in OFFICE_TESTS:
+    raise ValueError(f"`office_test` must be one of {OFFICE_TESTS}, got {office_test!r}.")
+  if name == "digits" and office_test != "held_out":
+    raise ValueError(f"`office_test`={office_test!r} applies to the Office scenarios only; "
+                     "Digits domains keep their own test sets ('held_out').")
+  whole_domain_test = office_test == "whole_domain"
   requested = _resolve_sources(name, spec, client_domains, sources)
   sizes = dict(spec.private_sizes)
   for d, n in (private_sizes or {}).items():
@@ -497,6 +562,7 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   pools: dict[str, _Pool] = {}
   substituted: list[str] = []
   failures: list[str] = []
+  office_failures: list[tuple[str, str, str]] = []
   synthetic_test = synthetic.DEFAULT_SYNTHETIC_TEST_SIZE if test_size is None else test_size
   for d in unique:
     source = requested[d]
@@ -504,12 +570,13 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
       if source == "synthetic":
         pools[d] = _SyntheticPool(d, needed[d], synthetic_test, seed, f"synthetic(seed={seed})")
       elif source == "real":
-        pools[d] = _real_pool(d, spec, name, data_dir)
+        pools[d] = _real_pool(d, spec, name, data_dir, whole_domain_test)
       elif source == "tfds":
         pools[d] = _TfdsPool(_TFDS_DOMAINS[d], tfds_data_dir)
       else:
-        pools[d] = _folder_pool(source[len("folder:"):], spec, name)
+        pools[d] = _folder_pool(source[len("folder:"):], spec, name, whole_domain_test)
     except DataUnavailableError as e:
+      office_failures.append((d, source, str(e)))
       if synthetic_fallback and d in synthetic.DIGIT_DOMAINS:
         logger.warning(
             "SYNTHETIC SUBSTITUTION in scenario %r: domain %r requested source %r, which is "
@@ -522,6 +589,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
       else:
         failures.append(f"  - {d!r} (source {source!r}): {e}\n    To provide it: "
                         f"{_how_to(d, source, spec, name)}.")
+  if failures and name != "digits":  # Office domains: one line (no synthetic or TFDS option)
+    raise DataUnavailableError(_office_unavailable(name, spec, office_failures, pools))
   if failures:
     failed_digits = [d for d in unique if d in synthetic.DIGIT_DOMAINS and d not in pools]
     extra = ("\nOr pass synthetic_fallback=True to substitute the synthetic stand-ins of "
@@ -600,7 +669,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
       domains=client_domains, train=tuple(train), test=test, public=public,
       sources=sources_used, substituted=tuple(substituted),
       private_mean=tuple(augment.IMAGENET_MEAN), private_std=tuple(augment.IMAGENET_STD),
-      public_mean=public_mean, public_std=public_std, class_names=class_names)
+      public_mean=public_mean, public_std=public_std, class_names=class_names,
+      office_test="" if name == "digits" else office_test)
 
 
 # ----------------------------------------------------------------------------
