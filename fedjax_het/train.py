@@ -30,7 +30,6 @@ Artefacts in `workdir`:
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import pathlib
@@ -252,21 +251,18 @@ class Experiment:
     return self.run_rounds.lower(state, self.data).compile()
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
-    """Compiles the round, the evaluation and the diagnostics concurrently; returns the round.
+    """Compiles the round, then the evaluation and the diagnostics; returns the round.
 
-    XLA compilation releases the GIL, so the evaluation and diagnostics programs
-    (tens of seconds for four architectures on a GPU) compile in worker threads
-    while the round compiles. The evaluation and diagnostics executables are kept
-    and used by `evaluation_record` / `diagnostics` from then on.
+    The evaluation and diagnostics executables are kept and used by
+    `evaluation_record` / `diagnostics` from then on. They compile one after
+    another: compiling the evaluation in a worker thread beside the round was
+    measured slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's GPU
+    compiler is itself multi-threaded and autotunes on the device).
     """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-      evaluation = pool.submit(lambda: self.evaluate.lower(state, self.data.test).compile())
-      diagnostics = (pool.submit(lambda: self._diagnostics.lower(state, self.data).compile())
-                     if with_diagnostics and self._diagnostics is not None else None)
-      compiled = self.compile_rounds(state)
-      self._evaluate_compiled = evaluation.result()
-      if diagnostics is not None:
-        self._diagnostics_compiled = diagnostics.result()
+    compiled = self.compile_rounds(state)
+    self._evaluate_compiled = self.evaluate.lower(state, self.data.test).compile()
+    if with_diagnostics and self._diagnostics is not None:
+      self._diagnostics_compiled = self._diagnostics.lower(state, self.data).compile()
     return compiled
 
   def init_state(self) -> Any:
