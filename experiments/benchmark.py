@@ -16,7 +16,11 @@ What it runs: every (method, seed) cell is one ordinary training run,
 config `experiments/configs/<scenario>.py:get_config("<method>[_quick]")` (for
 the Office scenarios `office.py:get_config("<caltech|office31|home>_<method>[_quick]")`),
 `config.seed = s` and the `--set` overrides (a dotted config field = a Python
-literal, or a string; e.g. `--set num_rounds=10 --set local.epochs=2`). The
+literal, or a string; e.g. `--set num_rounds=10 --set local.epochs=2`). The FCCL
+row is the benchmark's FCCL (FCCL+ Table VIII): its collaborative target is the
+mean of every participant's current logits, its own included
+(`fccl.own_slot=current`, `TABLE_SETTINGS`), not the conference code's previous-
+round model in the participant's own slot (the default of `digits_fccl`). The
 cells run one after another in this one process, in the order methods x seeds;
 seeds are not vmapped together (each seed is a separate run and compiles from
 the same persistent compilation cache, `config.compilation_cache_dir`).
@@ -203,12 +207,20 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
                         f"{node[parts[-1]]!r}) to {value!r}: {error}") from None
 
 
+#: Settings of the table's rows that differ from the method's own config: FCCL+ Table VIII's
+#: FCCL row comes from the benchmark's FCCL, whose collaborative target is the mean of every
+#: participant's current logits, its own included (the conference code puts the participant's
+#: previous-round model in its own slot instead, the default of experiments/configs).
+TABLE_SETTINGS = {"fccl": {"fccl.own_slot": "current"}}
+
+
 def cell_config(module: Any, method: str, seed: int, *, quick: bool, prefix: str = "",
                 overrides: Sequence[str] = (),
                 configure: Callable[[ml_collections.ConfigDict, str], None] | None = None
                 ) -> ml_collections.ConfigDict:
   """get_config("<prefix><method>[_quick]") with the seed, the overrides and `configure`."""
   config = module.get_config(f"{prefix}{method}{'_quick' if quick else ''}")
+  config.update_from_flattened_dict(TABLE_SETTINGS.get(method, {}))
   config.seed = int(seed)
   config.name = f"{config.name}_seed{seed}"
   apply_overrides(config, overrides)
@@ -364,6 +376,8 @@ def run_benchmark(scenario: str, methods: Sequence[str], seeds: Sequence[int], *
   total = len(configs)
   configs_text = (f"experiments/configs/{module.__file__.rsplit('/', 1)[-1]}:{prefix}<method>"
                   f"{'_quick' if quick else ''}")
+  if "fccl" in methods:
+    configs_text += " (FCCL as the benchmark runs it: fccl.own_slot=current)"
   common = dict(scenario=scenario, quick=quick, methods=methods, seeds=seeds,
                 configs_text=configs_text,
                 overrides=list(overrides), total=total, custom_hook=configure is not None,

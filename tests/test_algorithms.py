@@ -168,6 +168,51 @@ def test_fcclplus_local_step_is_ce_plus_fntd_against_the_teacher():
                          new_state["groups"]["a"]["variables"])
 
 
+def test_fcclplus_kd_then_fntd_distils_with_kd_first_then_fntd():
+  """FCCL+ Table XVII's schedule: 2 local epochs (one full batch each), kd_fraction 0.5:
+  epoch 0 descends CE + tau^2 KD, epoch 1 CE + FNTD, against the same teacher."""
+  setup = _setup(["a", "a"])
+  config = _config()
+  config.local.optimizer = "sgd"
+  config.local.lr = 0.2
+  config.local.lr_decay = 0.0
+  config.local.epochs = 2
+  config.fcclplus.local_distillation = "kd_then_fntd"
+  config.fcclplus.kd_fraction = 0.5
+  algorithm = fcclplus.make_phases(config, setup)
+  state = algorithm.init(jax.random.key(0), None)
+  teacher = jax.tree_util.tree_map(lambda v: v + 0.05, state["groups"]["a"]["variables"])
+  state["groups"]["a"]["teacher"] = teacher
+  data, images, labels = _data(setup)
+  new_state, _ = algorithm.local_update(state, data, jax.random.key(1), jnp.int32(0))
+  model = TinyLinear()
+  for slot in range(2):
+    params = jax.tree_util.tree_map(lambda v: v[slot], state["groups"]["a"]["variables"]["params"])
+    t_params = jax.tree_util.tree_map(lambda v: v[slot], teacher["params"])
+    x = jnp.asarray(images[slot], jnp.float32) / 255.0
+    y = jnp.asarray(labels[slot])
+    t_logits = model.apply({"params": t_params}, x, train=True)[1]
+
+    def objective(p, kd):
+      z = model.apply({"params": p}, x, train=True)[1]
+      distill = (9.0 * losses.knowledge_distillation_loss(student_logits=z, teacher_logits=t_logits,
+                                                           temperature=3.0) if kd else
+                 losses.non_target_distillation_loss(student_logits=z, teacher_logits=t_logits,
+                                                     labels=y, temperature=3.0))
+      return losses.softmax_cross_entropy(logits=z, labels=y) + distill
+
+    want = params
+    for kd in (True, False):
+      grad = jax.grad(objective)(want, kd)
+      want = jax.tree_util.tree_map(lambda p, g: p - 0.2 * g, want, grad)
+    got = jax.tree_util.tree_map(lambda v: v[slot], new_state["groups"]["a"]["variables"]["params"])
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                           got, want)
+  config.fcclplus.kd_fraction = 1.5
+  with pytest.raises(ValueError, match=r"fcclplus.kd_fraction"):
+    fcclplus.validate_config(config)
+
+
 def test_homogeneous_fcclplus_averages_all_participants_before_local_training():
   setup = _setup(["r", "r", "r"])
   config = _config()

@@ -273,6 +273,15 @@ def test_set_overrides_are_parsed_against_the_field_types():
   assert runner._significant(["logging.plots=false", "num_rounds=1"], config) == ["num_rounds=1"]
 
 
+def test_the_fccl_row_is_the_benchmarks_fccl_with_every_current_model_in_the_target():
+  module, _ = runner.load_config_module("digits")
+  assert module.get_config("fccl_quick").fccl.own_slot == "previous"  # the conference code
+  assert runner.cell_config(module, "fccl", 0, quick=True).fccl.own_slot == "current"
+  overridden = runner.cell_config(module, "fccl", 0, quick=True,
+                                  overrides=["fccl.own_slot=previous"])
+  assert overridden.fccl.own_slot == "previous"  # --set still wins
+
+
 def test_a_config_file_with_several_scenarios_gives_prefixed_variants(tmp_path, monkeypatch):
   """office.py-style files: SCENARIOS {variant prefix: scenario} -> <prefix>_<method>[_quick]."""
   (tmp_path / "multi.py").write_text(

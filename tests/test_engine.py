@@ -189,6 +189,37 @@ def test_exact_steps_one_client_at_a_time_equals_the_vmapped_padded_scan():
                          variables["params"]["Dense_0"]["kernel"][0])
 
 
+@pytest.mark.parametrize("sequential", [False, True])
+def test_local_trainer_with_epoch_passes_each_steps_local_epoch(sequential):
+  """Clients of 3 and 7 rows, batch 2, 3 epochs: steps 2 and 4 per epoch; the loss sees the
+  epoch of its step (mean over the steps that hold data = 1 for every client)."""
+  model = TinyLinear()
+  rng = np.random.default_rng(5)
+  data = [_client(rng, 3, 7), _client(rng, 7, 7)]
+  group_data = clients.GroupData(
+      images=jnp.stack([d[0] for d in data]), labels=jnp.stack([d[1] for d in data]),
+      sizes=jnp.array([3, 7], jnp.int32), client_ids=jnp.arange(2, dtype=jnp.int32),
+      active=jnp.ones((2,), bool))
+
+  def loss_fn(params, batch_stats, x, y, mask, rng_, aux, epoch):
+    loss, aux_out = _ce_loss(model)(params, batch_stats, x, y, mask, rng_, aux)
+    return loss, (aux_out[0], {"epoch": epoch.astype(jnp.float32),
+                               "late": (epoch == 2).astype(jnp.float32)})
+
+  train = local.make_local_trainer(loss_fn=loss_fn, optimizer=optim.make_optimizer("sgd"),
+                                   epochs=3, batch_size=2, max_size=7,
+                                   preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                                   with_epoch=True)
+  init = model.init(jax.random.key(0), jnp.zeros((1, 2, 2, 3)), train=False)["params"]
+  variables = jax.tree_util.tree_map(lambda p: jnp.stack([p, p]),
+                                     {"params": init, "batch_stats": {}})
+  _, metrics = jax.jit(lambda v: local.train_clients(
+      train, v, jnp.zeros((2,)), group_data, jax.random.split(jax.random.key(2), 2),
+      jnp.full((3,), 0.1), sequential=sequential))(variables)
+  np.testing.assert_allclose(metrics["epoch"], [1.0, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(metrics["late"], [1 / 3, 1 / 3], rtol=1e-6)
+
+
 # --------------------------------------------------------------------------- grouping
 
 

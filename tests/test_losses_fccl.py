@@ -275,6 +275,24 @@ def test_fntd_ignores_the_target_logit_and_teacher_gets_no_gradient():
   np.testing.assert_array_equal(grad_t, 0.0)
 
 
+@pytest.mark.parametrize("scale", [1.0, 12.0])  # 12: a confident, near-saturated student
+def test_fntd_written_form_pushes_the_target_logit_down(scale):
+  # Without renormalisation, d(tau^2 sum_{u!=t} p_T^u log(p_T^u/p_S^u))/dz_S^t
+  # = tau (1 - p_T^t) p_S^t per row (p at temperature tau), divided by B for the batch mean.
+  rng = _rng(13)
+  s, t = rng.normal(size=(4, 6)) * scale, rng.normal(size=(4, 6))
+  y = np.array([0, 1, 2, 3])
+  tau = 3.0
+  grad = jax.grad(lambda z: losses.non_target_distillation_loss(
+      student_logits=z, teacher_logits=_f32(t), labels=jnp.asarray(y), temperature=tau))(_f32(s))
+  p_s = np.exp(s / tau) / np.exp(s / tau).sum(-1, keepdims=True)
+  p_t = np.exp(t / tau) / np.exp(t / tau).sum(-1, keepdims=True)
+  rows = np.arange(4)
+  want = tau * (1 - p_t[rows, y]) * p_s[rows, y] / 4
+  np.testing.assert_allclose(np.asarray(grad)[rows, y], want, rtol=1e-5, atol=1e-8)
+  assert np.all(want > 0)
+
+
 def test_dual_domain_distillation_matches_reference():
   rng = _rng(12)
   z, prev, pre = (rng.normal(size=(8, 10)) * 2 for _ in range(3))

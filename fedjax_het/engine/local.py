@@ -33,14 +33,17 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
 from fedjax_het.engine.optim import OPTIMIZERS, apply_updates, make_optimizer
 
-# loss_fn(params, batch_stats, images, labels, mask, rng, aux)
+# loss_fn(params, batch_stats, images, labels, mask, rng, aux[, epoch])
 #   -> (scalar loss, (new batch_stats, {metric name: scalar}))
+# `epoch` (int32 scalar, the local epoch of the step, from 0) is passed only to trainers built
+# with `with_epoch=True` (losses with an epoch schedule, e.g. FCCL+'s KD-then-FNTD).
 LocalLossFn = Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]
 
 
 def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransformation,
                        epochs: int, batch_size: int, max_size: int,
-                       preprocess: Callable[[jax.Array], jax.Array]) -> Callable[..., Any]:
+                       preprocess: Callable[[jax.Array], jax.Array],
+                       with_epoch: bool = False) -> Callable[..., Any]:
   """Builds `train(variables, aux, images, labels, size, key, learning_rates, *, exact_steps)`.
 
   Args:
@@ -52,6 +55,8 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
     max_size: padded row count N of the client arrays.
     preprocess: uint8 (B, 32, 32, 3) -> float model input (normalisation,
       augmentation-free).
+    with_epoch: pass the step's local epoch (int32, from 0) to `loss_fn` as
+      its last argument.
 
   Returns:
     train(variables, aux, images (N,32,32,3) uint8, labels (N,), size (),
@@ -71,9 +76,10 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
 
     def step_gradient(params, batch_stats, t):
       rows, mask, active = batching.batch_indices(plan, t, batch_size=batch_size, steps=steps)
+      extra = (jnp.asarray(t // steps, jnp.int32),) if with_epoch else ()
       return jax.value_and_grad(loss_fn, has_aux=True)(
           params, batch_stats, preprocess(images[rows]), labels[rows], mask,
-          jax.random.fold_in(step_key, t), aux), active
+          jax.random.fold_in(step_key, t), aux, *extra), active
 
     return step_gradient
 
@@ -173,13 +179,15 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
 
 def make_group_trainers(setup: Any, loss_for_group: Callable[[Any], LocalLossFn], *,
                         optimizer: str, weight_decay: float, epochs: int,
-                        batch_size: int) -> dict[str, Callable[..., Any]]:
+                        batch_size: int, with_epoch: bool = False
+                        ) -> dict[str, Callable[..., Any]]:
   """One local trainer per architecture group of `setup` (private-data normalisation)."""
   preprocess = normalizer(setup.private_mean, setup.private_std)
   tx = make_optimizer(optimizer, weight_decay=weight_decay)
   return {group.name: make_local_trainer(
       loss_fn=loss_for_group(group), optimizer=tx, epochs=epochs, batch_size=batch_size,
-      max_size=setup.max_sizes[group.name], preprocess=preprocess) for group in setup.groups}
+      max_size=setup.max_sizes[group.name], preprocess=preprocess, with_epoch=with_epoch)
+      for group in setup.groups}
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -239,6 +239,14 @@ def non_target_distillation_loss(*, student_logits: jax.Array, teacher_logits: j
   `renormalize=True` instead drops the target logit before the softmax (the
   FedNTD form), a documented alternative.
 
+  Gradient on the target logit: FCCL+ Eq. 12 states that FNTD contributes 0
+  there. That holds for `renormalize=True` only. In the written form (Eq. 13,
+  and the authors' code) the target logit still enters every p_S^u through the
+  softmax's normaliser, and dL/dz_S^t = tau (1 - p_T^t) p_S^t >= 0 per example
+  (before the batch mean): the term pushes the target logit DOWN, against the
+  cross-entropy, by up to tau. A model whose teacher (last round's model) is
+  still near chance therefore learns its labels more slowly than with CE alone.
+
   Args:
     student_logits: (B, C) logits of the model being trained.
     teacher_logits: (B, C) logits of the previous round's end-of-local model
