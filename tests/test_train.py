@@ -125,11 +125,7 @@ def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monke
     train_and_evaluate(config, tmp_path)
   assert not (tmp_path / "metrics.jsonl").read_text()  # no round ran
   config.memory_check = False  # the documented way past the check; the run starts at round 0
-  result = train_and_evaluate(config, tmp_path)
-  assert [r["round"] for r in result["records"]] == [1]
-
-
-def test_progress_starts_after_compilation_so_its_eta_counts_rounds_only(tmp_path, monkeypatch):
+  # The progress bar starts after compilation, so its rate and ETA count rounds only.
   events = []
   compile_rounds = Experiment.compile_rounds
   monkeypatch.setattr(Experiment, "compile_rounds",
@@ -137,8 +133,8 @@ def test_progress_starts_after_compilation_so_its_eta_counts_rounds_only(tmp_pat
   progress_init = reporting.Progress.__init__
   monkeypatch.setattr(reporting.Progress, "__init__",
                       lambda self, *a, **k: events.append("progress") or progress_init(self, *a, **k))
-  config = tiny_config(**{"name": "eta", "num_rounds": 1, "logging.plots": False})
-  train_and_evaluate(config, tmp_path)
+  result = train_and_evaluate(config, tmp_path)
+  assert [r["round"] for r in result["records"]] == [1]
   assert events == ["compile", "progress"]
 
 
