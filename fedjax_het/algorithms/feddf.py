@@ -120,15 +120,12 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return common.consensus_step(setup, state, images, key, distill, col_tx,
                                  col_lr(round_index), keep_optimizer=reset != "batch")
 
-  def local_update(state, data, key, round_index):
-    rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
-    variables = {name: g["variables"] for name, g in state["groups"].items()}
-    if average:
-      variables = {name: aggregation.average_over_active(v, active[name])
-                   for name, v in variables.items()}
-    trained, metrics = solo.train_private(setup, trainers, variables, data, key, rates)
-    groups = {name: {**g, "variables": trained[name]} for name, g in state["groups"].items()}
-    return {**state, "groups": groups}, metrics
+  def average_all(variables):  # homogeneous variant: average before local training
+    return {name: aggregation.average_over_active(v, active[name])
+            for name, v in variables.items()}
+
+  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr,
+                                          prepare=average_all if average else None)
 
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
 

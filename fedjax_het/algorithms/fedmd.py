@@ -135,12 +135,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return common.consensus_step(setup, state, images, key, digest, col_tx,
                                  col_lr(round_index), keep_optimizer=reset != "batch")
 
-  def revisit(state, data, key, round_index):
-    rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
-    variables = {name: g["variables"] for name, g in state["groups"].items()}
-    trained, metrics = solo.train_private(setup, trainers, variables, data, key, rates)
-    groups = {name: {**g, "variables": trained[name]} for name, g in state["groups"].items()}
-    return {**state, "groups": groups}, metrics
+  revisit = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
 
   return Phases(init=init, draw_subset=draw_subset, digest_step=digest_step, revisit=revisit)
 

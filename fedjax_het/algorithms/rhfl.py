@@ -293,12 +293,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       groups[group.name] = {**g, "variables": new_vars}
     return {**state, "groups": groups}, metrics
 
-  def local_update(state, data, key, round_index):
-    rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
-    variables = {name: g["variables"] for name, g in state["groups"].items()}
-    trained, metrics = solo.train_private(setup, trainers, variables, data, key, rates)
-    groups = {name: {**g, "variables": trained[name]} for name, g in state["groups"].items()}
-    return {**state, "groups": groups}, metrics
+  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
 
   return Phases(init=init, confidence=confidence, collaborative_step=collaborative_step,
                 local_update=local_update)

@@ -44,6 +44,27 @@ def train_private(setup: Setup, trainers: dict[str, Any], variables: dict[str, A
   return out, metrics
 
 
+def make_private_update(setup: Setup, trainers: dict[str, Any], epochs: int,
+                        lr_schedule: Any, prepare: Any = None) -> Any:
+  """The private-training phase of the public-data methods (FedMD's revisit, FedDF's, RHFL's
+  and FedMatch's local update): `(state, {group: GroupData}, key, round) -> (state, metrics)`.
+
+  state["groups"][group]["variables"] are trained with `train_private` for `epochs` epochs at
+  `lr_schedule(round)`; `prepare({group: variables})`, if given, runs first (FedDF's
+  homogeneous averaging).
+  """
+  def private_update(state, data, key, round_index):
+    rates = jnp.full((epochs,), lr_schedule(round_index))
+    variables = {name: g["variables"] for name, g in state["groups"].items()}
+    if prepare is not None:
+      variables = prepare(variables)
+    trained, metrics = train_private(setup, trainers, variables, data, key, rates)
+    groups = {name: {**g, "variables": trained[name]} for name, g in state["groups"].items()}
+    return {**state, "groups": groups}, metrics
+
+  return private_update
+
+
 def pretrain_variables(setup: Setup, variables: dict[str, Any], data: Any, key: jax.Array,
                        *, epochs: int, batch_size: int, lr: float, min_lr: float,
                        optimizer: str = "adam") -> dict[str, Any]:
