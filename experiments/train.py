@@ -30,7 +30,7 @@ def expand_config_name(argv: list[str]) -> list[str]:
       scenario, variant = match.groups()
       path = CONFIGS / f"{scenario}.py"
       if not path.exists():
-        known = sorted(p.stem for p in CONFIGS.glob("*.py"))
+        known = sorted(p.stem for p in CONFIGS.glob("*.py") if not p.stem.startswith("_"))
         raise SystemExit(f"--config={match.group(1)}: no experiments/configs/{scenario}.py; "
                          f"known scenarios: {known}")
       arg = f"--config={path}" + (f":{variant}" if variant else "")

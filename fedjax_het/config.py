@@ -12,6 +12,11 @@ function.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import pathlib
+import types
+
 import ml_collections
 
 from fedjax_het import algorithms, validation
@@ -21,12 +26,28 @@ from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
-PARTITIONS = ("iid", "dirichlet", "shards", "permuted")
+PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 OFFICE_SCENARIOS = ("office_caltech", "office31", "office_home")
 
 #: Run-wide top-level sections; every other section belongs to the method.
 SHARED_SECTIONS = ("scenario", "models", "eval", "checkpoint", "sharding", "logging")
+
+
+def load_module(path: str | os.PathLike) -> types.ModuleType:
+  """Imports a Python file by path: a config file, or a helper its siblings share.
+
+  Config files are loaded by path (`--config=path.py:arg`), not as a package,
+  so a config file imports a shared sibling with
+  `load_module(pathlib.Path(__file__).with_name("_shared.py"))`.
+  """
+  path = pathlib.Path(path)
+  spec = importlib.util.spec_from_file_location(f"fedjax_het_config_{path.stem}", path)
+  if spec is None or spec.loader is None or not path.is_file():
+    raise FileNotFoundError(f"load_module: no Python file at {path}.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def base_config(algorithm: str) -> ml_collections.ConfigDict:
@@ -60,7 +81,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.scenario.dataset = "mnist"           # mnist | cifar10
   c.scenario.dataset_source = "real"     # the .npz bundle; "tfds"; "folder:<path>"
   c.scenario.num_clients = 100
-  c.scenario.partition = "iid"           # iid | dirichlet | shards | permuted
+  c.scenario.partition = "iid"           # iid | dirichlet | shards | class_split | permuted
   c.scenario.dirichlet_alpha = 0.5
   c.scenario.shards_per_client = 2
   c.scenario.train_size = 0              # 0: the whole training set; else a stratified subsample
@@ -75,7 +96,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.eval.batch_size = 512
   c.eval.top_k = 1
   c.eval.last_rounds = 3
-  c.eval.target_accuracy = 0.0           # > 0: report the first round whose mean accuracy reaches it
+  c.eval.targets = ()                    # accuracies (percent): report the first round reaching each
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 1
@@ -145,8 +166,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "eval.batch_size", int_at_least(1), "an integer >= 1")
   check(config, "eval.top_k", int_at_least(1), "an integer >= 1")
   check(config, "eval.last_rounds", int_at_least(1), "an integer >= 1")
-  check(config, "eval.target_accuracy", lambda v: 0 <= v <= 100,
-        "a number in [0, 100] (percent; 0: off)")
+  check(config, "eval.targets",
+        lambda v: isinstance(v, (tuple, list)) and all(0 < float(t) <= 100 for t in v),
+        "a sequence of accuracies in (0, 100] (percent; empty: off)")
   check(config, "checkpoint.every", int_at_least(1), "an integer >= 1")
   check(config, "checkpoint.keep", int_at_least(1), "an integer >= 1")
   check(config, "sharding.num_devices", int_at_least(0), "an integer >= 0 (0: all devices)")

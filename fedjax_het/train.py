@@ -474,13 +474,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   table, numbers = reporting.results_table(records, experiment.client_names,
                                            last_rounds=int(config.eval.last_rounds),
                                            method=config.algorithm, kinds=kinds)
-  target = float(config.eval.target_accuracy)
-  if target > 0 and numbers:
-    numbers["rounds_to_target"] = rounds_to_target(records, kinds, target)
-    reached = numbers["rounds_to_target"]
+  targets = [float(t) for t in config.eval.targets]
+  if targets and numbers:
+    numbers["rounds_to_target"] = {f"{t:g}": rounds_to_target(records, kinds, t)
+                                   for t in targets}
     what = "test" if headline_kind(kinds) == "accuracy" else "intra-domain"
-    table += (f"\n\nRounds to reach {target:g}% mean {what} accuracy: "
-              f"{reached if reached is not None else 'not reached in ' + str(num_rounds)}.")
+    table += "\n\n" + "\n".join(
+        f"Rounds to reach {t:g}% mean {what} accuracy: "
+        f"{reached if reached is not None else 'not reached in ' + str(num_rounds)}."
+        for t, reached in zip(targets, numbers["rounds_to_target"].values()))
   substituted = experiment.scenario.substituted
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")

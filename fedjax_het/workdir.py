@@ -39,7 +39,7 @@ RUN_FILE = "run.json"
 
 #: Config fields (or section prefixes) that never change a run's numbers.
 NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
-                  "checkpoint.every", "eval.last_rounds", "eval.target_accuracy",
+                  "checkpoint.every", "eval.last_rounds", "eval.targets",
                   "scenario.data_dir", "resume_allow_changes")
 
 

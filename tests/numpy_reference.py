@@ -352,8 +352,8 @@ def ref_mk_mmd_squared(x, y, *, bandwidths=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 
   return float(max(0.0, kxx + kyy - 2.0 * kxy))
 
 
-def ref_two_stream_l2_loss(local_outputs, global_outputs):
-  """Two-stream L2: (1/B) sum_b ||local_b - global_b||^2."""
+def ref_two_stream_l2_loss(local_outputs, global_outputs, reduction="batch_mean"):
+  """Two-stream L2: (1/B) sum_b ||local_b - global_b||^2, or TF's l2_loss: half the total sum."""
   a = np.asarray(local_outputs, dtype=np.float64)
   g = np.asarray(global_outputs, dtype=np.float64)
   B, C = a.shape
@@ -361,7 +361,7 @@ def ref_two_stream_l2_loss(local_outputs, global_outputs):
   for b in range(B):
     for c in range(C):
       total += (a[b, c] - g[b, c]) ** 2
-  return float(total / B)
+  return float(total / 2.0) if reduction == "tf_l2_loss" else float(total / B)
 
 
 def ref_proximal_term(params, global_params, *, mu=0.01):

@@ -1,4 +1,4 @@
-"""Partitioned scenarios: one dataset over many clients (iid, Dirichlet, shards, permuted)."""
+"""Partitioned scenarios: one dataset over many clients (iid, Dirichlet, shards, class split, permuted)."""
 
 import json
 import logging
@@ -72,12 +72,13 @@ def _fake_bundle(directory, n_train=60, n_test=30):
 @pytest.mark.parametrize("partition", data.PARTITIONS)
 def test_clients_are_disjoint_and_cover_the_pool(partition):
   labels = _pool().labels
-  parts = data.partition_indices(labels, 8, partition, rng=np.random.default_rng(0))
+  k = 5 if partition == "class_split" else 8  # class_split: k must divide the 10 classes
+  parts = data.partition_indices(labels, k, partition, rng=np.random.default_rng(0))
   joined = np.concatenate(parts)
-  assert len(parts) == 8 and len(joined) == N_TRAIN
+  assert len(parts) == k and len(joined) == N_TRAIN
   np.testing.assert_array_equal(np.sort(joined), np.arange(N_TRAIN))  # disjoint and covering
 
-  s = _build(partition)
+  s = _build(partition, num_clients=k)
   pool = _pool()
   images = [_unpermute(t.images, i) if partition == "permuted" else t.images
             for i, t in enumerate(s.train)]
@@ -207,9 +208,23 @@ def test_one_thousand_clients():
   assert {len(t) for t in shards.train} == {2}
 
 
+def test_class_split_is_fedmmds_binary_split_with_two_clients():
+  s = _build("class_split", num_clients=2)
+  assert s.name == "mnist_class_split" and s.domains == ("mnist",) * 2
+  assert set(s.train[0].labels) == {0, 1, 2, 3, 4} and set(s.train[1].labels) == {5, 6, 7, 8, 9}
+  labels = _pool().labels
+  want = data.binary_class_split(labels, num_classes=10)
+  got = data.partition_indices(labels, 2, "class_split", rng=np.random.default_rng(0))
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match=r"`num_clients`=3 must divide the 10 classes"):
+    data.partition_indices(labels, 3, "class_split", rng=np.random.default_rng(0))
+
+
 def test_same_seed_gives_an_identical_scenario():
   for partition in data.PARTITIONS:
-    a, b = _build(partition, seed=3), _build(partition, seed=3)
+    kwargs = {"num_clients": 2} if partition == "class_split" else {}
+    a, b = _build(partition, seed=3, **kwargs), _build(partition, seed=3, **kwargs)
     assert a.domains == b.domains and a.sources == b.sources
     for x, y in zip(a.train, b.train):
       np.testing.assert_array_equal(x.images, y.images)
@@ -318,7 +333,7 @@ def test_real_bundle(real_dir):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dataset="imagenet"), r"`dataset` must be one of \('mnist', 'cifar10'"),
     (dict(partition="foo"), r"`partition` must be one of \('iid', 'dirichlet', 'shards', "
-                            r"'permuted'\), got 'foo'\."),
+                            r"'class_split', 'permuted'\), got 'foo'\."),
     (dict(num_clients=0), r"`num_clients` must be an integer >= 1, got 0"),
     (dict(num_clients=2.5), r"`num_clients` must be an integer >= 1, got 2.5"),
     (dict(num_clients=True), r"`num_clients` must be an integer >= 1"),

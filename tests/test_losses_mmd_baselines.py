@@ -61,14 +61,50 @@ def test_mmd_gradient_is_finite_for_large_and_identical_inputs():
     assert np.all(np.isfinite(grad))
 
 
-def test_two_stream_l2_matches_reference_and_hand_case():
+@pytest.mark.parametrize("reduction", ["tf_l2_loss", "batch_mean"])
+def test_two_stream_l2_matches_reference(reduction):
   rng = np.random.default_rng(4)
   a, b = rng.normal(size=(6, 10)), rng.normal(size=(6, 10))
-  np.testing.assert_allclose(losses.two_stream_l2_loss(local_outputs=_f32(a), global_outputs=_f32(b)),
-                             ref.ref_two_stream_l2_loss(a, b), rtol=RTOL)
-  hand = losses.two_stream_l2_loss(local_outputs=_f32([[1.0, 2.0], [0.0, 0.0]]),
-                                   global_outputs=jnp.zeros((2, 2)))
-  assert float(hand) == pytest.approx(2.5)
+  got = losses.two_stream_l2_loss(local_outputs=_f32(a), global_outputs=_f32(b),
+                                  reduction=reduction)
+  np.testing.assert_allclose(got, ref.ref_two_stream_l2_loss(a, b, reduction), rtol=RTOL)
+
+
+def test_two_stream_l2_reductions_hand_worked():
+  # differences [[1, 2], [0, 0], [3, 0]]: squared sum 14, per-row sums (5, 0, 9).
+  local, zeros = _f32([[1.0, 2.0], [0.0, 0.0], [3.0, 0.0]]), jnp.zeros((3, 2))
+  # tf.nn.l2_loss: half the sum of every squared element, batch included.
+  assert float(losses.two_stream_l2_loss(local_outputs=local, global_outputs=zeros)) == 7.0
+  assert float(losses.two_stream_l2_loss(local_outputs=local, global_outputs=zeros,
+                                         reduction="batch_mean")) == pytest.approx(14.0 / 3)
+  mask = jnp.asarray([True, True, False])  # the padded row is dropped by both reductions
+  assert float(losses.two_stream_l2_loss(local_outputs=local, global_outputs=zeros,
+                                         mask=mask)) == 2.5
+  assert float(losses.two_stream_l2_loss(local_outputs=local, global_outputs=zeros,
+                                         reduction="batch_mean", mask=mask)) == 2.5
+  grad = jax.grad(lambda z: losses.two_stream_l2_loss(local_outputs=z, global_outputs=zeros))(local)
+  np.testing.assert_array_equal(grad, local)  # d/dz 0.5 z^2 = z: lambda transfers as in TF
+  with pytest.raises(ValueError, match="reduction` must be one of"):
+    losses.two_stream_l2_loss(local_outputs=local, global_outputs=zeros, reduction="sum")
+
+
+def test_mmd_floor_of_the_authors_code():
+  x = _f32(np.random.default_rng(3).normal(size=(5, 4)))
+  # Identical streams: 0 with the paper's clip, the code's 1e-4 floor (and no gradient) with it.
+  assert float(losses.multi_kernel_mmd_squared(x=x, y=x)) == pytest.approx(0.0, abs=1e-5)
+  floored = losses.multi_kernel_mmd_squared(x=x, y=x, floor=losses.MMD_CODE_FLOOR)
+  assert float(floored) == pytest.approx(1e-4)
+  # Close streams (one wide kernel): MMD^2 in (0, 1e-4) has a gradient unfloored, none floored.
+  close = x.at[0].add(0.05)
+  mmd = lambda v, floor: losses.multi_kernel_mmd_squared(x=x, y=v, bandwidths=(10.0,),
+                                                         floor=floor)
+  assert 0.0 < float(mmd(close, 0.0)) < 1e-4
+  assert float(jnp.max(jnp.abs(jax.grad(mmd)(close, 0.0)))) > 0.0
+  np.testing.assert_array_equal(jax.grad(mmd)(close, 1e-4), np.zeros((5, 4)))
+  far = losses.multi_kernel_mmd_squared(x=x, y=x + 3.0, floor=1e-4)
+  assert float(far) == pytest.approx(float(losses.multi_kernel_mmd_squared(x=x, y=x + 3.0)))
+  with pytest.raises(ValueError, match="floor"):
+    losses.multi_kernel_mmd_squared(x=x, y=x, floor=-1.0)
 
 
 # --------------------------------------------------------------------- FedProx

@@ -286,9 +286,10 @@ def test_one_architecture_name_applies_to_every_participant():
 
 @pytest.mark.parametrize("field,value,message", [
     ("scenario.partition", "pathological", "config.scenario.partition must be one of ('iid', "
-                                          "'dirichlet', 'shards', 'permuted')"),
+                                          "'dirichlet', 'shards', 'class_split', 'permuted')"),
     ("scenario.num_clients", 0, "config.scenario.num_clients must be an integer >= 1"),
-    ("eval.target_accuracy", 120.0, "config.eval.target_accuracy must be a number in [0, 100]"),
+    ("eval.targets", (50.0, 120.0), "config.eval.targets must be a sequence of accuracies in "
+                                    "(0, 100]"),
 ])
 def test_partitioned_scenario_fields_are_validated(field, value, message):
   config = tiny_config("solo")

@@ -9,11 +9,14 @@ Commands (from the repository root):
       --config.server.lr=0.01                                   # FedAdam
 
 Variants: <method>[_quick], method one of the FedAvg family (fedavg, fedprox, moon,
-fedproc, fedrs). Setting (the MOON / FedAvg non-IID CIFAR-10 benchmark): 100 clients,
-Dirichlet(0.5) label skew (Hsu et al. 2019), 10 clients sampled per round, the FedAvg
+fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
+FedFusion paper settings <method>_<setting>[_<variant>][_quick] with setting binary or
+iid (see experiments/configs/_two_stream.py), e.g. cifar10_fedmmd_binary,
+cifar10_fedfusion_iid_multi_quick. This file's setting (the MOON / FedAvg non-IID
+CIFAR-10 benchmark): 100 clients, Dirichlet(0.5) label skew (Hsu et al. 2019), 10 clients sampled per round, the FedAvg
 CIFAR CNN (McMahan et al. 2017), local SGD lr 0.01 momentum-free, batch 50, E = 5 epochs,
 data-size weighted averaging, plain server averaging; global test accuracy per round, and
-`eval.target_accuracy` (50%) gives the rounds to reach it in results.md.
+`eval.targets` (50%) gives the rounds to reach it in results.md.
 
 Data: cifar10.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
 --config.scenario.data_dir). Without it the configs fall back to the synthetic digit
@@ -25,15 +28,22 @@ Quick variant: 10000 training images over the 100 clients, 10 per round, 10 roun
 
 from __future__ import annotations
 
+import pathlib
+
 import ml_collections
 
-from fedjax_het.config import base_config
+from fedjax_het.config import base_config, load_module
 
-FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
+# The FedMMD / FedFusion paper settings (<method>_<setting>[_<variant>][_quick]).
+two_stream = load_module(pathlib.Path(__file__).with_name("_two_stream.py"))
+
+FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
 
 
 def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_quick], method in the FedAvg family."""
+  """`arg` = <method>[_quick] (this file's setting), or a FedMMD/FedFusion paper setting."""
+  if two_stream.parse("cifar10", arg) is not None:
+    return two_stream.get_config("cifar10", arg)
   method, _, rest = arg.partition("_")
   if method not in FEDAVG_FAMILY or rest not in ("", "quick"):
     raise ValueError(f"cifar10 config: expected <method>[_quick] with method in "
@@ -60,7 +70,7 @@ def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
   c.local.epochs = 5
   c.eval.batch_size = 1000
   c.eval.every = 1
-  c.eval.target_accuracy = 50.0
+  c.eval.targets = (50.0,)
   c.checkpoint.every = 10
   if rest == "quick":
     c.num_rounds = 10

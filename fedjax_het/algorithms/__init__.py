@@ -8,12 +8,14 @@
   moon      MOON (CVPR 2021): FedAvg + model-contrastive loss (global vs previous local model).
   fedproc   FedProc (2021): FedAvg + prototype InfoNCE against global class prototypes.
   fedrs     FedRS (KDD 2021): FedAvg with a restricted softmax (missing classes' logits scaled).
+  fedmmd    FedMMD (Yao et al.): FedAvg + MK-MMD (or L2) between the local and frozen global stream.
+  fedfusion FedFusion (Yao et al.): FedAvg with the frozen global trunk fused into local training.
   rhfl      RHFL (CVPR 2022): public KL alignment with client confidence re-weighting, local SCE.
   fedmd     FedMD (2019): L1 digest of the mean logits on a public subset, then private CE.
   feddf     FedDF (NeurIPS 2020): KL distillation toward the all-participant logit ensemble.
   fedmatch  FedMatch (ICLR 2021): inter-client KL + agreement pseudo labels on public data, CE.
 
-The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs) shares `fedavg.make_family`;
+The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs, fedmmd, fedfusion) shares `fedavg.make_family`;
 members pass their local objective and, where needed, its hooks (per-client
 state, extra server state, per-client constants from the data).
 
@@ -55,8 +57,8 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedmatch, fedmd, fedproc,
-                                   fedprox, fedrs, moon, rhfl, solo)
+from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedfusion, fedmatch, fedmd,
+                                   fedmmd, fedproc, fedprox, fedrs, moon, rhfl, solo)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -100,6 +102,10 @@ register("fedproc", make=fedproc.make_fedproc, default_config=fedproc.default_co
          validate_config=fedproc.validate_config)
 register("fedrs", make=fedrs.make_fedrs, default_config=fedrs.default_config,
          validate_config=fedrs.validate_config)
+register("fedmmd", make=fedmmd.make_fedmmd, default_config=fedmmd.default_config,
+         validate_config=fedmmd.validate_config)
+register("fedfusion", make=fedfusion.make_fedfusion, default_config=fedfusion.default_config,
+         validate_config=fedfusion.validate_config)
 register("rhfl", make=rhfl.make_rhfl, default_config=rhfl.default_config,
          validate_config=rhfl.validate_config)
 register("fedmd", make=fedmd.make_fedmd, default_config=fedmd.default_config,

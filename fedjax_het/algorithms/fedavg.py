@@ -6,8 +6,11 @@
      round's key, so a resumed run samples the same cohorts.
   2. Every sampled client starts from the server model w_t and runs
      `local.epochs` epochs of minibatch training on its private data
-     (`local.optimizer`, fresh state every round, `local.lr` with the linear
-     round decay of `local.lr_decay`). The local objective is cross-entropy;
+     (`local.optimizer` with `local.momentum` for SGD, fresh state every
+     round; `local.lr` per round by `local.lr_schedule`: "linear", the
+     FCCL/FCCL+ code's linear decay by `local.lr_decay` over the run, or
+     "exponential", lr * `local.lr_decay_rate` ** round floored at
+     `local.min_lr`, the FedFusion code's schedule). The local objective is cross-entropy;
      methods of the FedAvg family (FedProx, ...) pass their own objective to
      `make_family`.
   3. The cohort's models are averaged, weighted by local data size n_k
@@ -29,13 +32,15 @@ Server metrics of every round: `cohort_rows` (private rows trained on) and
 the bytes of the model variables (parameters and BatchNorm statistics, which
 go both ways) plus what a method adds (FedProc's prototypes), from the shapes.
 
-Family members (FedProx, MOON, FedProc, FedRS) change only the local objective
-and plug in through `make_family`'s optional hooks: `ClientState` (per-client
-state that only sampled clients update, e.g. MOON's previous local model),
-`ServerState` (server state computed after aggregation, e.g. FedProc's global
-prototypes) and `client_constants` (per-client values derived from the data
-inside the round, e.g. FedRS's locally present classes). The local loss reads
-everything from its `aux` argument (see `make_family`).
+Family members (FedProx, MOON, FedProc, FedRS, FedMMD, FedFusion) change only
+the local objective and plug in through `make_family`'s optional hooks:
+`ClientState` (per-client state that only sampled clients update, e.g. MOON's
+previous local model), `ServerState` (server state computed after aggregation,
+e.g. FedProc's global prototypes), `client_constants` (per-client values
+derived from the data inside the round, e.g. FedRS's locally present classes),
+and for methods with frozen parts in the model (FedFusion) `prepare_server`,
+`server_tx`, `decay_mask` and `communicated`. The local loss reads everything
+from its `aux` argument (see `make_family`).
 
 Evaluation (`fedavg.evaluate`): "global" tests the server model and reports it
 for every participant; "local" tests each participant's own model at the end
@@ -58,6 +63,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 
 from fedjax_het import evaluation, models, validation
 from fedjax_het.algorithms import common
@@ -66,10 +72,11 @@ from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (ClientGroup, GroupData, client_keys, init_group_variables,
                                        slot_active)
-from fedjax_het.engine.optim import round_decay_schedule
+from fedjax_het.engine.optim import exponential_round_schedule, round_decay_schedule
 from fedjax_het.errors import ConfigError
 
 WEIGHTINGS = ("size", "uniform")
+LR_SCHEDULES = ("linear", "exponential")
 EVALUATES = ("global", "local")
 CLIENT_LOOPS = ("auto", "vmap", "map")
 
@@ -135,10 +142,25 @@ def the_group(setup: Setup, method: str) -> ClientGroup:
   return setup.groups[0]
 
 
-def variables_bytes(group: ClientGroup) -> int:
-  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes."""
+def variables_bytes(group: ClientGroup, part: Callable[[Any], Any] | None = None) -> int:
+  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes.
+
+  `part` (variables -> the communicated part of them) counts only that part.
+  """
   shapes = jax.eval_shape(lambda: models.init_variables(group.model, jax.random.key(0)))
+  if part is not None:
+    shapes = part(shapes)
   return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+
+
+def local_lr_schedule(loc: ml_collections.ConfigDict, num_rounds: int) -> optax.Schedule:
+  """The local learning rate per round from `config.local` (see the module docstring)."""
+  kind = common.check_choice("local.lr_schedule", loc.get("lr_schedule", "linear"),
+                             LR_SCHEDULES)
+  if kind == "exponential":
+    return exponential_round_schedule(float(loc.lr), float(loc.lr_decay_rate),
+                                      float(loc.min_lr))
+  return round_decay_schedule(float(loc.lr), num_rounds, float(loc.lr_decay))
 
 
 def _merge(entries: dict[str, Any], extra: Mapping[str, Any], hook: str) -> None:
@@ -153,7 +175,11 @@ def _merge(entries: dict[str, Any], extra: Mapping[str, Any], hook: str) -> None
 def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
                 objective_for: ObjectiveFor, client_state: ClientState | None = None,
                 server_state: ServerState | None = None,
-                client_constants: ClientConstants | None = None) -> Algorithm:
+                client_constants: ClientConstants | None = None,
+                prepare_server: Callable[[Any], Any] | None = None,
+                server_tx: optax.GradientTransformation | None = None,
+                decay_mask: Any = None,
+                communicated: Callable[[Any], Any] | None = None) -> Algorithm:
   """A FedAvg-style `Algorithm` with a custom local objective (FedAvg, FedProx, MOON, ...).
 
   Args:
@@ -167,6 +193,16 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     server_state: optional extra server state (`ServerState`).
     client_constants: optional per-client constants from the cohort's data
       (`ClientConstants`).
+    prepare_server: optional server variables -> the variables every sampled
+      client starts from (also applied to the initial server model), e.g.
+      FedFusion loads its frozen global trunk from the server's trunk.
+    server_tx: optional server optimiser replacing `config.server`'s (e.g.
+      FedFusion's EMA of the fusion weights).
+    decay_mask: optional weight-decay mask of the local optimiser (pytree of
+      bools or params -> pytree), False on parameters the local objective
+      keeps frozen.
+    communicated: optional variables -> the part a client and the server
+      exchange (for `bytes_up` / `bytes_down`; default: all variables).
 
   Returns:
     The `Algorithm`.
@@ -185,9 +221,12 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   epochs = int(loc.epochs)
   trainer = local.make_group_trainers(
       setup, objective_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
-      epochs=epochs, batch_size=int(loc.batch_size))[group.name]
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  server_tx = aggregation.server_optimizer_from_config(config.server)
+      epochs=epochs, batch_size=int(loc.batch_size), momentum=float(loc.get("momentum", 0.0)),
+      decay_mask=decay_mask)[group.name]
+  lr = local_lr_schedule(loc, setup.num_rounds)
+  if server_tx is None:
+    server_tx = aggregation.server_optimizer_from_config(config.server)
+  prepare = prepare_server if prepare_server is not None else (lambda variables: variables)
   active = jnp.asarray(slot_active(group))
   evaluator = evaluation.make_evaluator(
       (group,), batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
@@ -195,7 +234,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   if server_state is not None and server_state.name in ("server", "server_opt", "groups"):
     raise ValueError(f"make_family: ServerState.name {server_state.name!r} is taken by the "
                      "family's own state; choose another name.")
-  model_bytes = variables_bytes(group)
+  model_bytes = variables_bytes(group, communicated)
   bytes_up = cohort_size * (model_bytes + (server_state.bytes_up if server_state else 0))
   bytes_down = cohort_size * (model_bytes + (server_state.bytes_down if server_state else 0))
 
@@ -203,7 +242,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     del data
     variables = init_group_variables(group, key, shared=True,
                                      num_participants=setup.num_participants)
-    server = jax.tree_util.tree_map(lambda v: v[0], variables)
+    server = prepare(jax.tree_util.tree_map(lambda v: v[0], variables))
     state = {"server": server, "server_opt": server_tx.init(server["params"])}
     per_client = {"variables": variables} if keep_local else {}
     if client_state is not None:
@@ -218,7 +257,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     sample_key, train_key = jax.random.split(key)
     slots = cohort.sample_cohort(sample_key, active, cohort_size)
     members = cohort.gather(data.groups[group.name], slots)
-    start = aggregation.broadcast(state["server"], cohort_size)
+    start = aggregation.broadcast(prepare(state["server"]), cohort_size)
     aux = {"global": start, "round": jnp.full((cohort_size,), round_index, jnp.int32)}
     if client_state is not None:  # every per-client entry but the kept local models
       kept = {entry: value for entry, value in state["groups"][group.name].items()
@@ -282,7 +321,11 @@ def family_default_config() -> ml_collections.ConfigDict:
                  "weighting": "size",         # "size": n_k / n (McMahan); "uniform"
                  "evaluate": "global",        # "global": server model; "local": own models
                  "client_loop": "auto"},      # cohort: "vmap" (GPU/TPU), "map" (CPU), "auto"
-      "local": local.default_config(),
+      "local": {**local.default_config().to_dict(),
+                "momentum": 0.0,             # SGD momentum (torch semantics)
+                "lr_schedule": "linear",     # "linear": lr_decay over the run; "exponential"
+                "lr_decay_rate": 1.0,        # exponential: lr * rate ** round ...
+                "min_lr": 0.0},              # ... until lr <= min_lr (0: no floor)
       "server": aggregation.default_server_config(),
       # Run-wide default changed for this family: one global model needs one architecture.
       "models": {"architectures": ("resnet12",) * 4},
@@ -297,6 +340,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks `config.fedavg`, `config.local`, `config.server`."""
   local.validate_config(config)
   aggregation.validate_server_config(config)
+  validation.check(config, "local.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
+  validation.check(config, "local.lr_schedule", validation.choice(LR_SCHEDULES),
+                   f"one of {LR_SCHEDULES}")
+  validation.check(config, "local.lr_decay_rate", lambda v: 0 < v <= 1, "a number in (0, 1]")
+  validation.check(config, "local.min_lr", lambda v: v >= 0, "a number >= 0")
+  if config.local.momentum and config.local.optimizer != "sgd":
+    validation.fail("local.momentum", "0 unless local.optimizer is 'sgd'",
+                    config.local.momentum)
   validation.require_section(config, "fedavg")
   validation.check(config, "fedavg.clients_per_round", validation.int_at_least(0),
                    "an integer >= 0 (0: every participant)")

@@ -2,7 +2,7 @@
 
 `build_partitioned_scenario` loads a whole dataset (`scenarios.load_dataset`),
 optionally subsamples it (stratified), and splits the training pool over
-`num_clients` clients (1 to thousands) with one of four partitions:
+`num_clients` clients (1 to thousands) with one of five partitions:
 
   * "iid": a uniformly random, disjoint split into near-equal parts (sizes
     differ by at most one) [FedAvg, "IID"].
@@ -27,6 +27,11 @@ optionally subsamples it (stratified), and splits the training pool over
     the class-balanced bundle and synthetic pools with divisible sizes);
     otherwise a shard can straddle two classes, as in the paper ("most clients
     will only have examples of two digits").
+  * "class_split": the classes present, in label order, cut into num_clients
+    contiguous groups of equal size; each client holds every example of its
+    group. With 2 clients on a 10-class dataset this is FedMMD's "binary"
+    non-IID split (classes 0-4 / 5-9, `partition.binary_class_split`); the
+    number of clients must divide the number of classes.
   * "permuted": the IID split, then every image of client i (training and
     test) has its pixel positions shuffled by client i's fixed permutation
     (`partition.permuted_pixels(images, i, seed=seed)`), the "user-specific
@@ -93,7 +98,7 @@ from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError,
 from fedjax_het.data.scenarios import Scenario, load_dataset, stratified_subsample
 
 #: The partitions of `build_partitioned_scenario`.
-PARTITIONS = ("iid", "dirichlet", "shards", "permuted")
+PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "permuted")
 #: The datasets of `build_partitioned_scenario` (those `load_dataset` reads).
 PARTITION_DATASETS = ("mnist", "cifar10", "usps", "cifar100", "svhn", "fashion_mnist")
 #: How a permuted scenario's per-client test sets are made (see the module docstring).
@@ -266,6 +271,13 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str, *,
                        "split would leave clients empty; use fewer clients or a larger "
                        "`train_size`.")
     return partition_lib.iid_partition(n, k, rng)
+  if partition == "class_split":
+    classes = np.unique(labels)
+    if classes.size % k:
+      raise ValueError(f"`num_clients`={k} must divide the {classes.size} classes present for "
+                       "the 'class_split' partition (2 clients: FedMMD's binary split).")
+    groups = classes.reshape(k, -1)
+    return [np.nonzero(np.isin(labels, group))[0] for group in groups]
   if partition == "dirichlet":
     if k * min_size > n:
       raise ValueError(f"`num_clients`={k} x `min_size`={min_size} = {k * min_size} exceeds the "

@@ -179,11 +179,16 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
 
 def make_group_trainers(setup: Any, loss_for_group: Callable[[Any], LocalLossFn], *,
                         optimizer: str, weight_decay: float, epochs: int,
-                        batch_size: int, with_epoch: bool = False
-                        ) -> dict[str, Callable[..., Any]]:
-  """One local trainer per architecture group of `setup` (private-data normalisation)."""
+                        batch_size: int, with_epoch: bool = False, momentum: float = 0.0,
+                        decay_mask: Any = None) -> dict[str, Callable[..., Any]]:
+  """One local trainer per architecture group of `setup` (private-data normalisation).
+
+  `momentum` (SGD) and `decay_mask` (which parameters get weight decay) are
+  `optim.make_optimizer`'s.
+  """
   preprocess = normalizer(setup.private_mean, setup.private_std)
-  tx = make_optimizer(optimizer, weight_decay=weight_decay)
+  tx = make_optimizer(optimizer, weight_decay=weight_decay, momentum=momentum,
+                      decay_mask=decay_mask)
   return {group.name: make_local_trainer(
       loss_fn=loss_for_group(group), optimizer=tx, epochs=epochs, batch_size=batch_size,
       max_size=setup.max_sizes[group.name], preprocess=preprocess, with_epoch=with_epoch)

@@ -25,8 +25,8 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 def make_optimizer(name: str, *, weight_decay: float = 0.0, momentum: float = 0.0,
-                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
-                   ) -> optax.GradientTransformation:
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   decay_mask: Any = None) -> optax.GradientTransformation:
   """The torch-semantics optimiser with an injectable `learning_rate` hyper-parameter.
 
   Args:
@@ -35,6 +35,10 @@ def make_optimizer(name: str, *, weight_decay: float = 0.0, momentum: float = 0.
     weight_decay: L2 coefficient added to the gradient (torch `weight_decay`).
     momentum: SGD momentum.
     b1, b2, eps: Adam constants (torch defaults).
+    decay_mask: optional pytree of bools (or params -> such a pytree) saying
+      which parameters get weight decay (`optax.add_decayed_weights`' mask),
+      e.g. False on frozen parameters, which then never move (their gradient
+      is zero, and so are SGD's, momentum's and Adam's updates).
 
   Returns:
     `optax.inject_hyperparams` transformation; set the rate with
@@ -46,7 +50,7 @@ def make_optimizer(name: str, *, weight_decay: float = 0.0, momentum: float = 0.
   def build(learning_rate):
     parts = []
     if weight_decay:
-      parts.append(optax.add_decayed_weights(weight_decay))
+      parts.append(optax.add_decayed_weights(weight_decay, mask=decay_mask))
     if name == "adam":
       parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
     elif momentum:
@@ -90,6 +94,43 @@ def round_decay_schedule(base_lr: float, num_rounds: int, decay: float = 0.9) ->
   multiplier = optax.linear_schedule(init_value=1.0, end_value=1.0 - decay,
                                      transition_steps=num_rounds, transition_begin=1)
   return lambda round_index: base_lr * multiplier(round_index)
+
+
+def exponential_round_schedule(base_lr: float, rate: float,
+                               min_lr: float = 0.0) -> optax.Schedule:
+  """Per-round exponential decay with a floor, as the FedFusion code decays its rate.
+
+  The FedFusion code multiplies the rate by `rate` after every round while it
+  is above `min_lr`, so round r runs with base_lr * rate ** min(r, n), n the
+  first number of decays that brings it to `min_lr` or below (the last step
+  may undershoot `min_lr`, as in the code). `min_lr=0`: no floor.
+
+  Args:
+    base_lr: rate of round 0.
+    rate: factor per round, in (0, 1].
+    min_lr: the floor (>= 0).
+
+  Returns:
+    An optax schedule of the 0-based round index.
+  """
+  if not 0 < rate <= 1:
+    raise ValueError(f"`rate` must be in (0, 1], got {rate!r}.")
+  if min_lr < 0:
+    raise ValueError(f"`min_lr` must be >= 0, got {min_lr!r}.")
+  last = None  # the number of decays after which the rate stays (None: never stops)
+  if rate < 1 and min_lr > 0:
+    last, lr = 0, base_lr
+    while lr > min_lr:  # the code's loop, in float64
+      lr *= rate
+      last += 1
+
+  def schedule(round_index):
+    r = jnp.asarray(round_index, jnp.float32)
+    if last is not None:
+      r = jnp.minimum(r, float(last))
+    return base_lr * jnp.power(jnp.float32(rate), r)
+
+  return schedule
 
 
 def linear_decay(base_lr: float, round_index: jax.Array, num_rounds: int,

@@ -43,12 +43,13 @@ from fedjax_het.losses.glfc import (PROTOTYPE_NOISE_SCALE, TASK_TRANSITION_THRES
                                     gradient_matching_loss, infer_label_from_last_layer_gradient,
                                     mean_prediction_entropy, prototype_perturbation_loss,
                                     task_transition_detected)
-from fedjax_het.losses.mmd import (MMD_BANDWIDTHS, gaussian_kernel_matrix,
-                                   multi_kernel_mmd_squared, two_stream_l2_loss)
+from fedjax_het.losses.mmd import (L2_REDUCTIONS, MMD_BANDWIDTHS, MMD_CODE_FLOOR,
+                                   gaussian_kernel_matrix, multi_kernel_mmd_squared,
+                                   two_stream_l2_loss)
 
 __all__ = [
-    "FCCM_OFF_DIAGONAL_WEIGHT", "FISL_TEMPERATURE", "MMD_BANDWIDTHS", "PROTOTYPE_NOISE_SCALE",
-    "TASK_TRANSITION_THRESHOLD",
+    "FCCM_OFF_DIAGONAL_WEIGHT", "FISL_TEMPERATURE", "L2_REDUCTIONS", "MMD_BANDWIDTHS",
+    "MMD_CODE_FLOOR", "PROTOTYPE_NOISE_SCALE", "TASK_TRANSITION_THRESHOLD",
     "class_aware_gradient_compensation_loss", "class_semantic_relation_distillation_loss",
     "consensus_l1_loss", "cross_correlation_loss", "cross_correlation_matrix",
     "dual_domain_distillation_loss", "ensemble_distillation_loss", "gaussian_kernel_matrix",

@@ -2,11 +2,12 @@
 
   * `gaussian_kernel_matrix`: the multi-kernel Gaussian (RBF) kernel.
   * `multi_kernel_mmd_squared`: squared MK-MMD, FedMMD Eq. 1-2, 5 (biased
-    estimator, clipped at 0).
-  * `two_stream_l2_loss`: the L2 alternative the authors' code switched to.
+    estimator, clipped at 0, or floored at 1e-4 as the authors' code does).
+  * `two_stream_l2_loss`: the L2 alternative the authors' code switched to,
+    with TensorFlow's `tf.nn.l2_loss` reduction (half the squared sum).
 
 The FedMMD local objective is CE + lambda * MMD^2(theta_G(X), theta_L(X))
-(Eq. 3-5), lambda = 0.1.
+(Eq. 3-5), lambda = 0.1; `fedjax_het.algorithms.fedmmd` trains it.
 
 Reference:
   [FedMMD] X. Yao, T. Huang, C. Wu, R.-X. Zhang, L. Sun. Federated Learning
@@ -74,15 +75,24 @@ def gaussian_kernel_matrix(*, x: jax.Array, y: jax.Array,
   return _kernel(x, y, _check_bandwidths(fn, bandwidths))
 
 
-@loss_function()
+#: The authors' code floors MMD^2 at this value (`tf.maximum(1e-4, mmd)` of the
+#: domain-separation-networks loss it follows); below it the loss has no gradient.
+MMD_CODE_FLOOR = 1e-4
+
+
+@loss_function(nonnegative=("floor",))
 def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
                              bandwidths: Sequence[float] | jax.Array = MMD_BANDWIDTHS,
+                             floor: float = 0.0,
                              mask: jax.Array | None = None) -> jax.Array:
   """Squared multi-kernel MMD, FedMMD Eq. 2 (and Eq. 5 without lambda).
 
   MMD^2 = mean K(x, x) + mean K(y, y) - 2 mean K(x, y): the biased V-statistic
-  (diagonals included), clipped at 0 as in the reference code. It is 0 for
-  identical samples and grows as the distributions move apart.
+  (diagonals included), then max(MMD^2, floor). It is 0 (floor) for identical
+  samples and grows as the distributions move apart. `floor=0` clips the
+  estimator at 0 (the paper's MMD^2 >= 0); the authors' code floors it at
+  `MMD_CODE_FLOOR` = 1e-4, which also zeroes the gradient once the two
+  streams agree that closely.
 
   Args:
     x: (N, d), e.g. the frozen global model's outputs on a batch.
@@ -109,24 +119,38 @@ def multi_kernel_mmd_squared(*, x: jax.Array, y: jax.Array,
     total = jnp.sum(pair)
     total = jnp.where(total > 0, total, 1.0)
     value = jnp.sum(pair * (_kernel(x, x, b) + _kernel(y, y, b) - 2.0 * _kernel(x, y, b))) / total
-  return jnp.maximum(value, 0.0)
+  return jnp.maximum(value, jnp.asarray(floor, value.dtype))
 
 
-@loss_function()
+#: Reductions of `two_stream_l2_loss`.
+L2_REDUCTIONS = ("tf_l2_loss", "batch_mean")
+
+
+@loss_function(static_argnames=("reduction",))
 def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array,
+                       reduction: str = "tf_l2_loss",
                        mask: jax.Array | None = None) -> jax.Array:
-  """L2 two-stream constraint: mean_b |local_b - global_b|^2.
+  """L2 two-stream constraint between the local and the frozen global outputs.
 
-  The FedMMD authors' code replaced MMD by an L2 penalty between the two
-  streams' logits (lambda 0.001 on MNIST, 0.01 on CIFAR). The exact reduction
-  is not published; this library sums over output dimensions and averages over
-  the batch. The global stream is frozen, so `global_outputs` is constant.
+  The FedMMD authors' final code replaced MMD by an L2 penalty between the two
+  streams' logits, `0.001 * tf.nn.l2_loss(local - global)` on MNIST (0.01 on
+  CIFAR-10). `tf.nn.l2_loss(t)` is sum(t ** 2) / 2 over every element, batch
+  included, so:
+
+    * "tf_l2_loss" (default): 0.5 * sum_b sum_d (local_bd - global_bd)^2, the
+      code's reduction, with which the paper's lambda values transfer (the
+      penalty grows with the batch size);
+    * "batch_mean": mean_b sum_d (local_bd - global_bd)^2, independent of the
+      batch size (2 / B times "tf_l2_loss").
+
+  The global stream is frozen: `global_outputs` gets no gradient.
 
   Args:
     local_outputs: (B, d).
     global_outputs: (B, d).
-    mask: optional (B,) validity mask or weights; padded rows get 0 and the
-      result is the mean over the valid rows.
+    reduction: one of `L2_REDUCTIONS`.
+    mask: optional (B,) validity mask or weights; padded rows get 0 ("tf_l2_loss"
+      sums the valid rows, "batch_mean" averages them).
 
   Returns:
     Scalar loss.
@@ -134,5 +158,15 @@ def two_stream_l2_loss(*, local_outputs: jax.Array, global_outputs: jax.Array,
   fn = "two_stream_l2_loss"
   check_rank(fn, "local_outputs", local_outputs, 2, "(batch, dim)")
   check_same_shape(fn, ("local_outputs", "global_outputs"), (local_outputs, global_outputs))
+  if reduction not in L2_REDUCTIONS:
+    raise ValueError(f"{fn}: `reduction` must be one of {L2_REDUCTIONS}, got {reduction!r}.")
   difference = local_outputs - jax.lax.stop_gradient(global_outputs)
-  return masked_mean(fn, jnp.sum(jnp.square(difference), axis=-1), mask)
+  per_example = jnp.sum(jnp.square(difference), axis=-1)
+  if reduction == "batch_mean":
+    return masked_mean(fn, per_example, mask)
+  if mask is None:
+    return 0.5 * jnp.sum(per_example)
+  if jnp.shape(mask) != per_example.shape:
+    raise ValueError(f"{fn}: `mask` must have shape (batch,) = {per_example.shape}, got "
+                     f"{jnp.shape(mask)}.")
+  return 0.5 * jnp.sum(jnp.asarray(mask).astype(per_example.dtype) * per_example)

@@ -1,0 +1,149 @@
+"""The FedMMD / FedFusion paper settings, shared by `mnist.py` and `cifar10.py`.
+
+A config name `<dataset>_<method>_<setting>[_<variant>][_quick]` (e.g.
+`cifar10_fedmmd_binary`, `mnist_fedfusion_permuted_conv_quick`) is built by
+`get_config(dataset, arg)` here:
+
+  method   fedavg (the baseline), fedmmd, fedfusion (also fedprox, moon, fedproc, fedrs).
+  setting  cifar10: binary | iid;  mnist: binary | shards | permuted.
+  variant  fedmmd: mmd (default, the paper) | l2 (the authors' final code);
+           fedfusion: conv (default) | multi | single.
+
+Settings (Yao et al., "Federated Learning with Additional Mechanisms on
+Clients to Reduce Communication Costs", Sec. 4; values the paper does not
+give are the authors' FedFusion code's, and say so):
+
+  * binary (CIFAR-10, FedMMD Fig. 4a / FedFusion Fig. 5a; MNIST, Fig. 4c):
+    2 clients with disjoint halves of the classes (0-4 / 5-9,
+    `scenario.partition="class_split"`), both train every round, batch 128,
+    E = 2 local epochs (FedMMD Sec. 4.2.1).
+  * iid (CIFAR-10, FedMMD Fig. 4b / FedFusion Fig. 5d): 2 clients with an IID
+    split, batch 128, E = 2.
+  * shards (MNIST, FedMMD Fig. 4d): McMahan's pathological split, 100 clients
+    x 2 label shards, C = 0.1 (10 clients per round), batch 10, E = 2. The
+    paper's shards hold 300 images (60000 MNIST images); the offline bundle
+    has 10000, so shards hold 50.
+  * permuted (MNIST, FedFusion Fig. 5c, Table 2): "user-specific non-IID":
+    an IID split over 2 clients, each client's images (training and test)
+    with its own fixed pixel permutation; each client's permuted test split
+    is one test domain and the reported accuracy is their mean. Batch 64 and
+    E = 5 (the code's defaults; the paper gives neither).
+
+Optimiser: SGD with momentum 0.9 and weight decay 5e-4 (the FedFusion code;
+the papers only say "SGD"), learning rate decayed exponentially per round
+(FedFusion Sec. 4.3: 0.003 x 0.985^r on CIFAR-10, 0.002 x 0.99^r on MNIST,
+floored at 1e-4 as in the code), the same for FedAvg, FedMMD and FedFusion so
+each table compares like with like. The MNIST `shards` setting uses plain SGD
+at a constant 0.05 (McMahan et al.'s FedAvg CNN; the paper gives no rate for
+it). FedMMD Sec. 4.2 reports constant rates (2e-3 on CIFAR-10, 1e-4 on MNIST):
+`--config.local.lr_schedule=linear --config.local.lr_decay=0 --config.local.lr=2e-3`.
+
+FedMMD: lambda = 0.1 on the MMD of the features (19 kernels, floored at 1e-4
+as the code does); the `l2` variant puts the code's `lambda * tf.nn.l2_loss`
+on the logits with lambda = 0.01 (CIFAR-10) or 0.001 (MNIST).
+
+Models: the FedAvg CNNs the paper uses (`fedavg_cifar_cnn`,
+`fedavg_mnist_cnn`). Targets (`eval.targets`, the rounds to reach each are in
+results.md/json): the paper's milestones where it gives them (CIFAR-10 binary
+72%, MNIST shards 98%, permuted 94% / 95%).
+
+Quick variants (`_quick`): a subsample (2000 training images for 2-client
+settings, 3000 for shards), 1000 test images, 10 rounds of at most E = 2, and
+lower targets,
+so each finishes in minutes on a 2-core CPU; their numbers only show that
+training works.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from fedjax_het.config import base_config
+
+METHODS = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
+SETTINGS = {"cifar10": ("binary", "iid"), "mnist": ("binary", "shards", "permuted")}
+VARIANTS = {"fedmmd": ("mmd", "l2"), "fedfusion": ("conv", "multi", "single")}
+
+# setting -> (clients, clients per round (0: all), partition, batch, epochs, rounds, targets)
+_PROTOCOL = {
+    ("cifar10", "binary"): (2, 0, "class_split", 128, 2, 400, (72.0,)),
+    ("cifar10", "iid"): (2, 0, "iid", 128, 2, 200, (72.0, 75.0)),
+    ("mnist", "binary"): (2, 0, "class_split", 128, 2, 200, (95.0, 97.0)),
+    ("mnist", "shards"): (100, 10, "shards", 10, 2, 200, (97.0, 98.0)),
+    ("mnist", "permuted"): (2, 0, "permuted", 64, 5, 300, (94.0, 95.0)),
+}
+_QUICK_TARGETS = {("cifar10", "binary"): (30.0, 35.0), ("cifar10", "iid"): (30.0, 35.0),
+                  ("mnist", "binary"): (80.0, 90.0), ("mnist", "shards"): (80.0, 90.0),
+                  ("mnist", "permuted"): (70.0, 80.0)}
+
+
+def parse(dataset: str, arg: str) -> tuple[str, str, str, bool] | None:
+  """(method, setting, variant, quick) of a two-stream config name, None if it is not one."""
+  tokens = arg.split("_")
+  quick = tokens[-1] == "quick"
+  if quick:
+    tokens = tokens[:-1]
+  if len(tokens) < 2 or tokens[0] not in METHODS or tokens[1] not in SETTINGS[dataset]:
+    return None
+  method, setting, rest = tokens[0], tokens[1], tokens[2:]
+  variants = VARIANTS.get(method, ())
+  if len(rest) > 1 or (rest and rest[0] not in variants):
+    raise ValueError(f"{dataset} config {arg!r}: after <method>_<setting> expected "
+                     f"{'one of ' + str(variants) if variants else 'nothing'} (or _quick).")
+  variant = rest[0] if rest else (variants[0] if variants else "")
+  return method, setting, variant, quick
+
+
+def get_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
+  """The config `<dataset>_<arg>` (see the module docstring)."""
+  parsed = parse(dataset, arg)
+  if parsed is None:
+    raise ValueError(f"{dataset} config {arg!r}: expected <method>_<setting>[_<variant>]"
+                     f"[_quick], method in {METHODS}, setting in {SETTINGS[dataset]}.")
+  method, setting, variant, quick = parsed
+  clients, per_round, partition, batch, epochs, rounds, targets = _PROTOCOL[(dataset, setting)]
+  c = base_config(method)
+  c.name = f"{dataset}_{arg}"
+  c.num_rounds = rounds
+  c.scenario.name = "partitioned"
+  c.scenario.dataset = dataset
+  c.scenario.num_clients = clients
+  c.scenario.partition = partition
+  c.scenario.shards_per_client = 2
+  c.scenario.synthetic_fallback = True
+  c.scenario.public_size = 0
+  c.models.architectures = ("fedavg_cifar_cnn" if dataset == "cifar10" else "fedavg_mnist_cnn",)
+  c.fedavg.clients_per_round = per_round
+  c.fedavg.weighting = "size"
+  c.fedavg.evaluate = "global"
+  c.local.optimizer = "sgd"
+  c.local.batch_size = batch
+  c.local.epochs = epochs
+  if setting == "shards":
+    c.local.lr, c.local.lr_decay, c.local.weight_decay = 0.05, 0.0, 0.0
+  else:
+    c.local.momentum = 0.9
+    c.local.weight_decay = 5e-4
+    c.local.lr_schedule = "exponential"
+    c.local.lr = 0.003 if dataset == "cifar10" else 0.002
+    c.local.lr_decay_rate = 0.985 if dataset == "cifar10" else 0.99
+    c.local.min_lr = 1e-4
+  if method == "fedmmd":
+    c.fedmmd.constraint = variant
+    if variant == "l2":
+      c.fedmmd.outputs = "logits"
+      c.fedmmd.weight = 0.01 if dataset == "cifar10" else 0.001
+  if method == "fedfusion":
+    c.fedfusion.fusion = variant
+  c.eval.batch_size = 1000
+  c.eval.every = 1
+  c.eval.targets = targets
+  c.checkpoint.every = 10
+  if quick:
+    c.num_rounds = 10
+    c.local.epochs = min(epochs, 2)
+    c.scenario.train_size = 3000 if setting == "shards" else 2000
+    c.scenario.test_size = 1000
+    c.eval.targets = _QUICK_TARGETS[(dataset, setting)]
+    c.checkpoint.every = 1
+  return c

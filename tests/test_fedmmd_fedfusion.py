@@ -1,0 +1,259 @@
+"""FedMMD and FedFusion on tiny clients: hand-computed local steps, frozen streams, server EMA."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_het.algorithms import fedavg, fedfusion, fedmmd
+from fedjax_het.config import base_config, validate_config
+from fedjax_het.engine import optim
+from fedjax_het.models.base import Classifier, MLPTail
+from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
+
+
+class TinyMLP(nn.Module):
+  """features = Dense "body" of the flattened input, logits = Dense "head"."""
+  num_classes: int = 3
+
+  @property
+  def feature_dim(self):
+    return 4
+
+  @nn.compact
+  def __call__(self, x, *, train, mask=None):
+    del train, mask
+    h = nn.Dense(4, name="body")(x.reshape((x.shape[0], -1)))
+    return h, nn.Dense(self.num_classes, name="head")(h)
+
+
+class TinyTrunk(nn.Module):
+  """8x8 mean pooling to a 4x4x3 map, then a 1x1 conv to 2 channels and tanh."""
+  conv_impl: str = "xla"
+
+  @nn.compact
+  def __call__(self, images, *, train, mask=None):
+    del train, mask
+    b = images.shape[0]
+    pooled = images.reshape(b, 4, 8, 4, 8, 3).mean(axis=(2, 4))
+    return jnp.tanh(nn.Conv(2, (1, 1), name="conv")(pooled))
+
+
+def tiny_classifier():
+  return Classifier(trunk=TinyTrunk(), tail=MLPTail(input_dim=32, hidden=(4,),
+                                                    activate_last=False), num_classes=3)
+
+
+def _row(tree, i):
+  return jax.tree_util.tree_map(lambda v: v[i], tree)
+
+
+def _allclose(got, want, rtol=1e-5, atol=1e-6):
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=atol),
+                         got, want)
+
+
+# Hand-written pieces (no fedjax_het.losses).
+
+def _mlp(p, x):
+  h = x @ p["body"]["kernel"] + p["body"]["bias"][None, :]
+  return h, h @ p["head"]["kernel"] + p["head"]["bias"][None, :]
+
+
+def _ce(logits, y):
+  return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[jnp.arange(len(y)), y])
+
+
+# The 19 kernel variances of the FedMMD code, written out here (not imported).
+VARIANCES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0,
+             100.0, 1e3, 1e4, 1e5, 1e6)
+
+
+def _mmd(x, y, variances, floor):
+  def k(a, b):
+    d = jnp.sum((a[:, None, :] - b[None, :, :]) ** 2, axis=-1)
+    return sum(jnp.exp(-d / (2.0 * s)) for s in variances)
+  value = jnp.mean(k(x, x)) + jnp.mean(k(y, y)) - 2.0 * jnp.mean(k(x, y))
+  return jnp.maximum(value, floor)
+
+
+@pytest.mark.parametrize("constraint,outputs", [("mmd", "features"), ("l2", "logits")])
+def test_fedmmd_local_step_is_the_hand_gradient_of_ce_plus_lambda_constraint(constraint,
+                                                                              outputs):
+  weight = 0.7
+  setup = tiny_setup(2, TinyMLP())
+  config = tiny_config("fedmmd", **{"fedmmd.constraint": constraint, "fedmmd.outputs": outputs,
+                                    "fedmmd.weight": weight, "fedmmd.mmd_floor": 1e-4,
+                                    "local.epochs": 2})
+  algorithm = fedmmd.make_fedmmd(config, setup)
+  data, images, labels = tiny_data(setup)
+  inputs = flat_inputs(images)
+  state = algorithm.init(jax.random.key(0), data)
+  w0 = state["server"]["params"]
+  # Two epochs, so the second step's local model differs from the frozen global stream.
+
+  def hand_loss(p, x, y):
+    features, logits = _mlp(p, x)
+    g_features, g_logits = _mlp(w0, x)
+    if constraint == "mmd":
+      penalty = _mmd(g_features, features, VARIANCES, 1e-4)
+    else:  # tf.nn.l2_loss: half the squared sum over the batch and the outputs
+      penalty = 0.5 * jnp.sum((logits - g_logits) ** 2)
+    return _ce(logits, y) + weight * penalty
+
+  new, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1), jnp.int32(0))
+  want = []
+  for k in range(2):
+    x, y = inputs[k], jnp.asarray(labels[k])
+    p = w0
+    for _ in range(2):
+      g = jax.grad(hand_loss)(p, x, y)
+      p = jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g)
+    want.append(p)
+  total = SIZES[0] + SIZES[1]
+  _allclose(new["server"]["params"],
+            jax.tree_util.tree_map(lambda a, b: (SIZES[0] * a + SIZES[1] * b) / total, *want),
+            rtol=1e-4, atol=1e-5)
+  assert np.all(np.asarray(metrics["local"]["a"][constraint]) > 0)
+
+
+def test_fedmmd_global_stream_gets_no_gradient_and_equal_streams_cost_the_floor(monkeypatch):
+  setup = tiny_setup(1, TinyMLP())
+  config = tiny_config("fedmmd")
+  loss_fn, make_family = None, fedavg.make_family
+
+  def capture(cfg, s, *, name, objective_for, **kwargs):  # keeps the local objective
+    nonlocal loss_fn
+    loss_fn = objective_for(s.groups[0])
+    return make_family(cfg, s, name=name, objective_for=objective_for, **kwargs)
+
+  monkeypatch.setattr(fedavg, "make_family", capture)
+  algorithm = fedmmd.make_fedmmd(config, setup)
+  data, images, labels = tiny_data(setup)
+  variables = algorithm.init(jax.random.key(0), data)["server"]
+  x = flat_inputs(images)[0].reshape(-1, 32, 32, 3)
+  y = jnp.asarray(labels[0])
+  mask = jnp.ones(len(y), bool)
+
+  def total(params, global_params):
+    aux = {"global": {"params": global_params, "batch_stats": {}}, "round": jnp.int32(0)}
+    return loss_fn(params, {}, x, y, mask, None, aux)
+
+  (value, (_, metrics)), grads = jax.value_and_grad(total, argnums=(0, 1), has_aux=True)(
+      variables["params"], variables["params"])
+  jax.tree_util.tree_map(lambda g: np.testing.assert_array_equal(g, np.zeros_like(g)), grads[1])
+  # Identical streams: MMD^2 = 0, floored at the code's 1e-4; the loss is CE + 0.1 * 1e-4.
+  assert float(metrics["mmd"]) == pytest.approx(1e-4)
+  assert float(value) == pytest.approx(float(metrics["ce"]) + 0.1 * 1e-4, rel=1e-6)
+
+
+def test_fedfusion_multi_starts_as_the_plain_model_and_freezes_the_global_trunk():
+  # gamma = 0 and E_g = E_l at the start of a round: the first step of (E_l, tail, head) is
+  # FedAvg's step of the plain model, and gamma's gradient is exactly 0 (d/dgamma = E_g - E_l).
+  setup = tiny_setup(2, tiny_classifier())
+  fields = {"fedavg.evaluate": "local", "local.weight_decay": 0.1}
+  fusion_alg = fedfusion.make_fedfusion(tiny_config("fedfusion", **{"fedfusion.fusion": "multi",
+                                                                    **fields}), setup)
+  plain_alg = fedavg.make_fedavg(tiny_config("fedavg", **fields), setup)
+  data, _, _ = tiny_data(setup)
+  fused_state = fusion_alg.init(jax.random.key(0), data)
+  plain_state = plain_alg.init(jax.random.key(0), data)
+  # Same starting weights for the plain model and FedFusion's local branch.
+  server = fused_state["server"]
+  plain_state["server"]["params"] = {"trunk": server["params"]["local_trunk"],
+                                     "tail": server["params"]["tail"],
+                                     "head": server["params"]["head"]}
+  plain_state["server_opt"] = plain_alg.init(jax.random.key(0), data)["server_opt"]
+  # At init the frozen trunk is already a copy of the trainable one.
+  _allclose(server["params"]["global_trunk"], server["params"]["local_trunk"], 0, 0)
+  new_fused, _ = jax.jit(fusion_alg.round)(fused_state, data, jax.random.key(1), jnp.int32(0))
+  new_plain, _ = jax.jit(plain_alg.round)(plain_state, data, jax.random.key(1), jnp.int32(0))
+  for k in range(2):
+    fused_k = _row(new_fused["groups"]["a"]["variables"]["params"], k)
+    plain_k = _row(new_plain["groups"]["a"]["variables"]["params"], k)
+    _allclose({"trunk": fused_k["local_trunk"], "tail": fused_k["tail"],
+               "head": fused_k["head"]}, plain_k)
+    np.testing.assert_array_equal(fused_k["fusion"]["gamma"], np.zeros(2))
+    # The frozen trunk did not move, weight decay 0.1 notwithstanding.
+    _allclose(fused_k["global_trunk"], server["params"]["global_trunk"], 0, 0)
+
+
+def test_fedfusion_gamma_is_an_ema_of_the_cohort_mean_and_the_trunk_reloads_each_round():
+  setup = tiny_setup(2, tiny_classifier())
+  config = tiny_config("fedfusion", **{"fedfusion.fusion": "multi", "fedavg.evaluate": "local",
+                                       "local.epochs": 3})
+  algorithm = fedfusion.make_fedfusion(config, setup)
+  data, _, _ = tiny_data(setup)
+  state = algorithm.init(jax.random.key(0), data)
+  gamma_old = jnp.asarray([0.2, -0.1])
+  state["server"]["params"]["fusion"]["gamma"] = gamma_old
+  round_fn = jax.jit(algorithm.round)
+  new, _ = round_fn(state, data, jax.random.key(1), jnp.int32(0))
+  trained = new["groups"]["a"]["variables"]["params"]
+  gammas = trained["fusion"]["gamma"]  # (2, channels)
+  assert not np.allclose(gammas, gamma_old[None])  # gamma trained (E_l moved after step 1)
+  mean = (SIZES[0] * gammas[0] + SIZES[1] * gammas[1]) / (SIZES[0] + SIZES[1])
+  np.testing.assert_allclose(new["server"]["params"]["fusion"]["gamma"],
+                             0.9 * gamma_old + 0.1 * mean, rtol=1e-6, atol=1e-7)
+  # Everything else is the plain weighted mean.
+  np.testing.assert_allclose(
+      new["server"]["params"]["tail"]["fc1"]["kernel"],
+      (SIZES[0] * trained["tail"]["fc1"]["kernel"][0]
+       + SIZES[1] * trained["tail"]["fc1"]["kernel"][1]) / (SIZES[0] + SIZES[1]), rtol=1e-5)
+  # The server keeps the trunk the round's clients froze (what the authors' code evaluates) ...
+  _allclose(new["server"]["params"]["global_trunk"], state["server"]["params"]["local_trunk"])
+  # ... and the next round's clients freeze the new averaged trunk.
+  newer, _ = round_fn(new, data, jax.random.key(2), jnp.int32(1))
+  frozen = _row(newer["groups"]["a"]["variables"]["params"]["global_trunk"], 0)
+  _allclose(frozen, new["server"]["params"]["local_trunk"], 0, 0)
+
+
+def test_fedfusion_conv_averages_plainly_and_sends_no_frozen_trunk():
+  setup = tiny_setup(3, tiny_classifier())
+  config = tiny_config("fedfusion", **{"fedfusion.fusion": "conv",
+                                       "fedavg.clients_per_round": 2})
+  algorithm = fedfusion.make_fedfusion(config, setup)
+  data, _, _ = tiny_data(setup)
+  state = algorithm.init(jax.random.key(0), data)
+  _, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1), jnp.int32(0))
+  params = state["server"]["params"]
+  sent = sum(np.asarray(v).nbytes for key, tree in params.items() if key != "global_trunk"
+             for v in jax.tree_util.tree_leaves(tree))
+  # trunk 1x1 conv 3->2 (8), fusion 1x1 conv 4->2 (10), fc1 32->4 (132), head 4->3 (15).
+  assert sent == 4 * (8 + 10 + 132 + 15)
+  assert float(metrics["server"]["bytes_up"]) == 2 * sent
+  assert float(metrics["server"]["bytes_down"]) == 2 * sent
+
+
+def test_exponential_round_schedule_decays_per_round_down_to_the_floor():
+  schedule = optim.exponential_round_schedule(0.003, 0.5, min_lr=0.0004)
+  # 0.003, 0.0015, 0.00075, 0.000375 (<= floor: the code stops decaying after this step).
+  got = [float(schedule(r)) for r in range(6)]
+  np.testing.assert_allclose(got, [0.003, 0.0015, 0.00075, 0.000375, 0.000375, 0.000375],
+                             rtol=1e-6)
+  np.testing.assert_allclose(float(optim.exponential_round_schedule(0.002, 0.99)(100)),
+                             0.002 * 0.99 ** 100, rtol=1e-5)
+  with pytest.raises(ValueError, match="rate"):
+    optim.exponential_round_schedule(0.1, 1.5)
+
+
+def test_fedmmd_fedfusion_configs_validate_and_reject_bad_fields():
+  for method in ("fedmmd", "fedfusion"):
+    validate_config(base_config(method))
+  cases = [("fedmmd", "fedmmd.constraint", "kl", r"config.fedmmd.constraint must be one of"),
+           ("fedmmd", "fedmmd.outputs", "pixels", r"config.fedmmd.outputs must be one of"),
+           ("fedmmd", "fedmmd.l2_reduction", "sum", r"config.fedmmd.l2_reduction must be one"),
+           ("fedfusion", "fedfusion.fusion", "attention",
+            r"config.fedfusion.fusion must be one of \('conv', 'multi', 'single'\)"),
+           ("fedfusion", "fedfusion.gamma_ema", 1.0,
+            r"config.fedfusion.gamma_ema must be a number in \[0, 1\)"),
+           ("fedfusion", "local.lr_schedule", "cosine",
+            r"config.local.lr_schedule must be one of \('linear', 'exponential'\)"),
+           ("fedmmd", "local.lr_decay_rate", 0.0, r"config.local.lr_decay_rate must be a number"),
+           ("fedavg", "local.momentum", 0.9, r"config.local.momentum must be 0 unless")]
+  for method, field, value, message in cases:
+    config = base_config(method)
+    config.update_from_flattened_dict({field: value})
+    with pytest.raises(ValueError, match=message):
+      validate_config(config)
