@@ -58,11 +58,57 @@ def test_gradient_compensation_empty_group_and_zero_gradient_are_finite():
   assert np.isfinite(value) and np.all(np.isfinite(grad))
   np.testing.assert_allclose(value, ref.ref_gradient_compensation_loss(
       np.asarray(z), np.asarray(y), num_old_classes=2), rtol=RTOL)
-  # Saturated predictions: g = 0 in both groups, weights 0, loss 0, no NaN.
+  # Saturated predictions: g underflows in both groups, but w = g / G = 1 (each
+  # group's samples are identical); every BCE term is 0, so the loss is 0, no NaN.
   saturated = jnp.where(jax.nn.one_hot(y, 4) > 0, 1e4, -1e4)
   value, grad = jax.value_and_grad(lambda x: losses.class_aware_gradient_compensation_loss(
       logits=x, labels=y, num_old_classes=1))(saturated)
   assert float(value) == 0.0 and np.all(np.isfinite(grad))
+
+
+def _gradient_compensation_float64(z, y, num_old):
+  """Float64 L_GC with g = 1 / (1 + exp(z_y)) (no cancellation; both groups non-empty)."""
+  z = np.asarray(z, np.float64)
+  g = 1.0 / (1.0 + np.exp(z[np.arange(len(y)), y]))
+  old = y < num_old
+  w = np.where(old, g / g[old].mean(), g / g[~old].mean())
+  bce = np.logaddexp(0.0, z) - z * np.eye(z.shape[1])[y]
+  return float(np.mean(w[:, None] * bce))
+
+
+def test_gradient_compensation_confident_true_class_keeps_its_weight():
+  # |sigmoid(20) - 1| is 0 in float32: computed that way the lone old sample got
+  # weight 0 and the loss was ~0.283 instead of ~0.514.
+  z, y = np.array([[20.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), np.array([0, 2])
+  got = losses.class_aware_gradient_compensation_loss(logits=_f32(z), labels=jnp.asarray(y),
+                                                      num_old_classes=1)
+  want = _gradient_compensation_float64(z, y, 1)
+  assert want == pytest.approx(0.514, abs=1e-3)
+  np.testing.assert_allclose(got, want, rtol=RTOL)
+  np.testing.assert_allclose(got, ref.ref_gradient_compensation_loss(z, y, num_old_classes=1),
+                             rtol=RTOL)
+
+
+@pytest.mark.parametrize("low,high", [(30.0, 60.0), (100.0, 120.0)])
+def test_gradient_compensation_saturated_regime_matches_float64(low, high):
+  # True-class logits 30-60 (g ~ 1e-13 .. 1e-26: below the old 1e-12 floor) and
+  # 100-120 (g underflows float32 entirely); the other logits are moderate, so
+  # the BCE rows and hence the weights matter. Weights differ within a group.
+  rng = np.random.default_rng(11)
+  y = np.array([0, 1, 2, 0, 3, 4, 5, 3])
+  z = rng.normal(size=(8, 6)) * 2
+  z[np.arange(8), y] = rng.uniform(low, high, size=8)
+  for num_old in (3, 4):
+    got = losses.class_aware_gradient_compensation_loss(logits=_f32(z), labels=jnp.asarray(y),
+                                                        num_old_classes=num_old)
+    np.testing.assert_allclose(got, _gradient_compensation_float64(z, y, num_old), rtol=1e-4)
+  # A padded row full of huge logits changes nothing.
+  mask = np.ones(9, bool)
+  mask[4] = False
+  zp, yp = np.insert(z, 4, 1e4, axis=0), np.insert(y, 4, 0)
+  got = losses.class_aware_gradient_compensation_loss(
+      logits=_f32(zp), labels=jnp.asarray(yp), num_old_classes=3, mask=jnp.asarray(mask))
+  np.testing.assert_allclose(got, _gradient_compensation_float64(z, y, 3), rtol=1e-4)
 
 
 def test_gradient_compensation_weights_are_constants():

@@ -56,10 +56,11 @@ def test_every_paper_setting_config_validates_and_says_what_it_is():
 
 def _tiny(config, tmp_path):
   config.num_rounds = 2
-  config.scenario.train_size = 200 if config.scenario.partition != "shards" else 400
+  shards = config.scenario.partition == "shards"  # 100 clients: 20 rows each, batches of 10
+  config.scenario.train_size = 2000 if shards else 200
   config.scenario.test_size = 100
   config.local.epochs = 1
-  config.local.batch_size = 32
+  config.local.batch_size = 10 if shards else 32
   config.eval.batch_size = 100
   config.eval.targets = (5.0, 99.9)
   config.logging.progress = False

@@ -41,7 +41,7 @@ PROTOTYPE_NOISE_SCALE = 0.1
 def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Array,
                                            num_old_classes: int | jax.Array,
                                            compensate_first_task: bool = False,
-                                           eps: float = 1e-12,
+                                           eps: float = 0.0,
                                            mask: jax.Array | None = None) -> jax.Array:
   """Class-aware gradient compensation L_GC, GLFC Eq. 2-4.
 
@@ -53,8 +53,17 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   sigmoid BCE, averaged over batch and classes like the code). Weights are
   constants (computed from detached predictions).
 
+  float32 (deviation from the code's arithmetic, not its maths): g_b =
+  1 - sigmoid(z_y) is sigmoid(-z_y), computed without the cancellation of
+  the code's |sigmoid(z_y) - 1|, which is exactly 0 in float32 once z_y >
+  ~17; a group whose samples are all that confident then gets 0 / 0 (NaN in
+  the authors' torch code; weight 0 in an earlier version here) instead of
+  g_b / G. The ratio is formed in log space, log g_b = log_sigmoid(-z_y) and
+  log G = logsumexp(log g over the group) - log(count), so it stays exact
+  even where sigmoid(-z_y) itself underflows float32 (z_y > ~88).
+
   Empty groups: a group with no samples in the batch contributes nothing (no
-  division by zero); a group whose mean gradient is 0 gets weight 0.
+  division by zero).
 
   First task (`num_old_classes == 0`): the authors' code uses w_b = 1 (plain
   BCE); `compensate_first_task=True` applies Eq. 4 literally (all samples are
@@ -66,7 +75,9 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
     num_old_classes: classes [0, num_old_classes) are old (learned in earlier
       tasks). May be a traced integer.
     compensate_first_task: see above.
-    eps: floor of the group mean in the division.
+    eps: optional floor on the group mean G (default 0: none; the log-space
+      ratio needs no guard). A positive floor changes w_b = g_b / G for
+      groups with G < eps, i.e. confident groups (G ~ exp(-z_y)).
     mask: optional (B,) boolean validity mask: padded rows join no group and
       the result is the mean over the valid rows.
 
@@ -77,18 +88,23 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
   check_labels(fn, labels, logits.shape[0])
   onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
-  true_class_prob = jnp.sum(jax.nn.sigmoid(jax.lax.stop_gradient(logits)) * onehot, axis=-1)
-  g = jnp.abs(true_class_prob - 1.0)
-  valid = jnp.ones_like(g, dtype=bool) if mask is None else jnp.asarray(mask, bool)
+  true_logit = jnp.sum(jax.lax.stop_gradient(logits) * onehot, axis=-1)
+  log_g = jax.nn.log_sigmoid(-true_logit)  # log(1 - sigmoid(z_y)), no cancellation
+  valid = jnp.ones(log_g.shape, bool) if mask is None else jnp.asarray(mask, bool)
   is_old = labels < num_old_classes
 
-  def group_mean(member):
+  def log_group_mean(member):
     member = member & valid
     count = jnp.sum(member)
-    return jnp.sum(jnp.where(member, g, 0.0)) / jnp.maximum(count, 1)
+    # An empty group gives -inf; it is only read by its (absent) members.
+    peak = jnp.max(jnp.where(member, log_g, -jnp.inf))
+    peak = jnp.where(count > 0, peak, 0.0)
+    total = jnp.sum(jnp.where(member, jnp.exp(log_g - peak), 0.0))
+    return peak + jnp.log(total) - jnp.log(jnp.maximum(count, 1).astype(log_g.dtype))
 
-  mean_of_group = jnp.where(is_old, group_mean(is_old), group_mean(~is_old))
-  weights = g / jnp.maximum(mean_of_group, eps)
+  log_mean = jnp.where(is_old, log_group_mean(is_old), log_group_mean(~is_old))
+  log_mean = jnp.maximum(log_mean, jnp.log(jnp.asarray(eps, log_g.dtype)))  # log 0 = -inf
+  weights = jnp.where(valid, jnp.exp(log_g - log_mean), 0.0)
   if not compensate_first_task:
     weights = jnp.where(jnp.asarray(num_old_classes) > 0, weights, jnp.ones_like(weights))
   bce = sigmoid_binary_cross_entropy_elementwise(logits, onehot)
