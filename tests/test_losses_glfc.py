@@ -300,3 +300,62 @@ def test_infer_label_from_last_layer_gradient_recovers_every_label():
   batched = jax.vmap(lambda g: losses.infer_label_from_last_layer_gradient(kernel_gradient=g))(
       jnp.stack([_ce_gradient(params, xs[i], i)["head"]["kernel"] for i in range(4)]))
   np.testing.assert_array_equal(batched, [0, 1, 2, 3])
+
+
+# ------------------------------------------------ fixed-size heads (class masks)
+
+
+@pytest.mark.parametrize("num_seen,num_old", [(4, 0), (6, 4), (10, 6)])
+def test_class_masked_losses_equal_the_losses_on_the_seen_columns(num_seen, num_old):
+  rng = np.random.default_rng(num_seen)
+  logits = rng.normal(size=(7, 10)) * 3.0
+  logits[:, num_seen:] = rng.choice([1e4, -1e4, 50.0], size=(7, 10 - num_seen))  # junk
+  labels = rng.integers(0, num_seen, 7)
+  old = rng.normal(size=(7, 10))
+  seen = jnp.arange(10) < num_seen
+  full, sliced = jnp.asarray(logits, jnp.float32), jnp.asarray(logits[:, :num_seen], jnp.float32)
+  got = losses.class_aware_gradient_compensation_loss(
+      logits=full, labels=jnp.asarray(labels), num_old_classes=num_old, class_mask=seen)
+  want = losses.class_aware_gradient_compensation_loss(
+      logits=sliced, labels=jnp.asarray(labels), num_old_classes=num_old)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  np.testing.assert_allclose(got, ref.ref_gradient_compensation_loss(
+      logits[:, :num_seen], labels, num_old_classes=num_old), rtol=1e-5)
+  if num_old:
+    got = losses.class_semantic_relation_distillation_loss(
+        logits=full, labels=jnp.asarray(labels), old_logits=jnp.asarray(old, jnp.float32),
+        num_old_classes=num_old, class_mask=seen)
+    want = losses.class_semantic_relation_distillation_loss(
+        logits=sliced, labels=jnp.asarray(labels),
+        old_logits=jnp.asarray(old[:, :num_old], jnp.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+  got = losses.mean_prediction_entropy(logits=full, class_mask=seen)
+  np.testing.assert_allclose(got, losses.mean_prediction_entropy(logits=sliced), rtol=1e-6)
+
+
+def test_class_masked_losses_give_unseen_columns_no_gradient_and_trace_once():
+  traces = []
+
+  @jax.jit
+  def total(logits, labels, old, num_seen):
+    traces.append(1)
+    seen = jnp.arange(logits.shape[-1]) < num_seen
+    num_old = num_seen - 2
+    return (losses.class_aware_gradient_compensation_loss(
+        logits=logits, labels=labels, num_old_classes=num_old, class_mask=seen)
+            + losses.class_semantic_relation_distillation_loss(
+                logits=logits, labels=labels, old_logits=old, num_old_classes=num_old,
+                class_mask=seen)
+            + losses.mean_prediction_entropy(logits=logits, class_mask=seen))
+
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(5, 8)), jnp.float32)
+  logits = logits.at[:, 6:].set(jnp.inf)  # unseen columns may hold anything
+  labels = jnp.asarray([0, 1, 2, 3, 5])
+  for num_seen in (4, 6):
+    grad = jax.grad(total)(logits, jnp.minimum(labels, num_seen - 1), logits * 0.5,
+                           jnp.int32(num_seen))
+    assert np.all(np.isfinite(grad[:, :num_seen]))
+    np.testing.assert_array_equal(grad[:, num_seen:], 0.0)
+  assert len(traces) == 1
+  with pytest.raises(ValueError, match=r"`class_mask` must have shape \(num_classes,\)"):
+    losses.mean_prediction_entropy(logits=logits, class_mask=jnp.ones(3, bool))

@@ -37,11 +37,34 @@ TASK_TRANSITION_THRESHOLD = 1.2
 PROTOTYPE_NOISE_SCALE = 0.1
 
 
+def _class_mask(fn: str, class_mask: jax.Array, logits: jax.Array) -> jax.Array:
+  """A (C,) class mask as a (1, C) boolean row (checked against `logits`)."""
+  class_mask = jnp.asarray(class_mask)
+  if class_mask.shape != (logits.shape[-1],):
+    raise ValueError(f"{fn}: `class_mask` must have shape (num_classes,) = "
+                     f"({logits.shape[-1]},), got {class_mask.shape}.")
+  return class_mask.astype(bool)[None, :]
+
+
+def _mean_over_classes(fn: str, weights: Any, logits: jax.Array, targets: jax.Array,
+                       class_mask: jax.Array | None) -> jax.Array:
+  """Per row: mean over the (seen) classes of weights * BCE(logits, targets)."""
+  if class_mask is None:
+    return jnp.mean(weights * sigmoid_binary_cross_entropy_elementwise(logits, targets), axis=-1)
+  seen = _class_mask(fn, class_mask, logits)
+  # Unseen columns are selected away before the arithmetic: no value, no gradient.
+  bce = sigmoid_binary_cross_entropy_elementwise(jnp.where(seen, logits, 0.0),
+                                                 jnp.where(seen, targets, 0.0))
+  total = jnp.sum(jnp.where(seen, weights * bce, 0.0), axis=-1)
+  return total / jnp.maximum(jnp.sum(seen), 1).astype(total.dtype)
+
+
 @loss_function(static_argnames=("compensate_first_task",), nonnegative=("eps",))
 def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Array,
                                            num_old_classes: int | jax.Array,
                                            compensate_first_task: bool = False,
                                            eps: float = 0.0,
+                                           class_mask: jax.Array | None = None,
                                            mask: jax.Array | None = None) -> jax.Array:
   """Class-aware gradient compensation L_GC, GLFC Eq. 2-4.
 
@@ -78,6 +101,10 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
     eps: optional floor on the group mean G (default 0: none; the log-space
       ratio needs no guard). A positive floor changes w_b = g_b / G for
       groups with G < eps, i.e. confident groups (G ~ exp(-z_y)).
+    class_mask: optional (C,) bool, True on the classes seen so far, for a
+      fixed-size head (`fedjax_het.cil.masking`): the BCE is averaged over the
+      seen columns only, so the result equals the loss on `logits[:, seen]`
+      and unseen columns get no gradient (None: every column is seen).
     mask: optional (B,) boolean validity mask: padded rows join no group and
       the result is the mean over the valid rows.
 
@@ -107,13 +134,15 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   weights = jnp.where(valid, jnp.exp(log_g - log_mean), 0.0)
   if not compensate_first_task:
     weights = jnp.where(jnp.asarray(num_old_classes) > 0, weights, jnp.ones_like(weights))
-  bce = sigmoid_binary_cross_entropy_elementwise(logits, onehot)
-  return masked_mean(fn, jnp.mean(weights[:, None] * bce, axis=-1), mask)
+  return masked_mean(fn, _mean_over_classes(fn, weights[:, None], logits, onehot, class_mask),
+                     mask)
 
 
 @loss_function()
 def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.Array,
                                               old_logits: jax.Array,
+                                              num_old_classes: int | jax.Array | None = None,
+                                              class_mask: jax.Array | None = None,
                                               mask: jax.Array | None = None) -> jax.Array:
   """Class-semantic relation distillation L_RD, GLFC Eq. 5.
 
@@ -122,10 +151,20 @@ def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.
   is the BCE of `logits` against it, mean over batch and classes (the code's
   form of Eq. 5's divergence).
 
+  Fixed-size heads (one compiled program for a whole task stream): pass
+  `old_logits` with all C columns, `num_old_classes` (may be traced; the old
+  classes are the prefix [0, num_old_classes)) and `class_mask` (the seen
+  classes): the result equals the loss on the seen columns alone.
+
   Args:
     logits: (B, C) current local model outputs, C = C_old + C_new.
     labels: (B,) integer labels.
-    old_logits: (B, C_old) outputs of the stored old model; constant.
+    old_logits: (B, C_old) outputs of the stored old model (or (B, C) with
+      `num_old_classes`); constant.
+    num_old_classes: optional number of old classes (default: C_old, the
+      width of `old_logits`).
+    class_mask: optional (C,) bool, True on the seen classes: the BCE is
+      averaged over those columns only (None: all columns).
     mask: optional (B,) validity mask or weights; padded rows get 0 and the
       result is the mean over the valid rows.
 
@@ -136,20 +175,23 @@ def class_semantic_relation_distillation_loss(*, logits: jax.Array, labels: jax.
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
   check_rank(fn, "old_logits", old_logits, 2, "(batch, num_old_classes)")
   check_labels(fn, labels, logits.shape[0])
-  num_old = old_logits.shape[-1]
-  if old_logits.shape[0] != logits.shape[0] or num_old > logits.shape[-1]:
+  width = old_logits.shape[-1]
+  if old_logits.shape[0] != logits.shape[0] or width > logits.shape[-1]:
     raise ValueError(
         f"{fn}: `old_logits` must have shape (batch, C_old) with batch "
         f"{logits.shape[0]} and C_old <= {logits.shape[-1]}, got {old_logits.shape}.")
+  num_old = width if num_old_classes is None else num_old_classes
   target = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
   old_probs = jax.nn.sigmoid(jax.lax.stop_gradient(old_logits))
-  target = target.at[:, :num_old].set(old_probs)
-  rows = jnp.mean(sigmoid_binary_cross_entropy_elementwise(logits, target), axis=-1)
+  is_old = (jnp.arange(width) < num_old)[None, :]
+  target = target.at[:, :width].set(jnp.where(is_old, old_probs, target[:, :width]))
+  rows = _mean_over_classes(fn, 1.0, logits, target, class_mask)
   return masked_mean(fn, rows, mask)
 
 
 @loss_function()
-def mean_prediction_entropy(*, logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+def mean_prediction_entropy(*, logits: jax.Array, class_mask: jax.Array | None = None,
+                            mask: jax.Array | None = None) -> jax.Array:
   """Average softmax prediction entropy H_l^{r,t}, GLFC Eq. 7.
 
   H = mean_b -sum_c p_bc log p_bc with p = softmax(logits), computed from the
@@ -158,6 +200,9 @@ def mean_prediction_entropy(*, logits: jax.Array, mask: jax.Array | None = None)
   Args:
     logits: (B, C) predictions of the received global model on the client's
       current training data.
+    class_mask: optional (C,) bool, True on the seen classes (a fixed-size
+      head): the softmax runs over those classes only, as on the code's grown
+      head (None: all classes).
     mask: optional (B,) validity mask (padding examples get 0).
 
   Returns:
@@ -165,8 +210,14 @@ def mean_prediction_entropy(*, logits: jax.Array, mask: jax.Array | None = None)
   """
   fn = "mean_prediction_entropy"
   check_rank(fn, "logits", logits, 2, "(batch, num_classes)")
-  log_probs = jax.nn.log_softmax(logits, axis=-1)
-  entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+  if class_mask is None:
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    terms = jnp.exp(log_probs) * log_probs
+  else:
+    seen = _class_mask(fn, class_mask, logits)
+    log_probs = jax.nn.log_softmax(jnp.where(seen, logits, -jnp.inf), axis=-1)
+    terms = jnp.where(seen, jnp.exp(log_probs) * jnp.where(seen, log_probs, 0.0), 0.0)
+  entropy = -jnp.sum(terms, axis=-1)
   return masked_mean(fn, entropy, mask)
 
 
