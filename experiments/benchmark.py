@@ -279,6 +279,54 @@ def _num_classes(config: ml_collections.ConfigDict) -> int | None:
   return spec.num_classes if spec is not None else None
 
 
+def run_cell(config: ml_collections.ConfigDict, cell_dir: pathlib.Path, *, label: str,
+             previous: Mapping[str, Any] | None = None,
+             train: Callable[[ml_collections.ConfigDict, pathlib.Path], Any] | None = None,
+             echo: Callable[[str], None] = print) -> dict[str, Any]:
+  """Trains one cell in `cell_dir`, resumes it, or skips it when finished (`is_finished`).
+
+  Args:
+    config: the cell's config.
+    cell_dir: its run directory.
+    label: the start of its progress line ("[1/4] fcclplus seed 0").
+    previous: its entry in the previous invocation's outputs ("seconds",
+      "workdir"): a skipped cell keeps the time it took in the invocation that
+      trained it.
+    train: `fedjax_het.train.train_and_evaluate` (the default) or a stand-in.
+    echo: where the "training ..." line goes.
+
+  Returns:
+    {"status": "trained" | "resumed" | "skipped", "seconds_this_invocation",
+     "seconds", "workdir", "training_seconds" (sum of its round times),
+     "results" (results.json), "metadata" (metadata.json), "records"
+     (metrics.jsonl)}.
+  """
+  previous = previous or {}
+  tick = time.perf_counter()
+  if is_finished(cell_dir, config):
+    status = "skipped"
+  else:
+    if train is None:
+      # pylint: disable-next=g-import-not-at-top
+      from fedjax_het.train import train_and_evaluate as train
+    resuming = (cell_dir / "checkpoints").is_dir()
+    echo(f"{label}: {'resuming' if resuming else 'training'} {config.num_rounds} rounds "
+         f"in {cell_dir}")
+    train(config, cell_dir)
+    status = "resumed" if resuming else "trained"
+  seconds = time.perf_counter() - tick
+  records = _records(cell_dir)
+  return {
+      "status": status, "seconds_this_invocation": seconds,
+      "seconds": (seconds if status != "skipped" else
+                  previous.get("seconds") if previous.get("workdir") == str(cell_dir) else None),
+      "workdir": str(cell_dir),
+      "training_seconds": float(sum(r.get("time/round_secs", 0.0) for r in records)),
+      "results": _read_json(cell_dir / "results.json") or {},
+      "metadata": _read_json(cell_dir / "metadata.json") or {},
+      "records": records}
+
+
 def write_outputs(workdir: pathlib.Path, *, scenario: str, quick: bool, methods: Sequence[str],
                   seeds: Sequence[int], overrides: Sequence[str], cells: Mapping[str, Any],
                   wall_seconds: float, total: int, custom_hook: bool, configs_text: str,
@@ -383,31 +431,13 @@ def run_benchmark(scenario: str, methods: Sequence[str], seeds: Sequence[int], *
                 overrides=list(overrides), total=total, custom_hook=configure is not None,
                 significant=significant)
   for index, ((method, seed), config) in enumerate(configs.items(), start=1):
-    cell_dir = workdir / method / f"seed{seed}"
     label = f"[{index}/{total}] {method} seed {seed}"
-    cell_tick = time.perf_counter()
-    if is_finished(cell_dir, config):
-      status = "skipped"
-      skipped.append((method, seed))
-    else:
-      resuming = (cell_dir / "checkpoints").is_dir()
-      echo(f"{label}: {'resuming' if resuming else 'training'} {config.num_rounds} rounds "
-           f"in {cell_dir}")
-      train_and_evaluate(config, cell_dir)
-      status = "resumed" if resuming else "trained"
-      trained.append((method, seed))
-    seconds = time.perf_counter() - cell_tick
-    records = _records(cell_dir)
-    results = _read_json(cell_dir / "results.json") or {}
-    before = previous.get(method, {}).get(str(seed), {})
-    cells.setdefault(method, {})[seed] = {
-        "status": status, "seconds_this_invocation": seconds,
-        "seconds": (seconds if status != "skipped" else
-                    before.get("seconds") if before.get("workdir") == str(cell_dir) else None),
-        "workdir": str(cell_dir),
-        "training_seconds": float(sum(r.get("time/round_secs", 0.0) for r in records)),
-        "results": results, "metadata": _read_json(cell_dir / "metadata.json") or {},
-        "records": records}
+    cell = run_cell(config, workdir / method / f"seed{seed}", label=label,
+                    previous=previous.get(method, {}).get(str(seed), {}),
+                    train=train_and_evaluate, echo=echo)
+    (skipped if cell["status"] == "skipped" else trained).append((method, seed))
+    cells.setdefault(method, {})[seed] = cell
+    results, status, seconds = cell["results"], cell["status"], cell["seconds"]
     shown = " ".join(f"{k} {results[k]['AVG']:.2f}" for k in table.KINDS
                      if "AVG" in results.get(k, {}))
     echo(f"{label}: {status} ({'finished earlier' if status == 'skipped' else f'{seconds:.1f} s'})"

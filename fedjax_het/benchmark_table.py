@@ -272,10 +272,15 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
           "rows": rows, "delta": delta}
 
 
-def format_cell(mean: float, std: float | None, paper: float | None = None) -> str:
-  """"45.31 ± 1.20 (paper 50.49)"; no "±" without a std, no "(paper)" without a number."""
-  text = f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
-  return text if paper is None else f"{text} (paper {paper:.2f})"
+def format_cell(mean: float, std: float | None, paper: float | None = None, *,
+                digits: int = 2) -> str:
+  """"45.31 ± 1.20 (paper 50.49)"; no "±" without a std, no "(paper)" without a number.
+
+  `digits` decimals for all three (rounds to a target use 1).
+  """
+  text = (f"{mean:.{digits}f}" if std is None or math.isnan(std)
+          else f"{mean:.{digits}f} ± {std:.{digits}f}")
+  return text if paper is None else f"{text} (paper {paper:.{digits}f})"
 
 
 def format_delta(delta: float, paper: float | None = None) -> str:
@@ -379,31 +384,40 @@ CURVE_TITLES = {
 
 def plot_benchmark_curves(curves: Mapping[str, Mapping[str, tuple[list, list, list, list]]],
                           path: Any, *, title: str, num_classes: int | None = None,
-                          labels: Mapping[str, str] | None = None) -> bool:
+                          labels: Mapping[str, str] | None = None,
+                          kinds: Sequence[str] = KINDS,
+                          titles: Mapping[str, str] | None = None,
+                          targets: Sequence[float] = ()) -> bool:
   """Saves one panel per kind (inter, intra): a line per method (mean over seeds) with its
   min-max band over seeds, and chance 100/num_classes. Returns False without matplotlib.
 
-  `curves[method][kind]` is `mean_curves`'s (rounds, mean, min, max).
+  `curves[method][kind]` is `mean_curves`'s (rounds, mean, min, max). `kinds`
+  picks the panels (`titles` their titles, default CURVE_TITLES) and `targets`
+  (accuracies in percent) draws a dotted horizontal line at each.
   """
   from fedjax_het import plots  # pylint: disable=g-import-not-at-top
   plt = plots._pyplot()  # pylint: disable=protected-access
   if plt is None:
     return False
-  figure = benchmark_figure(plt, curves, title=title, num_classes=num_classes, labels=labels)
+  figure = benchmark_figure(plt, curves, title=title, num_classes=num_classes, labels=labels,
+                            kinds=kinds, titles=titles, targets=targets)
   return plots._save(plt, figure, path)  # pylint: disable=protected-access
 
 
 def benchmark_figure(plt, curves: Mapping[str, Mapping[str, tuple[list, list, list, list]]], *,
                      title: str, num_classes: int | None = None,
-                     labels: Mapping[str, str] | None = None):
+                     labels: Mapping[str, str] | None = None, kinds: Sequence[str] = KINDS,
+                     titles: Mapping[str, str] | None = None, targets: Sequence[float] = ()):
   """The Figure of `plot_benchmark_curves`."""
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   labels = labels or {}
-  fig, axes = plt.subplots(1, len(KINDS), figsize=(6.0 * len(KINDS), 4.4), sharex=True, sharey=True,
-                           squeeze=False, layout="constrained")
+  titles = {**CURVE_TITLES, **(titles or {})}
+  fig, axes = plt.subplots(1, len(kinds), figsize=(6.0 * len(kinds), 4.4), sharex=True,
+                           sharey=True, squeeze=False, layout="constrained")
   axes = axes[0]
   banded, top, all_rounds = False, 100.0 / num_classes if num_classes else 0.0, set()
-  for ax, kind in zip(axes, KINDS):
+  top = max(top, *targets) if targets else top
+  for ax, kind in zip(axes, kinds):
     for method, per_kind in curves.items():
       rounds, mean, low, high = per_kind.get(kind, ([], [], [], []))
       if not rounds:
@@ -417,7 +431,9 @@ def benchmark_figure(plt, curves: Mapping[str, Mapping[str, tuple[list, list, li
     if num_classes:
       ax.axhline(100.0 / num_classes, color="grey", ls="--", lw=1,
                  label=f"chance (1/C = {100.0 / num_classes:.3g}%)")
-    ax.set_title(CURVE_TITLES[kind], fontsize=10)
+    for target in targets:
+      ax.axhline(target, color="black", ls=":", lw=1, label=f"target {target:g}%")
+    ax.set_title(titles.get(kind, kind), fontsize=10)
     ax.set_xlabel("communication round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
