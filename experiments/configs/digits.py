@@ -117,6 +117,8 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
     c.eval.batch_size = 300
     if method == "fccl":
       c.fccl.pretrain_epochs = 5
+    if method == "fcclplus":
+      c.fcclplus.pretrain_epochs = 5  # read only by fcclplus.local_distillation="dual"
     if method == "fedmd":
       c.fedmd.warmup_epochs = 5
       c.fedmd.public_subset = 512  # half of the quick public set, redrawn every round

@@ -27,9 +27,28 @@ Defaults follow the authors' code; every deviation is a config field:
     second forward for the features, updating BatchNorm statistics twice).
   * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.use_fccm=False` (FISL
     only; FCCL+ Table X's rows without FCCM), `fcclplus.local_distillation`
-    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none"}; "kd_then_fntd"
+    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual"}; "kd_then_fntd"
     is Table XVII's schedule: KD in the first round(fcclplus.kd_fraction * local.epochs)
     local epochs of every round, FNTD in the rest (one optimiser over all of them).
+  * `fcclplus.local_distillation="dual"`: the conference version's local objective,
+    FCCL+ Eq. 19 = FCCL (CVPR 2022) Eq. 4-7 dual-domain distillation,
+      L_local = CE + lambda_Loc (KL(softmax(Z^{e-1}/tau) || softmax(Z/tau))
+                                 + KL(softmax(Z*/tau) || softmax(Z/tau))),
+    Z^{e-1} the logits of the FNTD teacher above (theta^{e-1}), Z* those of theta^*, the
+    participant's model pretrained on its private data alone. As in FCCL (`fccl.py`, whose
+    pieces are reused: `solo.pretrain_variables`, `losses.dual_domain_distillation_loss`),
+    `init` then first pretrains every participant (SOLO, `fcclplus.pretrain_epochs` epochs
+    of Adam, lr cosine-annealed from `fcclplus.pretrain_lr` to `fcclplus.pretrain_min_lr`,
+    batch `local.batch_size`), training starts from theta^* (homogeneous variant:
+    participant 0's), theta^{0} = theta^* is round 1's previous model, and the state keeps
+    "pretrained"; lambda_Loc = `fcclplus.dual_weight`, tau = `fcclplus.dual_temperature`
+    (FCCL's defaults 1 and 1). Both teachers run in `fcclplus.teacher_train_mode`
+    (FCCL: eval mode). The metric `local/distill` is lambda_Loc L_dual. This is the local
+    objective of FCCL+ Table X's rows without FNTD (FCCM only: `use_fisl=False`, FISL
+    only: `use_fccm=False`, FCCM + FISL), of Table XIII (FISL only) and of Table XIV
+    (FCCM + FISL, omega varied): "For the local updating phase without FNTD module,
+    experiments remain same optimization objective as our conference version in Eq. 19"
+    (FCCL+ Sec. 4.3). The other choices neither pretrain nor keep "pretrained".
   * the metric `local/distill` (FNTD) can be slightly negative (about -0.02):
     the authors' form is the KL sum without the target class's term and
     without renormalising over the C-1 non-target classes, and such a partial
@@ -49,14 +68,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common
+from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import aggregation, local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
                                        where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
 
-LOCAL_DISTILLATIONS = ("fntd", "kd", "kd_then_fntd", "none")
+LOCAL_DISTILLATIONS = ("fntd", "kd", "kd_then_fntd", "none", "dual")
 
 
 class Phases(NamedTuple):
@@ -87,6 +106,9 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                                      LOCAL_DISTILLATIONS)
   renormalize = bool(cfg.fntd_renormalize)
   kd_epochs = int(round(float(cfg.kd_fraction) * int(loc.epochs)))
+  dual = distillation == "dual"
+  dual_weight = float(cfg.dual_weight)
+  dual_tau = float(cfg.dual_temperature)
   teacher_train_mode = bool(cfg.teacher_train_mode)
   average = common.check_parameter_averaging("fcclplus.average_parameters",
                                               cfg.average_parameters, setup)
@@ -99,14 +121,26 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
   def init(key, data):
-    del data
     groups = {}
     for group in setup.groups:
       variables = init_group_variables(group, key, shared=setup.homogeneous,
                                        num_participants=setup.num_participants)
       groups[group.name] = {"variables": variables, "teacher": variables}
-      if reset != "batch":
-        groups[group.name]["collab_opt"] = jax.vmap(col_tx.init)(variables["params"])
+    if dual:  # FCCL's SOLO pretraining (fccl.py `init`): theta^* starts training, theta^0 = theta^*
+      pretrained = solo.pretrain_variables(
+          setup, {name: g["variables"] for name, g in groups.items()}, data.groups,
+          jax.random.fold_in(key, 1), epochs=int(cfg.pretrain_epochs),
+          batch_size=int(loc.batch_size), lr=float(cfg.pretrain_lr),
+          min_lr=float(cfg.pretrain_min_lr))
+      for group in setup.groups:
+        start = pretrained[group.name]
+        if average:  # as FCCL: every homogeneous participant starts from participant 0's
+          start = jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v[:1], v.shape), start)
+        groups[group.name] = {"variables": start, "teacher": pretrained[group.name],
+                              "pretrained": pretrained[group.name]}
+    if reset != "batch":
+      for g in groups.values():
+        g["collab_opt"] = jax.vmap(col_tx.init)(g["variables"]["params"])
     return {"groups": groups}
 
   def reset_optimizer(state):
@@ -161,11 +195,23 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     teacher_forward = common.forward_fn(group, train=teacher_train_mode)
 
     def loss_fn(params, batch_stats, images, labels, mask, rng, aux, epoch):
-      student_rng, teacher_rng = jax.random.split(rng)
+      if dual:
+        student_rng, teacher_rng, pretrained_rng = jax.random.split(rng, 3)
+      else:
+        student_rng, teacher_rng = jax.random.split(rng)
       _, z, new_stats = forward(params, batch_stats, images, student_rng, mask)
       ce = losses.softmax_cross_entropy(logits=z, labels=labels, mask=mask)
       if distillation == "none":
         distill = jnp.zeros_like(ce)
+      elif dual:  # FCCL Eq. 4-7 (FCCL+ Eq. 19), the same loss as fccl.py's local update
+        teacher, pre = aux["teacher"], aux["pretrained"]
+        _, z_prev, _ = teacher_forward(teacher["params"], teacher["batch_stats"], images,
+                                       teacher_rng, mask)
+        _, z_pre, _ = teacher_forward(pre["params"], pre["batch_stats"], images,
+                                      pretrained_rng, mask)
+        distill = dual_weight * losses.dual_domain_distillation_loss(
+            logits=z, previous_logits=z_prev, pretrained_logits=z_pre, temperature=dual_tau,
+            mask=mask)
       else:
         teacher = aux["teacher"]
         _, zt, _ = teacher_forward(teacher["params"], teacher["batch_stats"], images,
@@ -197,8 +243,11 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       variables = g["variables"]
       if average:
         variables = aggregation.average_over_active(variables, active[group.name])
+      aux = {"teacher": g["teacher"]}
+      if dual:
+        aux["pretrained"] = g["pretrained"]
       new_vars, m = local.train_clients(
-          trainers[group.name], variables, {"teacher": g["teacher"]}, data[group.name],
+          trainers[group.name], variables, aux, data[group.name],
           client_keys(key, ids[group.name]), learning_rates)
       new_vars = where_active(active[group.name], new_vars, variables)
       groups[group.name] = {**g, "variables": new_vars, "teacher": new_vars}
@@ -246,6 +295,12 @@ def default_config() -> ml_collections.ConfigDict:
           "use_fccm": True,
           "local_distillation": "fntd",
           "kd_fraction": 0.5,   # "kd_then_fntd": share of local epochs with KD (Table XVII)
+          # local_distillation="dual" only (FCCL Eq. 4-7; the defaults of config.fccl):
+          "dual_weight": 1.0,                                      # lambda_Loc, FCCL Eq. 7
+          "dual_temperature": 1.0,                                 # tau, FCCL Eq. 4-5
+          "pretrain_epochs": 50,                                   # SOLO pretraining of theta^*
+          "pretrain_lr": 1e-3,
+          "pretrain_min_lr": 1e-6,
           "average_parameters": False,                             # True: homogeneous variant
       },
   })
@@ -270,6 +325,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fcclplus.local_distillation", v.choice(LOCAL_DISTILLATIONS),
           f"one of {LOCAL_DISTILLATIONS}")
   v.check(config, "fcclplus.kd_fraction", lambda x: 0 <= x <= 1, "a number in [0, 1]")
+  v.check(config, "fcclplus.dual_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fcclplus.dual_temperature", v.positive, "a number > 0")
+  v.check(config, "fcclplus.pretrain_epochs", v.int_at_least(0), "an integer >= 0")
+  v.check(config, "fcclplus.pretrain_lr", v.positive, "a number > 0")
+  v.check(config, "fcclplus.pretrain_min_lr", lambda x: 0 <= x <= config.fcclplus.pretrain_lr,
+          "a number in [0, fcclplus.pretrain_lr]")
   if config.fcclplus.average_parameters and len(set(config.models.architectures)) > 1:
     v.fail("fcclplus.average_parameters",
            "False unless every participant uses the same architecture", True)
