@@ -57,7 +57,11 @@ def main(argv):
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
   logging.info("workdir: %s", workdir)
   try:
-    train_and_evaluate(config, workdir)
+    if config.scenario.name == "class_incremental":
+      from fedjax_het.cil.train import train_class_incremental  # pylint: disable=g-import-not-at-top
+      train_class_incremental(config, workdir)
+    else:
+      train_and_evaluate(config, workdir)
   except UserError as error:
     if _VERBOSE.value or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
       raise

@@ -13,10 +13,13 @@ Settings (Yao et al., "Federated Learning with Additional Mechanisms on
 Clients to Reduce Communication Costs", Sec. 4; values the paper does not
 give are the authors' FedFusion code's, and say so):
 
-  * binary (CIFAR-10, FedMMD Fig. 4a / FedFusion Fig. 5a; MNIST, Fig. 4c):
-    2 clients with disjoint halves of the classes (0-4 / 5-9,
+  * binary (CIFAR-10, FedMMD Fig. 4a; MNIST, Fig. 4c): 2 clients with
+    disjoint halves of the classes (0-4 / 5-9,
     `scenario.partition="class_split"`), both train every round, batch 128,
-    E = 2 local epochs (FedMMD Sec. 4.2.1).
+    E = 2 local epochs (FedMMD Sec. 4.2.1). FedFusion's Fig. 5a/5b are
+    "artificial non-IID partitions of CIFAR10" the paper does not specify
+    (its Table 1 (a)'s FedAvg 89.89% is not this split, where FedMMD's FedAvg
+    needs 326 rounds to reach 72%).
   * iid (CIFAR-10, FedMMD Fig. 4b / FedFusion Fig. 5d): 2 clients with an IID
     split, batch 128, E = 2.
   * shards (MNIST, FedMMD Fig. 4d): McMahan's pathological split, 100 clients

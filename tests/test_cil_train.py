@@ -1,0 +1,223 @@
+"""Tests of the class-incremental trainer `fedjax_het.cil.train` (FedAvg on the task stream)."""
+
+import json
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_het.cil import metrics as cil_metrics
+from fedjax_het.cil import train as cil_train
+from fedjax_het.config import load_module
+from fedjax_het.data import incremental
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import rounds
+from fedjax_het.errors import ConfigError, WorkdirError
+from tests.tiny_models import TinyLinear
+
+
+@pytest.fixture(scope="module")
+def stream():
+  # 4 classes in 2 tasks, 3 clients + 1 at task 1; synthetic MNIST-style digits.
+  return incremental.build_class_incremental_stream(
+      num_tasks=2, num_classes=4, initial_clients=3, new_clients_per_task=1,
+      source="synthetic", train_size=48, test_size=20, seed=0)
+
+
+def _settings(**overrides):
+  base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
+              optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
+              batch_size=64, sequential=False)
+  base.update(overrides)
+  return cil_train.Settings(**base)
+
+
+def _algorithm(stream, settings, model=None):
+  model = model or TinyLinear(num_classes=stream.num_classes)
+  return model, cil_train.make_fedavg_cil(settings, model, stream.mean, stream.std,
+                                          stream.max_client_size)
+
+
+def test_round_traces_once_across_a_task_change(stream):
+  _, algorithm = _algorithm(stream, _settings())
+  run = jax.jit(chex.assert_max_traces(
+      rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
+  data = jax.device_put(cil_train.stream_arrays(stream))
+  state = rounds.initial_state(algorithm, jax.random.key(0), data)
+  chex.clear_trace_counter()
+  tasks = []
+  for _ in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
+    state, metrics = run(state, data)
+    tasks.append(int(metrics["task"][0]))
+  assert tasks == [0, 0, 1, 1]
+  assert int(state["round"]) == 4
+
+
+def test_unseen_classes_get_no_gradient_and_are_never_predicted(stream):
+  model, algorithm = _algorithm(stream, _settings(epochs=2, batch_size=4))
+  data = jax.device_put(cil_train.stream_arrays(stream))
+  state = rounds.initial_state(algorithm, jax.random.key(1), data)
+  round_fn = jax.jit(rounds.make_round_fn(algorithm))
+  new_state, _ = round_fn(state, data)  # round 0: task 0, classes {0, 1} seen
+  old, new = state["server"]["params"]["head"], new_state["server"]["params"]["head"]
+  np.testing.assert_array_equal(np.asarray(new["kernel"])[:, 2:], np.asarray(old["kernel"])[:, 2:])
+  np.testing.assert_array_equal(np.asarray(new["bias"])[2:], np.asarray(old["bias"])[2:])
+  assert not np.array_equal(np.asarray(new["kernel"])[:, :2], np.asarray(old["kernel"])[:, :2])
+
+  # Push the unseen classes' logits up: still never predicted while unseen.
+  variables = jax.tree_util.tree_map(lambda x: x, new_state["server"])
+  variables["params"]["head"]["bias"] = jnp.asarray([0.0, 0.0, 1e6, 1e6])
+  counts = jax.jit(cil_train.make_class_counts(model, stream.mean, stream.std, 4,
+                                               len(stream.test_labels), 7))
+  correct, total, predicted = counts(variables, stream.test_images, stream.test_labels,
+                                     jnp.int32(2))
+  assert int(predicted[2:].sum()) == 0 and int(predicted.sum()) == len(stream.test_labels)
+  assert int(correct[2:].sum()) == 0
+  np.testing.assert_array_equal(total, np.bincount(stream.test_labels, minlength=4))
+  _, _, predicted_all = counts(variables, stream.test_images, stream.test_labels, jnp.int32(4))
+  assert int(predicted_all[2:].sum()) == len(stream.test_labels)  # unmasked: they win
+
+
+def test_one_round_equals_a_hand_computed_fedavg(stream):
+  lr = 0.5
+  # One epoch, batch >= every client: each sampled client takes one full-batch GD step.
+  settings = _settings(lr=lr, batch_size=stream.max_client_size)
+  _, algorithm = _algorithm(stream, settings)
+  data = jax.device_put(cil_train.stream_arrays(stream))
+  state = rounds.initial_state(algorithm, jax.random.key(2), data)
+  new_state, metrics = jax.jit(rounds.make_round_fn(algorithm))(state, data)
+  clients = np.asarray(metrics["clients"])
+  assert clients.shape == (2,) and len(set(clients.tolist())) == 2
+  assert stream.client_joined[0, clients].all()
+
+  w = np.asarray(state["server"]["params"]["head"]["kernel"], np.float64)
+  b = np.asarray(state["server"]["params"]["head"]["bias"], np.float64)
+  norm = normalizer(stream.mean, stream.std)
+  seen = 2
+  new_w, new_b, sizes = [], [], []
+  for c in clients:
+    n = int(stream.client_sizes[0, c])
+    rows = stream.client_indices[0, c, :n]
+    x = np.asarray(norm(stream.images[rows]), np.float64).reshape(n, -1)
+    y = stream.labels[rows]
+    assert y.max() < seen
+    z = x @ w[:, :seen] + b[:seen]
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    g = (p - np.eye(seen)[y]) / n
+    wc, bc = w.copy(), b.copy()
+    wc[:, :seen] -= lr * x.T @ g
+    bc[:seen] -= lr * g.sum(axis=0)
+    new_w.append(wc)
+    new_b.append(bc)
+    sizes.append(n)
+  weights = np.asarray(sizes, np.float64) / sum(sizes)
+  expect_w = np.tensordot(weights, np.stack(new_w), axes=1)
+  expect_b = np.tensordot(weights, np.stack(new_b), axes=1)
+  got = new_state["server"]["params"]["head"]
+  np.testing.assert_allclose(np.asarray(got["kernel"]), expect_w, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(got["bias"]), expect_b, atol=2e-5)
+
+
+def _tiny_config():
+  c = cil_train.cil_config("fedavg_cil")
+  c.name = "tiny"
+  c.compilation_cache_dir = ""
+  c.scenario.source = "synthetic"
+  c.scenario.num_tasks = 2
+  c.scenario.num_classes = 4
+  c.scenario.initial_clients = 3
+  c.scenario.new_clients_per_task = 1
+  c.scenario.train_size = 48
+  c.scenario.test_size = 20
+  c.cil.rounds_per_task = 2
+  c.cil.clients_per_round = 2
+  c.models.architecture = "simple_cnn"
+  c.models.width = 0.5
+  c.local.lr = 0.05
+  c.local.epochs = 1
+  c.local.batch_size = 8
+  c.checkpoint.every = 1
+  c.logging.progress = False
+  c.logging.plots = False
+  return c
+
+
+def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
+  config = _tiny_config()
+  full = cil_train.train_class_incremental(config, tmp_path / "full")
+  assert full["rounds_done"] == 4
+
+  # Table 1 numbers in results.json are cil.metrics on the counts recorded in metrics.jsonl.
+  results = json.loads((tmp_path / "full" / "results.json").read_text())
+  records = [json.loads(line) for line in
+             (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+  ends = [r for r in records if "eval/class_correct" in r]
+  assert [r["round"] for r in ends] == [2, 4] and [r["task"] for r in ends] == [0, 1]
+  matrix = cil_metrics.accuracy_matrix(np.array([r["eval/class_correct"] for r in ends]),
+                                       np.array([r["eval/class_total"] for r in ends]), 2)
+  np.testing.assert_array_equal(results["seen_accuracy"], matrix.seen)
+  assert results["average_incremental_accuracy"] == cil_metrics.average_incremental_accuracy(
+      matrix.seen)
+  assert results["forgetting"] == cil_metrics.forgetting(matrix.per_task)
+  for r in ends:
+    assert r["eval/accuracy/seen"] == pytest.approx(
+        100 * matrix.seen[r["task"]], abs=1e-9)
+    assert r["eval/predicted_unseen"] == 0
+  table = (tmp_path / "full" / "results.md").read_text()
+  assert cil_metrics.table1_header(2, 2) in table
+  assert cil_metrics.table1_row("FedAvg (fine-tuning)", matrix.seen, 2) in table
+
+  # Stopped after task 0, then rerun: resumes and ends bit-identical.
+  part = cil_train.train_class_incremental(config, tmp_path / "split", max_rounds=2)
+  assert part["rounds_done"] == 2 and part["results"]["tasks_done"] == 1
+  resumed = cil_train.train_class_incremental(config, tmp_path / "split")
+  assert resumed["rounds_done"] == 4
+  chex.assert_trees_all_equal(resumed["server"], full["server"])
+  assert json.loads((tmp_path / "split" / "results.json").read_text()) == results
+  split_records = [json.loads(line) for line in
+                   (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+  def strip(rs):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]
+  assert strip(split_records) == strip(records)
+
+  # A changed config is refused before anything is written.
+  changed = _tiny_config()
+  changed.local.lr = 0.1
+  with pytest.raises(WorkdirError, match="config.local.lr"):
+    cil_train.train_class_incremental(changed, tmp_path / "split")
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("cil.clients_per_round", 31, "scenario.initial_clients=30"),
+    ("scenario.num_tasks", 7, "a divisor of the 100 classes"),
+    ("local.optimizer", "rmsprop", "('adam', 'sgd')"),
+    ("scenario.client_data", "mixed", "('overlap', 'disjoint')"),
+    ("models.architecture", "vgg", "one of"),
+    ("cil.rounds_per_call", 3, "dividing cil.rounds_per_task=10"),
+    ("method", "glfc", "('fedavg_cil',)"),
+])
+def test_validation_errors_name_the_field(field, value, allowed):
+  config = cil_train.cil_config()
+  section, name = field.rpartition(".")[::2] if "." in field else ("", field)
+  (config[section] if section else config)[name] = value
+  with pytest.raises(ConfigError) as error:
+    cil_train.validate_cil_config(config)
+  assert f"config.{field}" in str(error.value) and allowed in str(error.value)
+
+
+def test_experiment_configs_validate():
+  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  for variant in ("fedavg_cil", "fedavg_cil_quick"):
+    config = module.get_config(variant)
+    cil_train.validate_cil_config(config)
+    assert config.scenario.name == "class_incremental"
+  paper = module.get_config("fedavg_cil")
+  assert (paper.scenario.num_tasks, paper.scenario.initial_clients,
+          paper.scenario.new_clients_per_task, paper.cil.clients_per_round,
+          paper.cil.rounds_per_task, paper.models.architecture, paper.local.lr,
+          paper.local.epochs, paper.local.batch_size) == (10, 30, 10, 10, 10, "glfc_resnet18",
+                                                          0.1, 20, 128)
