@@ -257,3 +257,25 @@ def test_fedmmd_fedfusion_configs_validate_and_reject_bad_fields():
     config.update_from_flattened_dict({field: value})
     with pytest.raises(ValueError, match=message):
       validate_config(config)
+
+
+def test_fedfusion_conv_identity_init_starts_as_the_plain_model():
+  base = tiny_classifier()
+  fused = fedfusion.fuse(base, "conv", conv_init="identity")
+  images = jnp.asarray(np.random.default_rng(0).random((5, 32, 32, 3)), jnp.float32)
+  variables = fedfusion.load_global_trunk(fused.init(jax.random.key(0), images, train=False))
+  kernel = variables["params"]["fusion"]["conv"]["kernel"]
+  np.testing.assert_array_equal(kernel[0, 0], np.concatenate([np.eye(2), np.zeros((2, 2))]))
+  np.testing.assert_array_equal(variables["params"]["fusion"]["conv"]["bias"], np.zeros(2))
+  plain = {"params": {"trunk": variables["params"]["local_trunk"],
+                      "tail": variables["params"]["tail"], "head": variables["params"]["head"]}}
+  np.testing.assert_allclose(fused.apply(variables, images, train=False)[1],
+                             base.apply(plain, images, train=False)[1], rtol=1e-6, atol=1e-6)
+  # The torch initialisation (the default) does not: an extra random layer.
+  torch_init = fedfusion.load_global_trunk(
+      fedfusion.fuse(base, "conv").init(jax.random.key(0), images, train=False))
+  assert not np.allclose(torch_init["params"]["fusion"]["conv"]["kernel"], kernel)
+  with pytest.raises(ValueError, match=r"config.fedfusion.conv_init must be one of"):
+    config = base_config("fedfusion")
+    config.fedfusion.conv_init = "zeros"
+    validate_config(config)

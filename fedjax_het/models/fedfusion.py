@@ -6,7 +6,10 @@ the two feature maps with the "fusion" operator and finishes with the base
 network's "tail" and "head":
 
   * "conv": 1x1 convolution (with bias) of concat([local, global], channels),
-    2C -> C.
+    2C -> C; `conv_init="torch"` (default, the authors' code: PyTorch's default
+    initialisation) or "identity" (kernel [I; 0], bias 0: the fused map starts
+    as the local map, so the model starts as the base network, as "multi" and
+    "single" do; an option of this library, not of the paper).
   * "multi": per-channel gamma of shape (C,), initialised to 0:
     fused = gamma * global + (1 - gamma) * local.
   * "single": the same with one scalar gamma (shape ()).
@@ -45,6 +48,16 @@ from fedjax_het.models.layers import Conv
 
 #: Fusion operators of FedFusion.
 FUSION_OPERATORS = ("conv", "multi", "single")
+#: Initialisations of the "conv" fusion operator.
+CONV_INITS = ("torch", "identity")
+
+
+def _identity_fusion_kernel(key, shape, dtype=jnp.float32):
+  """(1, 1, 2C, C) kernel [I; 0]: the local half passes through, the global half is ignored."""
+  del key
+  _, _, cin, cout = shape
+  return jnp.concatenate([jnp.eye(cout, dtype=dtype), jnp.zeros((cin - cout, cout), dtype)]
+                         )[None, None]
 
 
 class FusionOperator(nn.Module):
@@ -53,9 +66,11 @@ class FusionOperator(nn.Module):
   Attributes:
     kind: one of `FUSION_OPERATORS`.
     conv_impl: convolution implementation of the "conv" operator.
+    conv_init: initialisation of the "conv" operator, one of `CONV_INITS`.
   """
   kind: str
   conv_impl: str = "xla"
+  conv_init: str = "torch"
 
   @nn.compact
   def __call__(self, local: jax.Array, global_: jax.Array) -> jax.Array:
@@ -66,8 +81,13 @@ class FusionOperator(nn.Module):
                        f"(B, h, w, C) shape, got {local.shape} and {global_.shape}.")
     channels = local.shape[-1]
     if self.kind == "conv":
-      return Conv(channels, 1, impl=self.conv_impl, name="conv")(
-          jnp.concatenate([local, global_], axis=-1))
+      if self.conv_init not in CONV_INITS:
+        raise ValueError(f"`conv_init` must be one of {CONV_INITS}, got {self.conv_init!r}.")
+      identity = self.conv_init == "identity"
+      return Conv(channels, 1, impl=self.conv_impl, name="conv",
+                  kernel_init=_identity_fusion_kernel if identity else None,
+                  bias_init=nn.initializers.zeros if identity else None)(
+                      jnp.concatenate([local, global_], axis=-1))
     if self.kind == "multi":
       gamma = self.param("gamma", nn.initializers.zeros, (channels,), jnp.float32)
       gamma = gamma[None, None, None, :]
