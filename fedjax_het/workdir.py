@@ -40,7 +40,34 @@ RUN_FILE = "run.json"
 #: Config fields (or section prefixes) that never change a run's numbers.
 NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
                   "checkpoint.every", "eval.last_rounds", "eval.targets",
+                  "eval.target_accuracy",  # the single target that eval.targets replaced
                   "scenario.data_dir", "resume_allow_changes")
+
+
+#: Config fields added after runs were recorded without them, with the values under which such
+#: a run is unchanged (None: any value, for fields read only by an option that did not exist
+#: then). A record lacking one of these fields is not a difference when the current value is
+#: one of them, so older workdirs still resume (and `experiments/new_client.py` restores them).
+ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
+    "local.momentum": (0.0,),
+    "local.lr_schedule": ("linear",),
+    "local.lr_decay_rate": None,     # read only by lr_schedule="exponential"
+    "local.min_lr": None,            # read only by lr_schedule="exponential"
+    "fedfusion.conv_init": ("torch",),
+    "fcclplus.dual_weight": None,    # the fcclplus.* fields below: read only by "dual"
+    "fcclplus.dual_temperature": None,
+    "fcclplus.pretrain_epochs": None,
+    "fcclplus.pretrain_lr": None,
+    "fcclplus.pretrain_min_lr": None,
+}
+
+
+def _added_unchanged(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+  """A field the record predates, at a value that leaves the recorded run unchanged."""
+  if field in old or field not in new or field not in ADDED_FIELDS:
+    return False
+  values = ADDED_FIELDS[field]
+  return values is None or new[field] in values
 
 
 def flatten_config(config: ml_collections.ConfigDict | Mapping[str, Any],
@@ -100,7 +127,7 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
   lines = []
   old, new = recorded.get("config", {}), current["config"]
   for field in sorted(set(old) | set(new)):
-    if _covered(field, allowed):
+    if _covered(field, allowed) or _added_unchanged(field, old, new):
       continue
     missing = "<absent>"
     if old.get(field, missing) != new.get(field, missing):

@@ -114,6 +114,25 @@ def test_differences_cover_prefixes_and_absent_fields():
   assert workdir_lib.differences(old, new, ("a.b.c", "ab", "d", "e")) == ["config.a.b: 1 -> 5"]
 
 
+def test_fields_added_since_a_record_are_differences_only_at_values_that_change_it():
+  data = {"fingerprint": "x", "sources": {}}
+  old = {"config": {"local.lr": 0.1}, "data": data}
+
+  def lines(**fields):
+    return workdir_lib.differences(old, {"config": {"local.lr": 0.1, **fields}, "data": data}, ())
+
+  assert lines(**{"fedfusion.conv_init": "torch", "local.momentum": 0.0,
+                  "local.min_lr": 1e-4, "fcclplus.pretrain_epochs": 5}) == []
+  assert lines(**{"fedfusion.conv_init": "identity"}) == [
+      "config.fedfusion.conv_init: '<absent>' -> 'identity'"]
+  assert lines(**{"local.momentum": 0.9}) == ["config.local.momentum: '<absent>' -> 0.9"]
+  assert lines(**{"not.a.known.field": 1}) == ["config.not.a.known.field: '<absent>' -> 1"]
+  # A recorded value is compared as before, even for those fields.
+  recorded = {"config": {"local.momentum": 0.0}, "data": data}
+  assert workdir_lib.differences(recorded, {"config": {"local.momentum": 0.5}, "data": data},
+                                 ()) == ["config.local.momentum: 0.0 -> 0.5"]
+
+
 def test_a_workdir_that_is_a_file_is_named(tmp_path):
   path = tmp_path / "results"
   path.write_text("not a directory")
