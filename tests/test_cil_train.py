@@ -198,7 +198,7 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
     ("scenario.client_data", "mixed", "('overlap', 'disjoint')"),
     ("models.architecture", "vgg", "one of"),
     ("cil.rounds_per_call", 3, "dividing cil.rounds_per_task=10"),
-    ("method", "glfc", "('fedavg_cil',)"),
+    ("method", "fedprox", "('fedavg_cil', 'glfc')"),
 ])
 def test_validation_errors_name_the_field(field, value, allowed):
   config = cil_train.cil_config()

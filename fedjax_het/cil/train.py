@@ -3,9 +3,11 @@
 The trainer of GLFC's protocol [GLFC Sec. 5] on a fixed-shape task stream
 (`fedjax_het.data.incremental`). This step implements the lower-bound
 baseline of GLFC Table 1, "fedavg_cil": FedAvg on the task stream (plain
-fine-tuning; no exemplars, no distillation). GLFC itself (per-client state,
-an old model, exemplar memories, a proxy server) is meant to be added as
-further state entries and a second method on top of the same trainer.
+fine-tuning; no exemplars, no distillation), and "glfc" (`cil.glfc`): GLFC's
+client side (per-client exemplar memories, entropy-based task-transition
+detection, 0.5 * L_GC + 0.5 * L_RD) with the previous task's final global
+model as the old model; GLFC's proxy server is not implemented yet.
+`config.method` selects the method; `config.glfc` exists only for "glfc".
 
 The whole stream compiles ONCE:
 
@@ -69,7 +71,7 @@ import numpy as np
 from fedjax_het import checkpointing, losses, models, reporting
 from fedjax_het import validation as v
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.cil import masking, metrics as cil_metrics
+from fedjax_het.cil import glfc as glfc_lib, masking, metrics as cil_metrics
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local, rounds
@@ -78,10 +80,11 @@ from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import OPTIMIZERS, make_optimizer
 
 SCENARIO = "class_incremental"
-METHODS = ("fedavg_cil",)
+METHODS = ("fedavg_cil", "glfc")
 CLIENT_LOOPS = ("auto", "vmap", "map")
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
-METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)"}
+METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)",
+                 "glfc": "GLFC (no proxy: old model = previous task's global)"}
 
 
 # ----------------------------------------------------------------------------
@@ -93,7 +96,7 @@ def cil_config(method: str = "fedavg_cil") -> ml_collections.ConfigDict:
   """Defaults of a class-incremental run: GLFC's CIFAR-100 T=10 setting (Table 1)."""
   if method not in METHODS:
     raise ValueError(f"cil_config: `method` must be one of {METHODS}, got {method!r}.")
-  return ml_collections.ConfigDict({
+  config = ml_collections.ConfigDict({
       "name": f"cifar100_{method}",
       "method": method,
       "seed": 0,
@@ -128,6 +131,9 @@ def cil_config(method: str = "fedavg_cil") -> ml_collections.ConfigDict:
       "checkpoint": {"every": 10, "keep": 2},
       "logging": {"progress": True, "plots": True, "tensorboard": False},
   })
+  if method == "glfc":
+    config.glfc = glfc_lib.glfc_section()   # GLFC's own settings (cil.glfc)
+  return config
 
 
 def validate_cil_config(config: ml_collections.ConfigDict) -> None:
@@ -197,6 +203,8 @@ def validate_cil_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "checkpoint.keep", v.int_at_least(1), "an integer >= 1")
   for field in ("logging.progress", "logging.plots", "logging.tensorboard"):
     v.check(config, field, v.is_bool, "True or False")
+  if config.method == "glfc":
+    glfc_lib.validate_glfc_config(config)
 
 
 # ----------------------------------------------------------------------------
@@ -211,12 +219,14 @@ class StreamArrays(NamedTuple):
   client_indices: Any   # (T, K_max, n_max) int32
   client_sizes: Any     # (T, K_max) int32
   client_joined: Any    # (T, K_max) bool
+  client_classes: Any   # (T, K_max, C) bool (read by glfc; fedavg_cil ignores it)
 
 
 def stream_arrays(stream: incremental.ClassIncrementalStream) -> StreamArrays:
   return StreamArrays(images=stream.images, labels=stream.labels,
                       client_indices=stream.client_indices, client_sizes=stream.client_sizes,
-                      client_joined=stream.client_joined)
+                      client_joined=stream.client_joined,
+                      client_classes=stream.client_classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -501,9 +511,15 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   conv_impl = _resolve_conv_impl(config.models.conv_impl)
   model = models.get_model(config.models.architecture, stream.num_classes,
                            width=float(config.models.width), conv_impl=conv_impl)
-  algorithm = make_fedavg_cil(settings, model, stream.mean, stream.std,
-                              stream.max_client_size,
-                              eval_batch_size=int(config.eval.batch_size))
+  if config.method == "glfc":
+    algorithm = glfc_lib.make_glfc(
+        settings, glfc_lib.GLFCSettings.from_config(config, stream.client_classes), model,
+        stream.mean, stream.std, stream.max_client_size,
+        eval_batch_size=int(config.eval.batch_size))
+  else:
+    algorithm = make_fedavg_cil(settings, model, stream.mean, stream.std,
+                                stream.max_client_size,
+                                eval_batch_size=int(config.eval.batch_size))
   num_rounds = settings.num_tasks * settings.rounds_per_task
   per_call = int(config.cil.rounds_per_call)
   stop = num_rounds if max_rounds is None else min(int(max_rounds), num_rounds)
@@ -562,6 +578,9 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
                           "task": int(round_metrics["task"][offset]),
                           "train/loss": float(round_metrics["train/loss"][offset]),
                           "clients": [int(c) for c in round_metrics["clients"][offset]],
+                          **{name: float(values[offset]) for name, values in
+                             round_metrics.items()
+                             if name not in ("task", "train/loss", "clients")},
                           "time/round_secs": seconds})
     done += per_call
     last = new_records[-1]
@@ -590,6 +609,11 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   label = METHOD_LABELS.get(config.method, config.method)
   table, numbers = table1(records, settings.num_tasks, k, label)
   numbers["rounds_done"] = done
+  transitions = {name.rpartition("/")[2]: int(sum(r.get(name, 0) for r in records))
+                 for name in sorted({n for r in records for n in r
+                                     if n.startswith("glfc/transitions/")})}
+  if transitions:  # GLFC's entropy rule against the stream's true transitions
+    numbers["transitions"] = transitions
   note = (f"\n\nSynthetic data substituted for: {', '.join(stream.substituted)} (see "
           "metadata.json); the numbers say nothing about CIFAR-100.\n"
           if stream.substituted else "\n")

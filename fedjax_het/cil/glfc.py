@@ -1,0 +1,352 @@
+"""GLFC's clients on the class-incremental trainer (GLFC Sec. 4.1, without the proxy server).
+
+`make_glfc(...)` is the second method of `fedjax_het.cil.train` (config.method
+= "glfc"): the round of GLFC [GLFC Alg. 1] as the authors' code runs it
+(`src/GLFC.py`, `src/Fed_utils.py:local_train`), for the sampled clients:
+
+  1. the client receives the global model and computes its mean softmax
+     prediction entropy on its current data over the seen classes (Eq. 7);
+     a rise of >= r_h = 1.2 over the entropy it computed the last time it was
+     sampled signals a task transition (`glfc.transition = "entropy"`; or
+     `"stream"`: the transition is read from the stream, for ablations);
+  2. at a signalled transition it adds the classes of its PREVIOUS data
+     (those it no longer holds and has not stored yet; the code's
+     `last_class`) to its exemplar memory: m = memory_size // (classes it has
+     learned), old classes keep their first m herding picks, each added class
+     gets m picks by iCaRL herding on the L2-normalised features of the
+     received global model (the client's local model at that moment, eval
+     mode; `cil.exemplars.add_classes`);
+  3. it trains on its current data plus its exemplars, SGD, the local
+     objective 0.5 * L_GC + 0.5 * L_RD (Eq. 6; L_GC alone in the first task,
+     as the code: no old model exists yet), sigmoid BCE over the seen classes
+     (`class_mask`; `losses.glfc`);
+  4. the server averages the trained models (plain mean, the code's FedAvg).
+
+The old model (L_RD). GLFC's proxy server hands the clients the best old
+global model (judged on reconstructed prototypes). That server is a later
+step; here the old model is the global model at the END OF THE PREVIOUS TASK
+(the server keeps it in `state["old_model"]`, replaced at the first round of
+every task), which is what GLFC reduces to without its proxy. As in the code
+every sampled client of a task t >= 1 distils from it (the code's clients use
+the proxy's model whether or not they signalled). Because it is the same model
+for every client, it is stored once, not as K copies in the client state.
+
+Per-client state (`ClientState`, client axis leading, K_max = all clients of
+the stream; only the sampled clients' rows change in a round):
+  * `memory`: the exemplar memory (`cil.exemplars.ExemplarMemory`). Its
+    "images" are the exemplars' POOL INDICES, 4 bytes each (an int32 bitcast
+    to uint8 (4,), `encode_pool_indices`), not the 3072-byte images: every
+    exemplar is an image of the stream's pool, so this is exact, and the
+    memories cost K_max * M * 4 bytes (paper: 120 * 2000 * 4 = 0.96 MB)
+    instead of 737 MB on the device and in every checkpoint.
+  * `entropy`: the entropy of the last round the client was sampled in (the
+    code's `last_entropy`, 0 at the start).
+  * `task` / `last_task`: the task of the data the client last trained on, and
+    of the data before that (-1: none). The classes to store at a transition
+    are those of `last_task` that the client does not hold now.
+
+The entropy rule is checked against the stream: every round reports, over the
+sampled clients, `glfc/transitions/true` (the client's classes changed since
+it last trained), `.../detected` (the rule fired; a client's first round
+counts only when it is a true transition, since its previous entropy is the
+code's initial 0), `.../hit` (both) and `.../false` (fired, not true).
+
+Deviations from the authors' code (besides the missing proxy):
+  * L_GC's old/new grouping uses the class prefix [0, t*k) (`losses.glfc`),
+    turned on once the client has exemplars (the code: on once its learned
+    classes are non-empty, grouping by those classes). It differs only for a
+    client that kept an old task's data: the code counts those current
+    samples as "new", here they are "old".
+  * Only sampled clients update their memory and entropy (the code also runs
+    `update_new_set` for every non-sampled client each round,
+    `participant_exemplar_storing`); a client not sampled at a task change
+    detects it the next time it is sampled.
+  * Herding runs over the client's own previous data (the code: every
+    training image of the class; the same with the default "overlap" data).
+  * Constant local learning rate; the code's step decays (epochs 100, 150,
+    180 of each task's 200, reset by every round's new optimiser) are not
+    implemented.
+  * No gradient-based prototype sharing (L_GP, L_RT): that is the proxy step.
+
+References:
+  [GLFC] J. Dong, L. Wang, Z. Fang, G. Sun, S. Xu, X. Wang, Q. Zhu. Federated
+    Class-Incremental Learning. CVPR 2022. Code: conditionWang/FCIL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_het import models
+from fedjax_het import validation as v
+from fedjax_het.cil import exemplars, masking
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import aggregation, cohort, local
+from fedjax_het.engine.api import Algorithm
+from fedjax_het.engine.clients import GroupData, client_keys
+from fedjax_het.engine.optim import make_optimizer
+from fedjax_het.losses import glfc as glfc_losses
+
+TRANSITIONS = ("entropy", "stream")
+#: What `state["old_model"]` is (the proxy server, which picks the best old model, is a later step).
+OLD_MODEL = "previous_task_global"
+
+
+def glfc_section() -> ml_collections.ConfigDict:
+  """`config.glfc`: GLFC's client-side settings (paper / code values)."""
+  return ml_collections.ConfigDict({
+      "memory_size": exemplars.GLFC_MEMORY_SIZE,     # |M| per client, images
+      "transition": "entropy",                       # "entropy" (Eq. 7) or "stream"
+      "entropy_threshold": glfc_losses.TASK_TRANSITION_THRESHOLD,  # r_h
+      "distinct_exemplars": False,                   # False: the code's herding (repeats)
+      "old_model": OLD_MODEL,                        # no proxy server yet (module docstring)
+  })
+
+
+def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
+  v.require_section(config, "glfc")
+  v.check(config, "glfc.memory_size", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "glfc.transition", v.choice(TRANSITIONS), f"one of {TRANSITIONS}")
+  v.check(config, "glfc.entropy_threshold",
+          lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0,
+          "a number >= 0")
+  v.check(config, "glfc.distinct_exemplars", v.is_bool, "True or False")
+  v.check(config, "glfc.old_model", v.choice((OLD_MODEL,)),
+          f"{OLD_MODEL!r} (the proxy server's choice is not implemented yet)")
+
+
+@dataclasses.dataclass(frozen=True)
+class GLFCSettings:
+  memory_size: int
+  transition: str
+  threshold: float
+  distinct: bool
+  max_per_class: int          # static herding length: memory // fewest classes of a client
+  max_client_classes: int     # static: most classes one client holds in one task
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
+                  ) -> "GLFCSettings":
+    counts = np.asarray(client_classes).sum(-1)
+    counts = counts[counts > 0]
+    fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
+    memory = int(config.glfc.memory_size)
+    return cls(memory_size=memory, transition=config.glfc.transition,
+               threshold=float(config.glfc.entropy_threshold),
+               distinct=bool(config.glfc.distinct_exemplars),
+               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most)
+
+
+def encode_pool_indices(indices: jax.Array) -> jax.Array:
+  """int32 (...,) pool indices -> uint8 (..., 4): the memory's "images" (module docstring)."""
+  return jax.lax.bitcast_convert_type(jnp.asarray(indices, jnp.int32), jnp.uint8)
+
+
+def decode_pool_indices(encoded: jax.Array) -> jax.Array:
+  """Inverse of `encode_pool_indices`."""
+  return jax.lax.bitcast_convert_type(encoded, jnp.int32)
+
+
+class ClientState(NamedTuple):
+  """GLFC state of every client (leading axis K_max; module docstring)."""
+  memory: exemplars.ExemplarMemory
+  entropy: jax.Array     # (K,) float32
+  task: jax.Array        # (K,) int32
+  last_task: jax.Array   # (K,) int32
+
+
+def init_client_state(num_clients: int, memory_size: int) -> ClientState:
+  memory = jax.vmap(lambda _: exemplars.init_memory(memory_size, (4,)))(jnp.arange(num_clients))
+  return ClientState(memory=memory, entropy=jnp.zeros((num_clients,), jnp.float32),
+                     task=jnp.full((num_clients,), -1, jnp.int32),
+                     last_task=jnp.full((num_clients,), -1, jnp.int32))
+
+
+def glfc_local_loss(model: Any) -> local.LocalLossFn:
+  """The local objective of GLFC Eq. 6 on one batch.
+
+  aux: "class_mask" (C,) seen classes, "old_model" variables, "use_old" ()
+  bool (a task >= 1: 0.5 * L_GC + 0.5 * L_RD; else L_GC alone), "num_old" ()
+  int32 old classes of L_RD (t * k), "gc_old" () int32 old classes of L_GC
+  (t * k once the client has exemplars, else 0: the code's plain BCE).
+  """
+
+  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
+    variables = {"params": params, "batch_stats": batch_stats}
+    _, logits, new_variables = models.apply_model(model, variables, images, train=True,
+                                                  rng=rng, mask=mask)
+    _, old_logits, _ = models.apply_model(model, aux["old_model"], images, train=False)
+    old_logits = jax.lax.stop_gradient(old_logits)
+    gc = glfc_losses.class_aware_gradient_compensation_loss(
+        logits=logits, labels=labels, num_old_classes=aux["gc_old"],
+        class_mask=aux["class_mask"], mask=mask)
+    rd = glfc_losses.class_semantic_relation_distillation_loss(
+        logits=logits, labels=labels, old_logits=old_logits, num_old_classes=aux["num_old"],
+        class_mask=aux["class_mask"], mask=mask)
+    loss = jnp.where(aux["use_old"], 0.5 * gc + 0.5 * rd, gc)
+    return loss, (new_variables["batch_stats"], {"gc": gc, "rd": rd})
+
+  return loss_fn
+
+
+def make_eval_forward(model: Any, preprocess: Any, chunk: int):
+  """`forward(variables, images (n, ...) uint8) -> (features, logits)`, eval mode, in chunks."""
+
+  def forward(variables, images):
+    n = images.shape[0]
+    size = max(1, min(chunk, n))
+    batches = -(-n // size)
+    padded = jnp.pad(images, ((0, batches * size - n),) + ((0, 0),) * (images.ndim - 1))
+
+    def one(x):
+      features, logits, _ = models.apply_model(model, variables, preprocess(x), train=False)
+      return features, logits
+
+    features, logits = jax.lax.map(one, padded.reshape((batches, size) + images.shape[1:]))
+    return (features.reshape((batches * size,) + features.shape[2:])[:n],
+            logits.reshape((batches * size,) + logits.shape[2:])[:n])
+
+  return forward
+
+
+def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any,
+              max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
+  """GLFC's client side on the task stream as an `Algorithm` (module docstring).
+
+  `settings` is the trainer's `cil.train.Settings`. State: {"server":
+  variables, "old_model": variables (the global model at the end of the
+  previous task), "clients": `ClientState`}. The round's data is a
+  `cil.train.StreamArrays`. Metrics: "train/loss", "train/gc", "train/rd"
+  (means over the cohort), "glfc/entropy" (cohort mean), "glfc/transitions/
+  {true,detected,hit,false}" (counts over the cohort), "glfc/exemplars"
+  (mean stored exemplars of the cohort after the update), "task", "clients".
+  """
+  from fedjax_het.cil.train import make_class_counts, task_of_round  # pylint: disable=g-import-not-at-top
+  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
+  n_max, mem = int(max_client_size), glfc.memory_size
+  preprocess = normalizer(mean, std)
+  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
+                      momentum=settings.momentum)
+  trainer = local.make_local_trainer(
+      loss_fn=glfc_local_loss(model), optimizer=tx, epochs=settings.epochs,
+      batch_size=settings.batch_size, max_size=n_max + mem, preprocess=preprocess)
+  forward = make_eval_forward(model, preprocess, eval_batch_size)
+  learning_rates = jnp.full((settings.epochs,), settings.lr, jnp.float32)
+  client_map = ((lambda f, xs: jax.lax.map(lambda a: f(*a), xs)) if settings.sequential
+                else (lambda f, xs: jax.vmap(f)(*xs)))
+
+  def init(key, data):
+    num_clients = data.client_joined.shape[1]
+    variables = models.init_variables(model, key)
+    return {"server": variables, "old_model": variables,
+            "clients": init_client_state(num_clients, mem)}
+
+  def prepare(global_vars, client, client_id, task, data):
+    """Entropy, transition and memory update of ONE sampled client (before training)."""
+    class_mask = masking.seen_class_mask((task + 1) * k, c)
+    rows = data.client_indices[task, client_id]
+    size = data.client_sizes[task, client_id]
+    valid = jnp.arange(n_max) < size
+    _, logits = forward(global_vars, data.images[rows])
+    entropy = glfc_losses.mean_prediction_entropy(logits=logits, class_mask=class_mask,
+                                                  mask=valid)
+    current = data.client_classes[task, client_id]
+    moved = client.task != task
+    last_task = jnp.where(moved, client.task, client.last_task)
+    before = data.client_classes[jnp.maximum(client.task, 0), client_id]
+    true = (client.task >= 0) & moved & jnp.any(before != current)
+    if glfc.transition == "stream":
+      detected = true
+    else:
+      fired = glfc_losses.task_transition_detected(entropy=entropy,
+                                                   previous_entropy=client.entropy,
+                                                   threshold=glfc.threshold)
+      # First round of a client: the code's initial entropy 0 makes the rule fire; there is
+      # nothing to store then, so count it only where it is a real transition.
+      detected = fired & (client.task >= 0)
+
+    # Classes of the previous data not held now and not stored yet (the code's last_class).
+    prev_task = jnp.maximum(last_task, 0)
+    prev_classes = data.client_classes[prev_task, client_id] & (last_task >= 0)
+    stored = jnp.any((client.memory.labels[:, None] == jnp.arange(c)[None, :])
+                     & client.memory.valid[:, None], axis=0)
+    add = prev_classes & ~current & ~stored & detected
+    (new_classes,) = jnp.nonzero(add, size=glfc.max_client_classes, fill_value=-1)
+    new_classes = jnp.where(new_classes >= 0, new_classes, -1).astype(jnp.int32)
+    num_new = jnp.sum(add).astype(jnp.int32)
+
+    def herd(memory):
+      prev_rows = data.client_indices[prev_task, client_id]
+      prev_valid = jnp.arange(n_max) < data.client_sizes[prev_task, client_id]
+      features, _ = forward(global_vars, data.images[prev_rows])
+      return exemplars.add_classes(
+          memory, images=encode_pool_indices(prev_rows), labels=data.labels[prev_rows],
+          features=features, new_classes=new_classes, num_seen=memory.num_seen + num_new,
+          mask=prev_valid, max_per_class=glfc.max_per_class, distinct=glfc.distinct)
+
+    memory = jax.lax.cond(num_new > 0, herd, lambda mem_: mem_, client.memory)
+    new_client = ClientState(memory=memory, entropy=entropy.astype(jnp.float32),
+                             task=jnp.asarray(task, jnp.int32),
+                             last_task=last_task.astype(jnp.int32))
+
+    # Training rows: the current data, then the exemplars (valid entries come first).
+    stored_rows = decode_pool_indices(memory.images)
+    count = jnp.sum(memory.valid).astype(jnp.int32)
+    slots = jnp.arange(n_max + mem)
+    train_rows = jnp.where(slots < size, jnp.pad(rows, (0, mem))[slots],
+                           jnp.where(slots < size + count,
+                                     stored_rows[jnp.clip(slots - size, 0, mem - 1)], 0))
+    flags = {"true": true, "detected": detected, "entropy": entropy}
+    return new_client, train_rows, size + count, flags
+
+  def round_fn(state, data, key, round_index):
+    sample_key, train_key = jax.random.split(key)
+    task = task_of_round(round_index, settings)
+    server = state["server"]
+    new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
+    old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
+                                       state["old_model"])
+    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
+    cohort_state = cohort.gather(state["clients"], clients)
+    updated, train_rows, sizes, flags = client_map(
+        lambda cs, cid: prepare(server, cs, cid, task, data), (cohort_state, clients))
+    members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
+                        sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
+    class_mask = masking.seen_class_mask((task + 1) * k, c)
+    has_memory = updated.memory.num_seen > 0
+    aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
+           "old_model": aggregation.broadcast(old_model, m),
+           "use_old": jnp.broadcast_to(task > 0, (m,)),
+           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
+           "gc_old": jnp.where(has_memory, task * k, 0).astype(jnp.int32)}
+    trained, local_metrics = local.train_clients(
+        trainer, aggregation.broadcast(server, m), aux, members,
+        client_keys(train_key, clients), learning_rates, sequential=settings.sequential)
+    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    true, detected = flags["true"], flags["detected"]
+    metrics = {
+        "train/loss": jnp.mean(local_metrics["loss"]),
+        "train/gc": jnp.mean(local_metrics["gc"]),
+        "train/rd": jnp.mean(local_metrics["rd"]),
+        "glfc/entropy": jnp.mean(flags["entropy"]),
+        "glfc/transitions/true": jnp.sum(true).astype(jnp.int32),
+        "glfc/transitions/detected": jnp.sum(detected).astype(jnp.int32),
+        "glfc/transitions/hit": jnp.sum(true & detected).astype(jnp.int32),
+        "glfc/transitions/false": jnp.sum(detected & ~true).astype(jnp.int32),
+        "glfc/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
+        "task": task, "clients": clients}
+    return ({"server": new_server, "old_model": old_model,
+             "clients": cohort.scatter(state["clients"], clients, updated)}, metrics)
+
+  def evaluate(state, test):
+    images, labels, num_seen = test
+    counts = make_class_counts(model, mean, std, c, labels.shape[0], eval_batch_size)
+    return counts(state["server"], images, labels, num_seen)
+
+  return Algorithm(name="glfc", init=init, round=round_fn, evaluate=evaluate)

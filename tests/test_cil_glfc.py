@@ -1,0 +1,241 @@
+"""Tests of GLFC's client side on the class-incremental trainer (`fedjax_het.cil.glfc`)."""
+
+import json
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_het import losses, models
+from fedjax_het.cil import exemplars
+from fedjax_het.cil import glfc as glfc_lib
+from fedjax_het.cil import masking
+from fedjax_het.cil import metrics as cil_metrics
+from fedjax_het.cil import train as cil_train
+from fedjax_het.config import load_module
+from fedjax_het.data import incremental
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import rounds
+from tests.tiny_models import TinyLinear
+
+
+@pytest.fixture(scope="module")
+def stream():
+  # 4 classes in 2 tasks, 3 clients + 1 at task 1; synthetic MNIST-style digits.
+  return incremental.build_class_incremental_stream(
+      num_tasks=2, num_classes=4, initial_clients=3, new_clients_per_task=1,
+      source="synthetic", train_size=48, test_size=20, seed=0)
+
+
+def _settings(**overrides):
+  base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
+              optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
+              batch_size=16, sequential=False)
+  base.update(overrides)
+  return cil_train.Settings(**base)
+
+
+def _glfc(stream, memory=8, transition="stream"):
+  return glfc_lib.GLFCSettings(memory_size=memory, transition=transition, threshold=1.2,
+                               distinct=False, max_per_class=memory,
+                               max_client_classes=int(stream.client_classes.sum(-1).max()))
+
+
+def _algorithm(stream, settings, glfc):
+  model = TinyLinear(num_classes=stream.num_classes)
+  return model, glfc_lib.make_glfc(settings, glfc, model, stream.mean, stream.std,
+                                   stream.max_client_size, eval_batch_size=16)
+
+
+def test_pool_index_encoding_round_trips():
+  idx = jnp.asarray([0, 1, 255, 256, 70000, 2**31 - 1], jnp.int32)
+  encoded = glfc_lib.encode_pool_indices(idx)
+  assert encoded.shape == (6, 4) and encoded.dtype == jnp.uint8
+  np.testing.assert_array_equal(glfc_lib.decode_pool_indices(encoded), idx)
+
+
+@pytest.mark.parametrize("use_old", [True, False])
+def test_local_objective_is_half_gc_plus_half_rd(use_old):
+  model = TinyLinear(num_classes=6)
+  keys = jax.random.split(jax.random.key(0), 4)
+  variables = models.init_variables(model, keys[0])
+  old = models.init_variables(model, keys[1])
+  images = jax.random.normal(keys[2], (5, 32, 32, 3))
+  labels = jnp.asarray([0, 1, 2, 3, 1], jnp.int32)
+  mask = jnp.asarray([True, True, True, True, False])
+  class_mask = masking.seen_class_mask(4, 6)
+  aux = {"class_mask": class_mask, "old_model": old, "use_old": jnp.asarray(use_old),
+         "num_old": jnp.int32(2), "gc_old": jnp.int32(2)}
+  loss_fn = jax.jit(glfc_lib.glfc_local_loss(model))
+  loss, (_, parts) = loss_fn(variables["params"], variables["batch_stats"], images, labels,
+                             mask, jax.random.key(3), aux)
+  _, logits, _ = models.apply_model(model, variables, images, train=True)
+  _, old_logits, _ = models.apply_model(model, old, images, train=False)
+  gc = losses.glfc.class_aware_gradient_compensation_loss(
+      logits=logits, labels=labels, num_old_classes=2, class_mask=class_mask, mask=mask)
+  rd = losses.glfc.class_semantic_relation_distillation_loss(
+      logits=logits, labels=labels, old_logits=old_logits, num_old_classes=2,
+      class_mask=class_mask, mask=mask)
+  # The same on the seen columns of a grown head (the authors' layout).
+  rd_small = losses.glfc.class_semantic_relation_distillation_loss(
+      logits=logits[:, :4], labels=labels, old_logits=old_logits[:, :2], mask=mask)
+  np.testing.assert_allclose(rd, rd_small, rtol=1e-6)
+  np.testing.assert_allclose(parts["gc"], gc, rtol=1e-6)
+  np.testing.assert_allclose(parts["rd"], rd, rtol=1e-6)
+  np.testing.assert_allclose(loss, 0.5 * gc + 0.5 * rd if use_old else gc, rtol=1e-6)
+
+
+def _run(stream, settings, glfc, num_rounds, key=0):
+  _, algorithm = _algorithm(stream, settings, glfc)
+  data = jax.device_put(cil_train.stream_arrays(stream))
+  round_fn = jax.jit(rounds.make_round_fn(algorithm))
+  state = rounds.initial_state(algorithm, jax.random.key(key), data)
+  history = [(state, None)]
+  for _ in range(num_rounds):
+    state, metrics = round_fn(state, data)
+    history.append((state, metrics))
+  return algorithm, data, history
+
+
+def test_only_sampled_clients_update_their_state(stream):
+  _, _, history = _run(stream, _settings(), _glfc(stream), 3)
+  for (before, _), (after, metrics) in zip(history[:-1], history[1:]):
+    sampled = np.asarray(metrics["clients"])
+    others = np.setdiff1d(np.arange(stream.client_joined.shape[1]), sampled)
+    chex.assert_trees_all_equal(jax.tree_util.tree_map(lambda x: x[others], before["clients"]),
+                                jax.tree_util.tree_map(lambda x: x[others], after["clients"]))
+    np.testing.assert_array_equal(np.asarray(after["clients"].task)[sampled],
+                                  int(metrics["task"]))
+
+
+def test_exemplars_after_a_transition_are_the_herding_selection(stream):
+  # Every client sampled every round; task 0 in round 0, task 1 in round 1.
+  settings = _settings(rounds_per_task=1, clients_per_round=3)
+  glfc = _glfc(stream, memory=6)
+  _, data, history = _run(stream, settings, glfc, 2)
+  (state0, metrics0), (state1, metrics1) = history[1], history[2]
+  np.testing.assert_array_equal(np.asarray(state1["clients"].memory.valid).sum(-1)[3:], 0)
+  assert int(metrics0["glfc/transitions/true"]) == 0
+  # The old model of task 1 is the global model at the end of task 0.
+  chex.assert_trees_all_equal(state1["old_model"], state0["server"])
+  model = TinyLinear(num_classes=stream.num_classes)
+  forward = glfc_lib.make_eval_forward(model, normalizer(stream.mean, stream.std), 16)
+  moved = 0
+  for client in np.asarray(metrics1["clients"]):
+    before = stream.client_classes[0, client]
+    after = stream.client_classes[1, client]
+    new = np.nonzero(before & ~after)[0]
+    memory = jax.tree_util.tree_map(lambda x, c=client: x[c], state1["clients"].memory)
+    if not new.size:
+      assert not bool(np.asarray(memory.valid).any())
+      continue
+    moved += 1
+    n = int(stream.client_sizes[0, client])
+    rows = stream.client_indices[0, client, :n]
+    features, _ = forward(state0["server"], stream.images[rows])
+    per_class = glfc.memory_size // new.size
+    expect_rows, expect_labels = [], []
+    for cls in new:  # iCaRL herding on the received global model's features
+      members = rows[stream.labels[rows] == cls]
+      order, ok = exemplars.herding_order(features[stream.labels[rows] == cls],
+                                          max_select=per_class)
+      assert bool(np.asarray(ok).all())
+      expect_rows += list(members[np.asarray(order)])
+      expect_labels += [cls] * per_class
+    count = int(np.asarray(memory.valid).sum())
+    assert count == len(expect_rows) and int(memory.num_seen) == new.size
+    np.testing.assert_array_equal(
+        np.asarray(glfc_lib.decode_pool_indices(memory.images))[:count], expect_rows)
+    np.testing.assert_array_equal(np.asarray(memory.labels)[:count], expect_labels)
+    np.testing.assert_array_equal(np.asarray(memory.ranks)[:count],
+                                  np.tile(np.arange(per_class), new.size))
+  assert moved >= 1 and int(metrics1["glfc/transitions/hit"]) == moved
+  assert int(metrics1["glfc/transitions/true"]) == moved
+
+
+def test_round_traces_once_across_a_task_change(stream):
+  _, algorithm = _algorithm(stream, _settings(), _glfc(stream, transition="entropy"))
+  run = jax.jit(chex.assert_max_traces(
+      rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
+  data = jax.device_put(cil_train.stream_arrays(stream))
+  state = rounds.initial_state(algorithm, jax.random.key(0), data)
+  chex.clear_trace_counter()
+  tasks = []
+  for _ in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
+    state, metrics = run(state, data)
+    tasks.append(int(metrics["task"][0]))
+  assert tasks == [0, 0, 1, 1]
+
+
+def _tiny_config():
+  c = cil_train.cil_config("glfc")
+  c.name = "tiny_glfc"
+  c.compilation_cache_dir = ""
+  c.scenario.source = "synthetic"
+  c.scenario.num_tasks = 2
+  c.scenario.num_classes = 4
+  c.scenario.initial_clients = 3
+  c.scenario.new_clients_per_task = 1
+  c.scenario.train_size = 48
+  c.scenario.test_size = 20
+  c.cil.rounds_per_task = 2
+  c.cil.clients_per_round = 2
+  c.models.architecture = "simple_cnn"
+  c.models.width = 0.5
+  c.local.lr = 0.5
+  c.local.epochs = 1
+  c.local.batch_size = 8
+  c.checkpoint.every = 1
+  c.logging.progress = False
+  c.logging.plots = False
+  c.glfc.memory_size = 8
+  return c
+
+
+def test_end_to_end_writes_table1(tmp_path):
+  config = _tiny_config()
+  full = cil_train.train_class_incremental(config, tmp_path / "full")
+  assert full["rounds_done"] == 4
+  results = json.loads((tmp_path / "full" / "results.json").read_text())
+  records = [json.loads(line) for line in
+             (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+  ends = [r for r in records if "eval/class_correct" in r]
+  matrix = cil_metrics.accuracy_matrix(np.array([r["eval/class_correct"] for r in ends]),
+                                       np.array([r["eval/class_total"] for r in ends]), 2)
+  np.testing.assert_array_equal(results["seen_accuracy"], matrix.seen)
+  table = (tmp_path / "full" / "results.md").read_text()
+  assert cil_metrics.table1_row(cil_train.METHOD_LABELS["glfc"], matrix.seen, 2) in table
+  assert set(results["transitions"]) == {"true", "detected", "hit", "false"}
+  assert all("glfc/transitions/detected" in r and "train/rd" in r for r in records)
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical(tmp_path):
+  config = _tiny_config()
+  full = cil_train.train_class_incremental(config, tmp_path / "full")
+  results = json.loads((tmp_path / "full" / "results.json").read_text())
+  part = cil_train.train_class_incremental(config, tmp_path / "split", max_rounds=3)
+  assert part["rounds_done"] == 3
+  resumed = cil_train.train_class_incremental(config, tmp_path / "split")
+  assert resumed["rounds_done"] == 4
+  chex.assert_trees_all_equal(resumed["server"], full["server"])
+  assert json.loads((tmp_path / "split" / "results.json").read_text()) == results
+
+
+def test_experiment_configs_validate():
+  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  quick, fedavg_quick = module.get_config("glfc_quick"), module.get_config("fedavg_cil_quick")
+  paper = module.get_config("glfc")
+  for config in (quick, paper):
+    cil_train.validate_cil_config(config)
+    assert config.method == "glfc" and config.glfc.old_model == "previous_task_global"
+  assert quick.scenario.to_dict() == fedavg_quick.scenario.to_dict()
+  assert (paper.glfc.memory_size, paper.glfc.entropy_threshold, paper.local.lr) == (
+      2000, 1.2, 2.0)
+  broken = module.get_config("glfc")
+  broken.glfc.transition = "oracle"
+  with pytest.raises(Exception, match="config.glfc.transition"):
+    cil_train.validate_cil_config(broken)
