@@ -27,11 +27,11 @@ def pytest_configure(config):
 def _release_compiled_programs():
   """Drops JAX's compiled programs after each test module.
 
-  With over a thousand programs compiled and kept in one pytest process, XLA
-  crashed (a segmentation fault while compiling, twice in a row, at
-  test_train's memory test, the process then at about 3 GB) when the whole
-  default suite ran; that module alone passed. Clearing the caches between
-  modules made the full suite pass. Later modules recompile what they need.
+  With every program compiled so far kept in one pytest process, XLA crashed
+  (a segmentation fault while compiling, twice in a row, at test_train's
+  memory test) when the whole default suite ran; that module alone passed.
+  Clearing the caches between modules made the full suite pass (its peak
+  RSS was then 3 GB). Later modules recompile what they need.
   """
   yield
   jax.clear_caches()
