@@ -23,7 +23,6 @@ ratios are meaningful):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -37,6 +36,7 @@ import numpy as np
 
 from fedjax_het import losses
 from fedjax_het.algorithms import common
+from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, optim
 from fedjax_het.train import Experiment
@@ -45,10 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _digits_config(variant: str):
-  spec = importlib.util.spec_from_file_location("digits", REPO / "experiments/configs/digits.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(variant)
+  c = load_module(REPO / "experiments/configs/digits.py").get_config(variant)
   c.logging.progress = False
   c.logging.tensorboard = False
   c.compilation_cache_dir = ""

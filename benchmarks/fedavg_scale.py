@@ -26,7 +26,6 @@ and the per-client-step time of each cohort relative to the smallest.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -41,6 +40,7 @@ import numpy as np
 import optax
 
 from fedjax_het import losses, models
+from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort
 from fedjax_het.engine.clients import slot_active
@@ -51,10 +51,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
             client_loop: str = "auto", partition: str = "dirichlet"):
-  spec = importlib.util.spec_from_file_location("cifar10", REPO / "experiments/configs/cifar10.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config("fedavg")
+  c = load_module(REPO / "experiments/configs/cifar10.py").get_config("fedavg")
   c.fedavg.clients_per_round = cohort_size
   c.scenario.train_size = train_size
   c.scenario.test_size = 500

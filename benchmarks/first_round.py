@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import os
 import pathlib
@@ -45,11 +44,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def load_config(name: str):
   """`<scenario>_<variant>` (as experiments/train.py takes it) -> its ConfigDict."""
+  from fedjax_het.config import load_module  # pylint: disable=g-import-not-at-top
   scenario, _, variant = name.partition("_")
-  spec = importlib.util.spec_from_file_location(scenario, REPO / "experiments/configs" /
-                                                f"{scenario}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = load_module(REPO / "experiments/configs" / f"{scenario}.py")
   return module.get_config(variant) if variant else module.get_config()
 
 

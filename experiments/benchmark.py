@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import importlib.util
 import json
 import logging
 import os
@@ -85,18 +84,12 @@ import ml_collections
 
 from fedjax_het import benchmark_table as table
 from fedjax_het import workdir as workdir_lib
+from fedjax_het.config import load_module
 from fedjax_het.errors import ConfigError, UserError, WorkdirError
 
 CONFIGS = REPO / "experiments" / "configs"
 
 logger = logging.getLogger("benchmark")
-
-
-def _load_module(path: pathlib.Path) -> Any:
-  spec = importlib.util.spec_from_file_location(f"benchmark_config_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def scenario_configs() -> dict[str, tuple[pathlib.Path, str]]:
@@ -112,7 +105,7 @@ def scenario_configs() -> dict[str, tuple[pathlib.Path, str]]:
       found.setdefault(path.stem, (path, ""))
       continue
     try:
-      module = _load_module(path)
+      module = load_module(path)
     except Exception:  # pylint: disable=broad-except
       continue  # a config file that does not load offers no scenario
     prefixes = getattr(module, "SCENARIOS", None)
@@ -136,7 +129,7 @@ def load_config_module(scenario: str) -> tuple[Any, str]:
                       f"{', '.join(sorted(known))} (the multi-domain scenarios of FCCL+ "
                       f"Tables VIII/IX that experiments/configs/ provides).")
   path, prefix = known[scenario]
-  return _load_module(path), prefix
+  return load_module(path), prefix
 
 
 def allowed_methods(module: Any) -> list[str]:
