@@ -86,42 +86,53 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
   c.models.architectures = HETEROGENEOUS
   if method == "fcclplus":
     c.fcclplus.fntd_temperature = 3.0  # tau = 3 for Digits
-  if method == "solo":
-    # BASE: 50 epochs of private training, one epoch per round, constant lr.
-    c.num_rounds = 50
-    c.logging.diagnostic_rounds = (1, 25, 50)
-  if method in FEDAVG_FAMILY:
-    # FCCL+ Table XV: one global ResNet12, all four participants every round, uniform average.
-    c.models.architectures = ("resnet12",) * 4
-    c.fedavg.weighting = "uniform"
-    c.fedavg.evaluate = "local"  # Table XV reports each participant's own model
-    c.logging.diagnostic_rounds = ()
-  if "homogeneous" in flags:
-    c.models.architectures = ("resnet12",) * 4
-    if method in ("fcclplus", "fccl", "feddf"):
-      c[method].average_parameters = True
+  method_settings(c, method, flags, num_participants=4)
   if "quick" in flags:
-    c.models.width = 0.125
-    c.num_rounds = 5  # SOLO too: the same 25 local epochs as every quick method
-    c.local.epochs = 5
-    c.local.batch_size = 64
+    quick_settings(c, method)
     if "collaborative" in c:
       c.collaborative.batch_size = 512  # the paper's public batch: 2 public steps per round
-    c.scenario.public_size = 1024
     # SVHN and SYN below Table V's 5000 / 1800 to fit the budget, but not so far below that the
     # width-1/8 EfficientNet-B0 / MobileNetV2 only memorise them: with 1000 / 600 images they
     # fit their training data and stayed near chance on the synthetic test sets (12-13%).
     c.scenario.private_sizes = ml_collections.ConfigDict(
         {"mnist": 150, "usps": 80, "svhn": 2000, "syn": 1500})
-    c.scenario.test_size = 300
-    c.eval.batch_size = 300
-    if method == "fccl":
-      c.fccl.pretrain_epochs = 5
-    if method == "fcclplus":
-      c.fcclplus.pretrain_epochs = 5  # read only by fcclplus.local_distillation="dual"
-    if method == "fedmd":
-      c.fedmd.warmup_epochs = 5
-      c.fedmd.public_subset = 512  # half of the quick public set, redrawn every round
-    if method not in FEDAVG_FAMILY:
-      c.logging.diagnostic_rounds = (1, c.num_rounds)
   return c
+
+
+def method_settings(c: ml_collections.ConfigDict, method: str, flags: set[str], *,
+                    num_participants: int) -> None:
+  """The per-method settings of every FCCL+-benchmark scenario (digits.py and office.py)."""
+  if method == "solo":
+    # BASE: 50 epochs of private training, one epoch per round, constant lr.
+    c.num_rounds = 50
+    c.logging.diagnostic_rounds = (1, 25, 50)
+  if method in FEDAVG_FAMILY:
+    # FCCL+ Table XV: one global ResNet12, all participants every round, uniform average.
+    c.models.architectures = ("resnet12",) * num_participants
+    c.fedavg.weighting = "uniform"
+    c.fedavg.evaluate = "local"  # Table XV reports each participant's own model
+    c.logging.diagnostic_rounds = ()
+  if "homogeneous" in flags:
+    c.models.architectures = ("resnet12",) * num_participants
+    if method in ("fcclplus", "fccl", "feddf"):
+      c[method].average_parameters = True
+
+
+def quick_settings(c: ml_collections.ConfigDict, method: str) -> None:
+  """The quick variants' budget shared by digits.py and office.py (each adds its data sizes)."""
+  c.models.width = 0.125
+  c.num_rounds = 5  # SOLO too: the same 25 local epochs as every quick method
+  c.local.epochs = 5
+  c.local.batch_size = 64
+  c.scenario.public_size = 1024
+  c.scenario.test_size = 300
+  c.eval.batch_size = 300
+  if method == "fccl":
+    c.fccl.pretrain_epochs = 5
+  if method == "fcclplus":
+    c.fcclplus.pretrain_epochs = 5  # read only by fcclplus.local_distillation="dual"
+  if method == "fedmd":
+    c.fedmd.warmup_epochs = 5
+    c.fedmd.public_subset = 512  # half of the quick public set, redrawn every round
+  if method not in FEDAVG_FAMILY:
+    c.logging.diagnostic_rounds = (1, c.num_rounds)

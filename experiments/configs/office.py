@@ -87,13 +87,16 @@ The quick configs show the mechanics, not those numbers.
 
 from __future__ import annotations
 
+import pathlib
+
 import ml_collections
 
-from fedjax_het.config import base_config
+from fedjax_het.config import base_config, load_module
 
-#: The same methods as experiments/configs/digits.py (a test keeps the two equal).
-FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
-METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf", "fedmatch")
+# The methods and their per-method and quick settings are digits.py's.
+digits = load_module(pathlib.Path(__file__).with_name("digits.py"))
+FEDAVG_FAMILY = digits.FEDAVG_FAMILY
+METHODS = digits.METHODS
 
 #: Variant prefix -> scenario name of `fedjax_het.data.build_scenario`.
 SCENARIOS = {"caltech": "office_caltech", "office31": "office31", "home": "office_home"}
@@ -144,39 +147,11 @@ def get_config(arg: str = "office31_fcclplus") -> ml_collections.ConfigDict:
   k = len(DOMAINS[scenario])
   if method == "fcclplus":
     c.fcclplus.fntd_temperature = FNTD_TEMPERATURE[scenario]
-  if method == "solo":
-    # BASE: 50 epochs of private training, one epoch per round, constant lr.
-    c.num_rounds = 50
-    c.logging.diagnostic_rounds = (1, 25, 50)
-  if method in FEDAVG_FAMILY:
-    # FCCL+ Table XV: one global ResNet12, all participants every round, uniform average.
-    c.models.architectures = ("resnet12",) * k
-    c.fedavg.weighting = "uniform"
-    c.fedavg.evaluate = "local"  # Table XV reports each participant's own model
-    c.logging.diagnostic_rounds = ()
-  if "homogeneous" in flags:
-    c.models.architectures = ("resnet12",) * k
-    if method in ("fcclplus", "fccl", "feddf"):
-      c[method].average_parameters = True
+  digits.method_settings(c, method, flags, num_participants=k)
   if "quick" in flags:
-    c.models.width = 0.125
-    c.num_rounds = 5  # SOLO too: the same 25 local epochs as every quick method
-    c.local.epochs = 5
-    c.local.batch_size = 64
+    digits.quick_settings(c, method)
     if "collaborative" in c:
       c.collaborative.batch_size = 128
-    c.scenario.public_size = 1024
     if scenario in QUICK_PRIVATE_SIZES:
       c.scenario.private_sizes = ml_collections.ConfigDict(QUICK_PRIVATE_SIZES[scenario])
-    c.scenario.test_size = 300
-    c.eval.batch_size = 300
-    if method == "fccl":
-      c.fccl.pretrain_epochs = 5
-    if method == "fcclplus":
-      c.fcclplus.pretrain_epochs = 5  # read only by fcclplus.local_distillation="dual"
-    if method == "fedmd":
-      c.fedmd.warmup_epochs = 5
-      c.fedmd.public_subset = 512  # half of the quick public set, redrawn every round
-    if method not in FEDAVG_FAMILY:
-      c.logging.diagnostic_rounds = (1, c.num_rounds)
   return c
