@@ -398,22 +398,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   _log_data_provenance(experiment.scenario)
   # Nothing is written to the workdir before the resume guard has passed.
   record = workdir_lib.run_record(config, experiment.scenario)
-  checkpoints = workdir / "checkpoints"
-  checkpointer = (checkpointing.Checkpointer(checkpoints, keep=int(config.checkpoint.keep))
-                  if checkpoints.is_dir() else None)
-  start = checkpointer.latest_round() if checkpointer is not None else None
-  if start is not None:
-    workdir_lib.check_resume(workdir, record, workdir_lib.allowed_changes(config),
-                             resume_round=start)
-  workdir.mkdir(parents=True, exist_ok=True)
-  workdir_lib.write_run_record(workdir, record)
-  workdir_lib.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-  workdir_lib.write_atomic(workdir / "metadata.json",
-                           json.dumps(experiment.metadata(), indent=2) + "\n")
+  checkpointer, start = workdir_lib.open_run(workdir, config, record, experiment.metadata())
 
   writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
-  if checkpointer is None:
-    checkpointer = checkpointing.Checkpointer(checkpoints, keep=int(config.checkpoint.keep))
   if start is None:
     start, state = 0, experiment.init_state()
     checkpointer.save(0, state)

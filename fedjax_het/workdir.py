@@ -172,6 +172,33 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
         "run), resume with --config.resume_allow_changes=<field>[,<field>...].")
 
 
+def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: Mapping[str, Any],
+             metadata: Mapping[str, Any]) -> tuple[Any, int | None]:
+  """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
+
+  Nothing is written to `workdir` before `check_resume` has passed (a changed
+  config or data raises `WorkdirError` with the workdir untouched); then
+  run.json (`record`), config.json and metadata.json (`metadata`) are
+  written. The checkpointer manages `workdir`/checkpoints with
+  `config.checkpoint.keep`; the round is None for a fresh run.
+  """
+  from fedjax_het import checkpointing  # pylint: disable=g-import-not-at-top
+  checkpoints = workdir / "checkpoints"
+  keep = int(config.checkpoint.keep)
+  checkpointer = (checkpointing.Checkpointer(checkpoints, keep=keep)
+                  if checkpoints.is_dir() else None)
+  start = checkpointer.latest_round() if checkpointer is not None else None
+  if start is not None:
+    check_resume(workdir, record, allowed_changes(config), resume_round=start)
+  workdir.mkdir(parents=True, exist_ok=True)
+  write_run_record(workdir, record)
+  write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
+  write_atomic(workdir / "metadata.json", json.dumps(metadata, indent=2) + "\n")
+  if checkpointer is None:
+    checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep)
+  return checkpointer, start
+
+
 def write_atomic(path: pathlib.Path, content: str | bytes) -> None:
   """Writes `content` to `path` so that a kill at any instant leaves the old or the new file.
 

@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import checkpointing, losses, models, reporting
+from fedjax_het import losses, models, reporting
 from fedjax_het import validation as v
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.cil import glfc as glfc_lib, masking, metrics as cil_metrics
@@ -530,20 +530,8 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   record = {"config": workdir_lib.flatten_config(config),
             "data": {"fingerprint": stream_fingerprint(stream), "sources": dict(stream.sources),
                      "substituted": list(stream.substituted)}}
-  checkpoints = workdir / "checkpoints"
-  keep = int(config.checkpoint.keep)
-  checkpointer = (checkpointing.Checkpointer(checkpoints, keep=keep)
-                  if checkpoints.is_dir() else None)
-  start = checkpointer.latest_round() if checkpointer is not None else None
-  if start is not None:
-    workdir_lib.check_resume(workdir, record, workdir_lib.allowed_changes(config),
-                             resume_round=start)
-  workdir.mkdir(parents=True, exist_ok=True)
-  workdir_lib.write_run_record(workdir, record)
-  workdir_lib.write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-  workdir_lib.write_atomic(workdir / "metadata.json",
-                           json.dumps(_metadata(config, stream, settings, conv_impl),
-                                      indent=2) + "\n")
+  checkpointer, start = workdir_lib.open_run(workdir, config, record,
+                                             _metadata(config, stream, settings, conv_impl))
 
   data = jax.device_put(stream_arrays(stream))
   test_images, test_labels = jax.device_put((stream.test_images, stream.test_labels))
@@ -552,8 +540,6 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   evaluate = jax.jit(algorithm.evaluate)
 
   writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
-  if checkpointer is None:
-    checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep)
   if start is None:
     start, state = 0, init(jax.random.key(int(config.seed)), data)
     checkpointer.save(0, state)
