@@ -98,7 +98,7 @@ import numpy as np
 from fedjax_het.data import partition as partition_lib
 from fedjax_het.data import synthetic
 from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError, Split, logger
-from fedjax_het.data.partitioned import DATASET_STATS
+from fedjax_het.data.partitioned import DATASET_STATS, _check_int, _is_int
 from fedjax_het.data.scenarios import load_dataset, stratified_subsample
 
 #: Datasets of `build_class_incremental_stream` and their number of classes.
@@ -134,19 +134,6 @@ _SELECT, _TRAIN_SUBSAMPLE, _TEST_SUBSAMPLE, _TASKS, _SHUFFLE = range(5)
 
 def _rng(seed: int, code: int) -> np.random.Generator:
   return np.random.default_rng(np.random.SeedSequence([int(seed), _STREAM, code]))
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value, minimum: int, *, optional: bool = False) -> int | None:
-  if optional and value is None:
-    return None
-  if not _is_int(value) or value < minimum:
-    extra = " or None" if optional else ""
-    raise ValueError(f"`{name}` must be an integer >= {minimum}{extra}, got {value!r}.")
-  return int(value)
 
 
 def _check_fraction(name: str, value, low_open: bool) -> float:
