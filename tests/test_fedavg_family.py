@@ -4,7 +4,6 @@ import importlib.util
 import pathlib
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,26 +14,11 @@ from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, rounds
 from fedjax_het.train import train_and_evaluate
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
-from tests.tiny_models import TinyLinear
+from tests.tiny_models import TinyLinear, TinyMLP
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAKE = {"fedavg": fedavg.make_fedavg, "moon": moon.make_moon, "fedproc": fedproc.make_fedproc,
         "fedrs": fedrs.make_fedrs}
-
-
-class TinyMLP(nn.Module):
-  """features = Dense "body" of the flattened input (they depend on the parameters)."""
-  num_classes: int = 3
-
-  @property
-  def feature_dim(self):
-    return 4
-
-  @nn.compact
-  def __call__(self, x, *, train, mask=None):
-    del train, mask
-    h = nn.Dense(4, name="body")(x.reshape((x.shape[0], -1)))
-    return h, nn.Dense(self.num_classes, name="head")(h)
 
 
 _setup, _config = tiny_setup, tiny_config

@@ -11,21 +11,7 @@ from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import optim
 from fedjax_het.models.base import Classifier, MLPTail
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
-
-
-class TinyMLP(nn.Module):
-  """features = Dense "body" of the flattened input, logits = Dense "head"."""
-  num_classes: int = 3
-
-  @property
-  def feature_dim(self):
-    return 4
-
-  @nn.compact
-  def __call__(self, x, *, train, mask=None):
-    del train, mask
-    h = nn.Dense(4, name="body")(x.reshape((x.shape[0], -1)))
-    return h, nn.Dense(self.num_classes, name="head")(h)
+from tests.tiny_models import TinyMLP
 
 
 class TinyTrunk(nn.Module):
