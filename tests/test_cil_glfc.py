@@ -19,6 +19,7 @@ from fedjax_het.config import load_module
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
+from tests.test_cil_train import tiny_cil_config
 from tests.tiny_models import TinyLinear
 
 
@@ -171,26 +172,9 @@ def test_round_traces_once_across_a_task_change(stream):
 
 
 def _tiny_config():
-  c = cil_train.cil_config("glfc")
+  c = tiny_cil_config("glfc")
   c.name = "tiny_glfc"
-  c.compilation_cache_dir = ""
-  c.scenario.source = "synthetic"
-  c.scenario.num_tasks = 2
-  c.scenario.num_classes = 4
-  c.scenario.initial_clients = 3
-  c.scenario.new_clients_per_task = 1
-  c.scenario.train_size = 48
-  c.scenario.test_size = 20
-  c.cil.rounds_per_task = 2
-  c.cil.clients_per_round = 2
-  c.models.architecture = "simple_cnn"
-  c.models.width = 0.5
   c.local.lr = 0.5
-  c.local.epochs = 1
-  c.local.batch_size = 8
-  c.checkpoint.every = 1
-  c.logging.progress = False
-  c.logging.plots = False
   c.glfc.memory_size = 8
   return c
 

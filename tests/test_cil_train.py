@@ -122,8 +122,9 @@ def test_one_round_equals_a_hand_computed_fedavg(stream):
   np.testing.assert_allclose(np.asarray(got["bias"]), expect_b, atol=2e-5)
 
 
-def _tiny_config():
-  c = cil_train.cil_config("fedavg_cil")
+def tiny_cil_config(method="fedavg_cil"):
+  """A 2-task, 4-class synthetic stream over a few clients (shared with test_cil_glfc)."""
+  c = cil_train.cil_config(method)
   c.name = "tiny"
   c.compilation_cache_dir = ""
   c.scenario.source = "synthetic"
@@ -147,7 +148,7 @@ def _tiny_config():
 
 
 def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
-  config = _tiny_config()
+  config = tiny_cil_config()
   full = cil_train.train_class_incremental(config, tmp_path / "full")
   assert full["rounds_done"] == 4
 
@@ -185,7 +186,7 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
   assert strip(split_records) == strip(records)
 
   # A changed config is refused before anything is written.
-  changed = _tiny_config()
+  changed = tiny_cil_config()
   changed.local.lr = 0.1
   with pytest.raises(WorkdirError, match="config.local.lr"):
     cil_train.train_class_incremental(changed, tmp_path / "split")
