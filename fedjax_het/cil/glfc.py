@@ -168,6 +168,61 @@ def init_client_state(num_clients: int, memory_size: int) -> ClientState:
                      last_task=jnp.full((num_clients,), -1, jnp.int32))
 
 
+
+def store_previous_classes(memory: exemplars.ExemplarMemory, forward: Any, variables: Any,
+                           data: Any, client_id: jax.Array, *, last_task: jax.Array,
+                           current: jax.Array, detected: jax.Array, n_max: int,
+                           num_classes: int, max_new_classes: int, max_per_class: int,
+                           distinct: bool) -> exemplars.ExemplarMemory:
+  """At a transition, adds the classes of a client's previous data to its memory.
+
+  The classes added are those of the client's data in task `last_task` (-1:
+  none) that it does not hold now (`current` (C,) bool) and has not stored yet
+  (GLFC code's `last_class`); nothing happens unless `detected`. m = capacity
+  // (classes learned), old classes keep their first m herding picks, each
+  added class gets m picks by iCaRL herding over the client's `last_task`
+  data on the L2-normalised features of `variables` (`forward` from
+  `make_eval_forward`). `data` is a `cil.train.StreamArrays`; the memory's
+  "images" are pool indices (`encode_pool_indices`).
+  """
+  prev_task = jnp.maximum(last_task, 0)
+  prev_classes = data.client_classes[prev_task, client_id] & (last_task >= 0)
+  stored = jnp.any((memory.labels[:, None] == jnp.arange(num_classes)[None, :])
+                   & memory.valid[:, None], axis=0)
+  add = prev_classes & ~current & ~stored & detected
+  (new_classes,) = jnp.nonzero(add, size=max_new_classes, fill_value=-1)
+  new_classes = jnp.where(new_classes >= 0, new_classes, -1).astype(jnp.int32)
+  num_new = jnp.sum(add).astype(jnp.int32)
+
+  def herd(memory):
+    prev_rows = data.client_indices[prev_task, client_id]
+    prev_valid = jnp.arange(n_max) < data.client_sizes[prev_task, client_id]
+    features, _ = forward(variables, data.images[prev_rows])
+    return exemplars.add_classes(
+        memory, images=encode_pool_indices(prev_rows), labels=data.labels[prev_rows],
+        features=features, new_classes=new_classes, num_seen=memory.num_seen + num_new,
+        mask=prev_valid, max_per_class=max_per_class, distinct=distinct)
+
+  return jax.lax.cond(num_new > 0, herd, lambda memory_: memory_, memory)
+
+
+def replay_rows(rows: jax.Array, size: jax.Array, memory: exemplars.ExemplarMemory,
+                n_max: int) -> tuple[jax.Array, jax.Array]:
+  """Pool rows of a client's training set: its current data, then its exemplars.
+
+  `rows` (n_max,) the current data's pool rows (the first `size` valid).
+  Returns (n_max + M,) rows, valid entries first, and their count.
+  """
+  capacity = memory.valid.shape[-1]
+  stored_rows = decode_pool_indices(memory.images)
+  count = jnp.sum(memory.valid).astype(jnp.int32)
+  slots = jnp.arange(n_max + capacity)
+  train_rows = jnp.where(slots < size, jnp.pad(rows, (0, capacity))[slots],
+                         jnp.where(slots < size + count,
+                                   stored_rows[jnp.clip(slots - size, 0, capacity - 1)], 0))
+  return train_rows, size + count
+
+
 def glfc_local_loss(model: Any) -> local.LocalLossFn:
   """The local objective of GLFC Eq. 6 on one batch.
 
@@ -271,39 +326,17 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       # nothing to store then, so count it only where it is a real transition.
       detected = fired & (client.task >= 0)
 
-    # Classes of the previous data not held now and not stored yet (the code's last_class).
-    prev_task = jnp.maximum(last_task, 0)
-    prev_classes = data.client_classes[prev_task, client_id] & (last_task >= 0)
-    stored = jnp.any((client.memory.labels[:, None] == jnp.arange(c)[None, :])
-                     & client.memory.valid[:, None], axis=0)
-    add = prev_classes & ~current & ~stored & detected
-    (new_classes,) = jnp.nonzero(add, size=glfc.max_client_classes, fill_value=-1)
-    new_classes = jnp.where(new_classes >= 0, new_classes, -1).astype(jnp.int32)
-    num_new = jnp.sum(add).astype(jnp.int32)
-
-    def herd(memory):
-      prev_rows = data.client_indices[prev_task, client_id]
-      prev_valid = jnp.arange(n_max) < data.client_sizes[prev_task, client_id]
-      features, _ = forward(global_vars, data.images[prev_rows])
-      return exemplars.add_classes(
-          memory, images=encode_pool_indices(prev_rows), labels=data.labels[prev_rows],
-          features=features, new_classes=new_classes, num_seen=memory.num_seen + num_new,
-          mask=prev_valid, max_per_class=glfc.max_per_class, distinct=glfc.distinct)
-
-    memory = jax.lax.cond(num_new > 0, herd, lambda mem_: mem_, client.memory)
+    memory = store_previous_classes(
+        client.memory, forward, global_vars, data, client_id, last_task=last_task,
+        current=current, detected=detected, n_max=n_max, num_classes=c,
+        max_new_classes=glfc.max_client_classes, max_per_class=glfc.max_per_class,
+        distinct=glfc.distinct)
     new_client = ClientState(memory=memory, entropy=entropy.astype(jnp.float32),
                              task=jnp.asarray(task, jnp.int32),
                              last_task=last_task.astype(jnp.int32))
-
-    # Training rows: the current data, then the exemplars (valid entries come first).
-    stored_rows = decode_pool_indices(memory.images)
-    count = jnp.sum(memory.valid).astype(jnp.int32)
-    slots = jnp.arange(n_max + mem)
-    train_rows = jnp.where(slots < size, jnp.pad(rows, (0, mem))[slots],
-                           jnp.where(slots < size + count,
-                                     stored_rows[jnp.clip(slots - size, 0, mem - 1)], 0))
+    train_rows, train_size = replay_rows(rows, size, memory, n_max)
     flags = {"true": true, "detected": detected, "entropy": entropy}
-    return new_client, train_rows, size + count, flags
+    return new_client, train_rows, train_size, flags
 
   def round_fn(state, data, key, round_index):
     sample_key, train_key = jax.random.split(key)
