@@ -208,6 +208,31 @@ def test_prototype_perturbation_matches_reference(kind):
   np.testing.assert_allclose(got, want, rtol=RTOL)
 
 
+@pytest.mark.parametrize("kind", ["bce", "ce"])
+def test_prototype_perturbation_class_mask_equals_the_seen_head(kind):
+  # A fixed-size head with unseen columns (even saturated ones) gives the loss of the
+  # seen columns alone, the authors' grown head; their gradient w.r.t. features too.
+  rng = np.random.default_rng(5)
+  f, n = rng.normal(size=(3, 8)), rng.normal(size=(3, 8))
+  var = rng.random((3, 8))
+  kernel, bias = rng.normal(size=(8, 6)), rng.normal(size=6)
+  bias[4:] = [40.0, -40.0]
+  y = np.array([0, 3, 2])
+  seen = np.arange(6) < 4
+
+  def loss(features, k, b, mask):
+    return losses.prototype_perturbation_loss(
+        features=features, labels=jnp.asarray(y), noise=_f32(n), feature_variance=_f32(var),
+        kernel=k, bias=b, gamma=0.1, kind=kind, class_mask=mask)
+
+  got, got_grad = jax.value_and_grad(loss)(_f32(f), _f32(kernel), _f32(bias), jnp.asarray(seen))
+  want = ref.ref_prototype_perturbation_loss(f, y, n, var[:, :], kernel[:, :4], bias[:4],
+                                             gamma=0.1, kind=kind)
+  np.testing.assert_allclose(got, want, rtol=RTOL)
+  small_grad = jax.grad(loss)(_f32(f), _f32(kernel[:, :4]), _f32(bias[:4]), None)
+  np.testing.assert_allclose(got_grad, small_grad, rtol=1e-5, atol=1e-7)
+
+
 def test_prototype_perturbation_hand_worked():
   # Feature 0 plus gamma * sqrt(4) * noise 1 = 1 at gamma 1/2: z = [0, ln 3]; CE of class 1 = ln(4/3).
   kernel = _f32([[0.0, math.log(3.0)], [5.0, 5.0]])

@@ -136,7 +136,8 @@ def perturb_prototype(model: nn.Module, variables: dict[str, Any], image: jax.Ar
                       learning_rate: float = PERTURBATION_LEARNING_RATE,
                       weight_decay: float = PERTURBATION_WEIGHT_DECAY,
                       gamma: float = losses.PROTOTYPE_NOISE_SCALE, kind: str = "bce",
-                      preprocess: Callable[[jax.Array], jax.Array] | None = None
+                      preprocess: Callable[[jax.Array], jax.Array] | None = None,
+                      class_mask: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array]:
   """Perturbed prototype sample, GLFC Eq. 10-11.
 
@@ -174,6 +175,8 @@ def perturb_prototype(model: nn.Module, variables: dict[str, Any], image: jax.Ar
     kind: 'bce' (the code) or 'ce' (the paper's D_CE); see
       `prototype_perturbation_loss`.
     preprocess: maps a (1, H, W, C) batch in [0, 1] to the model's input.
+    class_mask: optional (C,) bool seen classes of a fixed-size head (the
+      loss spans them only; `prototype_perturbation_loss`).
 
   Returns:
     (perturbed image (H, W, C), losses (steps,)): L_GP before each step.
@@ -196,7 +199,7 @@ def perturb_prototype(model: nn.Module, variables: dict[str, Any], image: jax.Ar
     return losses.prototype_perturbation_loss(
         features=features, labels=labels, noise=noise[None],
         feature_variance=feature_variance[None], kernel=head["kernel"], bias=head["bias"],
-        gamma=gamma, kind=kind)
+        gamma=gamma, kind=kind, class_mask=class_mask)
 
   def step(x, s):
     noise = jax.random.normal(jax.random.fold_in(key, s), (feature_dim,), jnp.float32)

@@ -242,7 +242,8 @@ def prototype_perturbation_loss(*, features: jax.Array, labels: jax.Array,
                                 noise: jax.Array, feature_variance: jax.Array,
                                 kernel: jax.Array, bias: jax.Array,
                                 gamma: float = PROTOTYPE_NOISE_SCALE,
-                                kind: str = "bce") -> jax.Array:
+                                kind: str = "bce",
+                                class_mask: jax.Array | None = None) -> jax.Array:
   """Prototype perturbation loss L_GP, GLFC Eq. 10.
 
   The prototype's latent feature Phi(x) gets Gaussian noise gamma * N(0,
@@ -261,6 +262,9 @@ def prototype_perturbation_loss(*, features: jax.Array, labels: jax.Array,
     gamma: noise scale (paper: 0.1).
     kind: 'bce' (sigmoid BCE over all classes, the code and
       the authors' code) or 'ce' (softmax cross-entropy, the paper's D_CE).
+    class_mask: optional (C,) bool, True on the seen classes of a fixed-size
+      head: the BCE is averaged over those columns only and the softmax of
+      'ce' spans them only (None: all columns, the code's growing head).
 
   Returns:
     Scalar loss.
@@ -280,9 +284,11 @@ def prototype_perturbation_loss(*, features: jax.Array, labels: jax.Array,
   perturbed = features + gamma * jnp.sqrt(jnp.maximum(feature_variance, 0.0)) * noise
   logits = perturbed @ kernel + bias[None, :]
   if kind == "ce":
+    if class_mask is not None:
+      logits = jnp.where(_class_mask(fn, class_mask, logits), logits, -1e9)
     return jnp.mean(_softmax_cross_entropy_rows(logits, labels))
   onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
-  return jnp.mean(sigmoid_binary_cross_entropy_elementwise(logits, onehot))
+  return jnp.mean(_mean_over_classes(fn, 1.0, logits, onehot, class_mask))
 
 
 @loss_function()
