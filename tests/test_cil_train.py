@@ -1,5 +1,6 @@
 """Tests of the class-incremental trainer `fedjax_het.cil.train` (FedAvg on the task stream)."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -122,6 +123,51 @@ def test_one_round_equals_a_hand_computed_fedavg(stream):
   np.testing.assert_allclose(np.asarray(got["bias"]), expect_b, atol=2e-5)
 
 
+def _rates(settings, round_index):
+  return np.asarray(cil_train.epoch_learning_rates(settings, jnp.int32(round_index)))
+
+
+def test_glfc_code_lr_schedule_is_the_codes_table_for_10_rounds_of_20_epochs():
+  lr = 2.0
+  settings = _settings(num_tasks=3, rounds_per_task=10, epochs=20, lr=lr,
+                       lr_schedule="glfc_code")
+  # GLFC code: lr/5 at in-task epoch 100, lr/25 at 150, lr/125 at 180; every round restarts
+  # at lr. Rounds of 20 epochs: round 5 = epochs 100-119, round 7 = 140-159, round 9 = 180-199.
+  table = {r: [lr] * 20 for r in range(10)}
+  table[5] = [lr / 5] * 20
+  table[7] = [lr] * 10 + [lr / 25] * 10
+  table[9] = [lr / 125] * 20
+  rates = jax.jit(chex.assert_max_traces(cil_train.epoch_learning_rates, n=1),
+                  static_argnums=0)
+  chex.clear_trace_counter()
+  for r in range(30):   # three tasks: the schedule restarts with every task
+    got = np.asarray(rates(settings, jnp.int32(r)))
+    assert got.dtype == np.float32 and got.shape == (20,)
+    np.testing.assert_allclose(got, np.float32(table[r % 10]), rtol=0, atol=0)
+  constant = dataclasses.replace(settings, lr_schedule="constant")
+  for r in (0, 5, 7, 9):
+    np.testing.assert_array_equal(_rates(constant, r), np.full(20, lr, np.float32))
+
+
+def test_glfc_code_lr_schedule_generalises_by_fractions_of_the_task():
+  lr = 0.5
+  # 5 rounds x 5 epochs: E = 25, triggers at int(12.5) = 12, int(18.75) = 18, int(22.5) = 22.
+  settings = _settings(rounds_per_task=5, epochs=5, lr=lr, lr_schedule="glfc_code")
+  expect = [[lr] * 5, [lr] * 5,
+            [lr, lr, lr / 5, lr / 5, lr / 5],              # epochs 10-14, trigger at 12
+            [lr, lr, lr, lr / 25, lr / 25],                # epochs 15-19, trigger at 18
+            [lr, lr, lr / 125, lr / 125, lr / 125]]        # epochs 20-24, trigger at 22
+  for r in range(10):
+    np.testing.assert_allclose(_rates(settings, r), np.float32(expect[r % 5]), rtol=0, atol=0)
+  # 2 rounds x 1 epoch: every trigger is in-task epoch 1; the code's if/elif takes the first.
+  tiny = _settings(rounds_per_task=2, epochs=1, lr=lr, lr_schedule="glfc_code")
+  assert [float(_rates(tiny, r)[0]) for r in range(4)] == [lr, np.float32(lr / 5)] * 2
+  # 1 round x 10 epochs: the three decays within one round, each from its epoch on.
+  one = _settings(rounds_per_task=1, epochs=10, lr=lr, lr_schedule="glfc_code")
+  np.testing.assert_allclose(_rates(one, 3), np.float32([lr] * 5 + [lr / 5, lr / 5]
+                                                        + [lr / 25, lr / 25] + [lr / 125]))
+
+
 def tiny_cil_config(method="fedavg_cil"):
   """A 2-task, 4-class synthetic stream over a few clients (shared with test_cil_glfc)."""
   c = cil_train.cil_config(method)
@@ -199,7 +245,8 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
     ("scenario.client_data", "mixed", "('overlap', 'disjoint')"),
     ("models.architecture", "vgg", "one of"),
     ("cil.rounds_per_call", 3, "dividing cil.rounds_per_task=10"),
-    ("method", "fedprox", "('fedavg_cil', 'glfc')"),
+    ("method", "fedprox", "('fedavg_cil', 'glfc', 'icarl_fl')"),
+    ("local.lr_schedule", "step", "('constant', 'glfc_code')"),
 ])
 def test_validation_errors_name_the_field(field, value, allowed):
   config = cil_train.cil_config()
@@ -212,10 +259,25 @@ def test_validation_errors_name_the_field(field, value, allowed):
 
 def test_experiment_configs_validate():
   module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
-  for variant in ("fedavg_cil", "fedavg_cil_quick"):
+  assert len(module.VARIANTS) == 15
+  for variant in module.VARIANTS:  # every method x {T=10, _tasks5, _tasks10, _tasks20, _quick}
     config = module.get_config(variant)
     cil_train.validate_cil_config(config)
-    assert config.scenario.name == "class_incremental"
+    assert config.scenario.name == "class_incremental" and config.name == f"cifar100_{variant}"
+    assert config.local.lr_schedule == "glfc_code"
+    method, _, tasks = variant.removesuffix("_quick").partition("_tasks")
+    assert config.method == method
+    if tasks:
+      t = int(tasks)
+      assert (config.scenario.num_tasks, config.scenario.initial_clients,
+              config.scenario.new_clients_per_task, config.scenario.class_fraction,
+              config.cil.rounds_per_task) == (t, 30, 10, 0.6, 10)
+      expect = module.get_config(method)
+      expect.scenario.num_tasks, expect.name = t, config.name
+      assert config.to_dict() == expect.to_dict()   # only the task count differs
+  for bad in ("glfc_tasks5_quick", "glfc_tasks7", "icarl", "fedavg_cil_tasks20_quick"):
+    with pytest.raises(ValueError, match="expected one of .*icarl_fl_tasks20"):
+      module.get_config(bad)
   paper = module.get_config("fedavg_cil")
   assert (paper.scenario.num_tasks, paper.scenario.initial_clients,
           paper.scenario.new_clients_per_task, paper.cil.clients_per_round,

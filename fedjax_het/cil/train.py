@@ -3,11 +3,22 @@
 The trainer of GLFC's protocol [GLFC Sec. 5] on a fixed-shape task stream
 (`fedjax_het.data.incremental`). This step implements the lower-bound
 baseline of GLFC Table 1, "fedavg_cil": FedAvg on the task stream (plain
-fine-tuning; no exemplars, no distillation), and "glfc" (`cil.glfc`): GLFC's
-client side (per-client exemplar memories, entropy-based task-transition
-detection, 0.5 * L_GC + 0.5 * L_RD) with the previous task's final global
-model as the old model; GLFC's proxy server is not implemented yet.
-`config.method` selects the method; `config.glfc` exists only for "glfc".
+fine-tuning; no exemplars, no distillation), "glfc" (`cil.glfc`): GLFC
+(per-client exemplar memories, entropy-based task-transition detection,
+0.5 * L_GC + 0.5 * L_RD, and the proxy server that picks the old model from
+reconstructed prototypes, `cil.proxy`), and
+"icarl_fl" (`cil.icarl`): GLFC Table 1's "iCaRL + FL" baseline (iCaRL's
+exemplars, distillation and nearest-mean-of-exemplars classifier on every
+client, FedAvg of the models).
+`config.method` selects the method; `config.glfc` exists only for "glfc",
+`config.icarl` only for "icarl_fl".
+
+Local learning rate (`local.lr_schedule`, `epoch_learning_rates`):
+"glfc_code" (default) is the GLFC code's step decay within a task (lr / 5,
+/ 25, / 125 from the in-task epochs 100, 150, 180 of 200 to the end of the
+round; at 0.5, 0.75, 0.9 of a task's local epochs in other settings), the
+rates every method's local training reads; "constant" keeps `local.lr`
+throughout.
 
 The whole stream compiles ONCE:
 
@@ -71,7 +82,7 @@ import numpy as np
 from fedjax_het import losses, models, reporting
 from fedjax_het import validation as v
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.cil import glfc as glfc_lib, masking, metrics as cil_metrics
+from fedjax_het.cil import glfc as glfc_lib, icarl as icarl_lib, masking, metrics as cil_metrics
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local, rounds
@@ -80,11 +91,24 @@ from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import OPTIMIZERS, make_optimizer
 
 SCENARIO = "class_incremental"
-METHODS = ("fedavg_cil", "glfc")
+METHODS = ("fedavg_cil", "glfc", "icarl_fl")
 CLIENT_LOOPS = ("auto", "vmap", "map")
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
+#: `local.lr_schedule`: the learning rate over the local epochs of a round (`epoch_learning_rates`).
+LR_SCHEDULES = ("constant", "glfc_code")
+#: The GLFC code's step decays: (fraction of a task's local epochs, divisor of the base lr).
+GLFC_CODE_LR_STEPS = ((0.5, 5.0), (0.75, 25.0), (0.9, 125.0))
 METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)",
-                 "glfc": "GLFC (no proxy: old model = previous task's global)"}
+                 "glfc": "GLFC",
+                 "icarl_fl": "iCaRL + FL"}
+
+
+def method_label(config: ml_collections.ConfigDict) -> str:
+  """The method's row label in the Table 1 layout (GLFC without its proxy is marked)."""
+  label = METHOD_LABELS.get(config.method, config.method)
+  if config.method == "glfc" and config.glfc.old_model != "proxy":
+    label += f" (no proxy: old model = {config.glfc.old_model})"
+  return label
 
 
 # ----------------------------------------------------------------------------
@@ -126,13 +150,16 @@ def cil_config(method: str = "fedavg_cil") -> ml_collections.ConfigDict:
       },
       "models": {"architecture": "glfc_resnet18", "width": 1.0, "conv_impl": "auto"},
       "local": {"optimizer": "sgd", "lr": 2.0, "momentum": 0.0, "weight_decay": 1e-5,
-                "epochs": 20, "batch_size": 128},
+                "epochs": 20, "batch_size": 128,
+                "lr_schedule": "glfc_code"},   # or "constant" (epoch_learning_rates)
       "eval": {"every": 0, "batch_size": 500},   # every: 0 -> only at task ends
       "checkpoint": {"every": 10, "keep": 2},
       "logging": {"progress": True, "plots": True, "tensorboard": False},
   })
   if method == "glfc":
     config.glfc = glfc_lib.glfc_section()   # GLFC's own settings (cil.glfc)
+  if method == "icarl_fl":
+    config.icarl = icarl_lib.icarl_section()   # iCaRL's own settings (cil.icarl)
   return config
 
 
@@ -194,6 +221,7 @@ def validate_cil_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "local.weight_decay", lambda x: number(x) and x >= 0, "a number >= 0")
   v.check(config, "local.epochs", v.int_at_least(1), "an integer >= 1")
   v.check(config, "local.batch_size", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "local.lr_schedule", v.choice(LR_SCHEDULES), f"one of {LR_SCHEDULES}")
   per_call = config.cil.rounds_per_call
   for field in ("eval.every", "checkpoint.every"):
     v.check(config, field, lambda x: v.int_at_least(0)(x) and x % per_call == 0,
@@ -205,6 +233,8 @@ def validate_cil_config(config: ml_collections.ConfigDict) -> None:
     v.check(config, field, v.is_bool, "True or False")
   if config.method == "glfc":
     glfc_lib.validate_glfc_config(config)
+  if config.method == "icarl_fl":
+    icarl_lib.validate_icarl_config(config)
 
 
 # ----------------------------------------------------------------------------
@@ -243,6 +273,7 @@ class Settings:
   epochs: int
   batch_size: int
   sequential: bool   # clients one after another (lax.map) instead of vmapped
+  lr_schedule: str = "constant"   # one of LR_SCHEDULES (`epoch_learning_rates`)
 
   @property
   def num_classes(self) -> int:
@@ -260,12 +291,65 @@ class Settings:
                optimizer=config.local.optimizer, lr=float(config.local.lr),
                momentum=float(config.local.momentum),
                weight_decay=float(config.local.weight_decay), epochs=int(config.local.epochs),
-               batch_size=int(config.local.batch_size), sequential=loop == "map")
+               batch_size=int(config.local.batch_size), sequential=loop == "map",
+               lr_schedule=config.local.lr_schedule)
 
 
 def task_of_round(round_index: jax.Array, settings: Settings) -> jax.Array:
   """The task trained in 0-based round `round_index` (clamped to the last task)."""
   return jnp.minimum(round_index // settings.rounds_per_task, settings.num_tasks - 1)
+
+
+def epoch_learning_rates(settings: Settings, round_index: jax.Array) -> jax.Array:
+  """The local learning rate of each epoch of round `round_index`: (epochs,) float32.
+
+  "constant": `settings.lr` in every epoch.
+
+  "glfc_code": the step decays of GLFC's code (conditionWang/FCIL
+  `src/GLFC.py`, `GLFC_model.train`). Every round builds a fresh SGD optimiser
+  at the base lr; inside the round, at the in-task epoch index e = (round in
+  task) * epochs + epoch, the code sets the lr to base / 5 when e % 200 ==
+  100, base / 25 at 150 and base / 125 at 180 (`if ... elif ...`: the first
+  matching trigger wins), and the rate stays until the round ends (the next
+  round's optimiser starts at the base lr again). With the paper's 10 rounds
+  of 20 epochs per task: round 5 runs at lr / 5, round 7 runs epochs 0-9 at
+  lr and 10-19 at lr / 25, round 9 at lr / 125, every other round at lr.
+
+  Other settings: the code's triggers are fixed epochs of a 200-epoch task;
+  here they are placed at int(0.5 * E), int(0.75 * E) and int(0.9 * E) of
+  the E = rounds_per_task * epochs in-task epochs (`GLFC_CODE_LR_STEPS`;
+  exactly 100, 150, 180 for E = 200), with the code's semantics (a trigger
+  inside a round changes the rate from that epoch to the end of the round).
+  (In its first task the code builds a new optimiser at the divided rate
+  instead of changing the rate in place; plain SGD has no state, so this is
+  the same.)
+
+  Args:
+    settings: the run's `Settings` (`lr`, `epochs`, `rounds_per_task`,
+      `lr_schedule`).
+    round_index: the 0-based global round, possibly traced (one compiled
+      program for every round).
+
+  Returns:
+    (epochs,) float32 learning rates for `engine.local`.
+  """
+  epochs = settings.epochs
+  base = jnp.full((epochs,), settings.lr, jnp.float32)
+  if settings.lr_schedule == "constant":
+    return base
+  if settings.lr_schedule != "glfc_code":
+    raise ValueError(f"epoch_learning_rates: `lr_schedule` must be one of {LR_SCHEDULES}, got "
+                     f"{settings.lr_schedule!r}.")
+  per_task = settings.rounds_per_task * epochs
+  triggers = jnp.asarray([int(f * per_task) for f, _ in GLFC_CODE_LR_STEPS], jnp.int32)
+  rates = jnp.asarray([settings.lr / d for _, d in GLFC_CODE_LR_STEPS], jnp.float32)
+  start = (jnp.asarray(round_index, jnp.int32) % settings.rounds_per_task) * epochs
+  epoch = start + jnp.arange(epochs, dtype=jnp.int32)                  # in-task epoch index
+  fired = (triggers[None, :] >= start) & (triggers[None, :] <= epoch[:, None])  # (epochs, 3)
+  # The latest trigger of this round at or before the epoch; at equal epochs the first listed.
+  latest = jnp.max(jnp.where(fired, triggers[None, :], -1), axis=1)
+  which = jnp.argmax(fired & (triggers[None, :] == latest[:, None]), axis=1)
+  return jnp.where(latest >= 0, rates[which], base)
 
 
 def masked_cross_entropy_loss(model: Any) -> local.LocalLossFn:
@@ -299,7 +383,6 @@ def make_fedavg_cil(settings: Settings, model: Any, mean: Any, std: Any,
       loss_fn=masked_cross_entropy_loss(model), optimizer=tx, epochs=settings.epochs,
       batch_size=settings.batch_size, max_size=max_client_size,
       preprocess=normalizer(mean, std))
-  learning_rates = jnp.full((settings.epochs,), settings.lr, jnp.float32)
 
   def init(key, data):
     del data
@@ -318,8 +401,8 @@ def make_fedavg_cil(settings: Settings, model: Any, mean: Any, std: Any,
     start = aggregation.broadcast(state["server"], m)
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c))}
     trained, local_metrics = local.train_clients(
-        trainer, start, aux, members, client_keys(train_key, clients), learning_rates,
-        sequential=settings.sequential)
+        trainer, start, aux, members, client_keys(train_key, clients),
+        epoch_learning_rates(settings, round_index), sequential=settings.sequential)
     server = aggregation.weighted_mean(trained, sizes)
     weights = sizes.astype(jnp.float32) / jnp.sum(sizes)
     loss = jnp.tensordot(weights, local_metrics["loss"], axes=1)
@@ -493,7 +576,8 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
 
   Returns:
     {"results": results.json's numbers, "records": every metrics record,
-    "rounds_done": int, "server": the global model's variables (NumPy)}.
+    "rounds_done": int, "server": the global model's variables (NumPy), "state": the
+    whole final training state (NumPy; the method's client and server state included)}.
   """
   validate_cil_config(config)
   workdir = pathlib.Path(workdir)
@@ -514,6 +598,11 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   if config.method == "glfc":
     algorithm = glfc_lib.make_glfc(
         settings, glfc_lib.GLFCSettings.from_config(config, stream.client_classes), model,
+        stream.mean, stream.std, stream.max_client_size,
+        eval_batch_size=int(config.eval.batch_size))
+  elif config.method == "icarl_fl":
+    algorithm = icarl_lib.make_icarl_fl(
+        settings, icarl_lib.ICaRLSettings.from_config(config, stream.client_classes), model,
         stream.mean, stream.std, stream.max_client_size,
         eval_batch_size=int(config.eval.batch_size))
   else:
@@ -592,7 +681,7 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   checkpointer.close()
   writer.close()
 
-  label = METHOD_LABELS.get(config.method, config.method)
+  label = method_label(config)
   table, numbers = table1(records, settings.num_tasks, k, label)
   numbers["rounds_done"] = done
   transitions = {name.rpartition("/")[2]: int(sum(r.get(name, 0) for r in records))
@@ -613,4 +702,4 @@ def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pa
   if config.logging.plots and "seen_accuracy" in numbers:
     _plot(numbers, workdir / "accuracy.png", config.name)
   return {"results": numbers, "records": records, "rounds_done": done,
-          "server": jax.device_get(state["server"])}
+          "server": jax.device_get(state["server"]), "state": jax.device_get(state)}

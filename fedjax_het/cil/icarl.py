@@ -1,0 +1,351 @@
+"""iCaRL + FL: the "iCaRL + FL" baseline of GLFC Table 1 on the class-incremental trainer.
+
+`make_icarl_fl(...)` is the third method of `fedjax_het.cil.train`
+(config.method = "icarl_fl"): iCaRL [iCaRL] run by every client, the models
+averaged by FedAvg, as GLFC's paper uses it as a baseline [GLFC Sec. 5: the
+class-incremental methods "combined with FL"]. One round, for the sampled
+clients (the same sampling, gathering and local training as `cil.glfc`):
+
+  1. the client receives the global model. It knows when its data changed
+     (the task transition is read from the stream; iCaRL has no detection
+     rule): at a transition the classes of its previous data that it does not
+     hold now are added to its exemplar memory by iCaRL herding on the
+     L2-normalised features of the received global model (eval mode), m =
+     memory_size // (classes learned) per class, old classes reduced to their
+     first m picks [iCaRL Alg. 4, 5] (`cil.glfc.store_previous_classes`; the
+     memory holds pool indices, `cil.glfc.encode_pool_indices`);
+  2. it trains on its current data plus its exemplars (`cil.glfc.replay_rows`)
+     with iCaRL's loss [iCaRL Alg. 3]: sigmoid BCE over the seen classes
+     against the one-hot target whose old-class columns [0, t*k) are replaced
+     by sigmoid(old model's logits) (`losses.glfc.
+     class_semantic_relation_distillation_loss`, which is exactly that; in
+     task 0 num_old_classes = 0 makes it the plain BCE). The old model is the
+     global model at the end of the previous task (`state["old_model"]`,
+     replaced at the first round of every task; iCaRL's "network before the
+     update"), the same for every client, stored once;
+  3. the server averages the trained models (plain mean, like `cil.glfc`);
+  4. nearest-mean-of-exemplars statistics [iCaRL Alg. 1]: every sampled
+     client computes, with the NEW global model (eval mode), the per-class sums
+     of L2-normalised features and the counts over its training set (current
+     data plus exemplars: together they cover every class it has seen). The
+     server keeps (C, D) sums and (C,) counts: the rows of the classes
+     reported this round are replaced by the cohort's totals (a pooled mean
+     over the cohort's images of the class), the other rows keep their value
+     from the last round they were reported in.
+
+Classifier (`evaluate`): nearest mean of exemplars. The class means mu_y =
+sum_y / count_y are L2-normalised; a test image is assigned, among the seen
+classes that have a mean, to the class whose normalised mean is nearest
+(Euclidean) to its L2-normalised feature [iCaRL Alg. 1]. The result is the
+per-class (correct, total, predicted) counts of `cil.train.make_class_counts`,
+so the trainer's tables and metrics are unchanged.
+
+Federated choices and deviations from iCaRL's paper / code:
+  * Class means are federated statistics of the last cohort that reported the
+    class: a class no sampled client holds this round keeps its STALE mean,
+    computed with an older global model (the feature extractor moved on
+    since). Recomputing every mean every round would need every client, not
+    the cohort, to take part.
+  * Means are computed over the client's current data plus its exemplars, in
+    the federation's pooled form (sum of normalised features / count over the
+    cohort). iCaRL computes each class mean from its exemplar set only; its
+    code (and `cil.glfc`'s `compute_class_mean`) also averages the features
+    of horizontally flipped images, which is not done here (no augmentation
+    in the trainer).
+  * The task transition is read from the stream (as `glfc.transition =
+    "stream"`); only sampled clients update their memory (a client not
+    sampled at a task change stores its previous classes the next time it
+    is sampled, from the data it last trained on).
+  * Exemplars are distinct (`icarl.distinct_exemplars = True`, iCaRL's paper;
+    False gives the GLFC code's herding with repeats).
+  * The old model's logits are computed in task 0 as well (where they have no
+    effect: num_old_classes = 0), to keep one program for the whole stream.
+  * Local SGD, lr and schedule as the trainer's `local` section
+    (`cil.train.epoch_learning_rates`); iCaRL's own optimiser settings (lr
+    2.0, 70 epochs, decays at 49 and 63, batch 128, weight decay 1e-5) are not
+    used: the FL baseline trains like the other methods of Table 1.
+
+References:
+  [iCaRL] S.-A. Rebuffi, A. Kolesnikov, G. Sperl, C. H. Lampert. iCaRL:
+    Incremental Classifier and Representation Learning. CVPR 2017 (Alg. 1-5).
+  [GLFC] J. Dong, L. Wang, Z. Fang, G. Sun, S. Xu, X. Wang, Q. Zhu. Federated
+    Class-Incremental Learning. CVPR 2022, Table 1 ("iCaRL + FL").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_het import models
+from fedjax_het import validation as v
+from fedjax_het.cil import exemplars, glfc as glfc_lib, masking
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import aggregation, cohort, local
+from fedjax_het.engine.api import Algorithm
+from fedjax_het.engine.clients import GroupData, client_keys
+from fedjax_het.engine.optim import make_optimizer
+from fedjax_het.losses import glfc as glfc_losses
+
+#: iCaRL's memory K (CIFAR-100 experiments: 2000 exemplars), per client here.
+ICARL_MEMORY_SIZE = 2000
+
+
+def icarl_section() -> ml_collections.ConfigDict:
+  """`config.icarl`: iCaRL's settings (paper values)."""
+  return ml_collections.ConfigDict({
+      "memory_size": ICARL_MEMORY_SIZE,   # exemplars per client, images
+      "distinct_exemplars": True,         # iCaRL's paper: each image at most once
+  })
+
+
+def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
+  """Checks `config.icarl`; errors name the field and the allowed values."""
+  if "icarl" not in config:
+    v.fail("icarl", "a section when config.method is 'icarl_fl' (build the config with "
+           "fedjax_het.cil.train.cil_config('icarl_fl'))", None)
+  v.check(config, "icarl.memory_size", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "icarl.distinct_exemplars", v.is_bool, "True or False")
+
+
+@dataclasses.dataclass(frozen=True)
+class ICaRLSettings:
+  memory_size: int
+  distinct: bool
+  max_per_class: int          # static herding length: memory // fewest classes of a client
+  max_client_classes: int     # static: most classes one client holds in one task
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
+                  ) -> "ICaRLSettings":
+    counts = np.asarray(client_classes).sum(-1)
+    counts = counts[counts > 0]
+    fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
+    memory = int(config.icarl.memory_size)
+    return cls(memory_size=memory, distinct=bool(config.icarl.distinct_exemplars),
+               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most)
+
+
+class ClientState(NamedTuple):
+  """iCaRL state of every client (leading axis K_max = all clients of the stream)."""
+  memory: exemplars.ExemplarMemory   # "images" are pool indices (glfc.encode_pool_indices)
+  task: jax.Array                    # (K,) int32 task of the data last trained on (-1: none)
+  last_task: jax.Array               # (K,) int32 task of the data before that (-1: none)
+
+
+def init_client_state(num_clients: int, memory_size: int) -> ClientState:
+  memory = jax.vmap(lambda _: exemplars.init_memory(memory_size, (4,)))(jnp.arange(num_clients))
+  return ClientState(memory=memory, task=jnp.full((num_clients,), -1, jnp.int32),
+                     last_task=jnp.full((num_clients,), -1, jnp.int32))
+
+
+def icarl_local_loss(model: Any) -> local.LocalLossFn:
+  """iCaRL's classification + distillation loss on one batch [iCaRL Alg. 3].
+
+  sum over the seen classes of the sigmoid BCE against targets that are the
+  one-hot label on the new classes and sigmoid(old model's logit) on the old
+  classes [0, num_old) (here: the mean over the seen classes and the batch,
+  `losses.glfc.class_semantic_relation_distillation_loss`). aux:
+  "class_mask" (C,) seen classes, "old_model" variables, "num_old" () int32
+  = t * k (0 in task 0: plain BCE against the one-hot label).
+  """
+
+  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
+    variables = {"params": params, "batch_stats": batch_stats}
+    _, logits, new_variables = models.apply_model(model, variables, images, train=True,
+                                                  rng=rng, mask=mask)
+    _, old_logits, _ = models.apply_model(model, aux["old_model"], images, train=False)
+    loss = glfc_losses.class_semantic_relation_distillation_loss(
+        logits=logits, labels=labels, old_logits=jax.lax.stop_gradient(old_logits),
+        num_old_classes=aux["num_old"], class_mask=aux["class_mask"], mask=mask)
+    return loss, (new_variables["batch_stats"], {})
+
+  return loss_fn
+
+
+def class_feature_sums(features: jax.Array, labels: jax.Array, valid: jax.Array,
+                       num_classes: int) -> tuple[jax.Array, jax.Array]:
+  """Per-class sums of L2-normalised features and counts: ((C, D) float32, (C,) int32).
+
+  `features` (n, D), `labels` (n,) int, `valid` (n,) bool (invalid rows count
+  nowhere). The L2 normalisation is `cil.exemplars`' (x / max(||x||, 1e-12)).
+  """
+  normalize = exemplars._l2_normalize  # pylint: disable=protected-access
+  f = normalize(jnp.asarray(features, jnp.float32))
+  onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * valid[:, None]
+  return onehot.T @ f, jnp.sum(onehot, axis=0).astype(jnp.int32)
+
+
+def nme_scores(features: jax.Array, class_sums: jax.Array, class_counts: jax.Array,
+               num_seen: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Nearest-mean-of-exemplars scores [iCaRL Alg. 1].
+
+  Returns (scores (B, C), available (C,) bool): scores = -||f/||f|| -
+  mu_y/||mu_y|| ||^2 with mu_y = class_sums[y] / class_counts[y];
+  `available` = the seen classes [0, num_seen) with a count > 0. The
+  prediction is the argmax of the scores over the available classes
+  (`masking.masked_predictions(scores, available)`).
+  """
+  normalize = exemplars._l2_normalize  # pylint: disable=protected-access
+  f = normalize(jnp.asarray(features, jnp.float32))
+  counts = jnp.asarray(class_counts)
+  means = normalize(class_sums / jnp.maximum(counts, 1).astype(jnp.float32)[:, None])
+  distance = jnp.sum(jnp.square(f[:, None, :] - means[None, :, :]), axis=-1)
+  available = masking.seen_class_mask(num_seen, counts.shape[0]) & (counts > 0)
+  return -distance, available
+
+
+def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test: int,
+                    batch_size: int):
+  """Builds the NME classifier's test counts.
+
+  `counts(variables, class_sums, class_counts, images, labels, num_seen) ->
+  (correct, total, predicted)`.
+
+  The per-class counts over the whole test set (int32 (C,)
+  each, as `cil.train.make_class_counts`: correct and total per true class,
+  predicted per predicted class), in fixed-size batches (the last padded and
+  masked). `num_seen` may be traced.
+  """
+  forward = glfc_lib.make_eval_forward(model, normalizer(mean, std), batch_size)
+  batch = max(1, min(batch_size, num_test))
+  batches = -(-num_test // batch)
+  pad = batches * batch - num_test
+
+  def counts(variables, class_sums, class_counts, images, labels, num_seen):
+    images = jnp.pad(images, ((0, pad), (0, 0), (0, 0), (0, 0))).reshape(
+        (batches, batch) + images.shape[1:])
+    labels = jnp.pad(labels, (0, pad)).reshape(batches, batch)
+    valid = (jnp.arange(batches * batch) < num_test).reshape(batches, batch)
+
+    def one(carry, xs):
+      x, y, ok = xs
+      features, _ = forward(variables, x)
+      scores, available = nme_scores(features, class_sums, class_counts, num_seen)
+      correct, total = masking.masked_class_counts(scores, y, available, ok)
+      predicted = jnp.sum(jax.nn.one_hot(masking.masked_predictions(scores, available),
+                                         num_classes, dtype=jnp.int32) * ok[:, None], axis=0)
+      return jax.tree_util.tree_map(jnp.add, carry, (correct, total, predicted)), None
+
+    zeros = jnp.zeros((num_classes,), jnp.int32)
+    out, _ = jax.lax.scan(one, (zeros, zeros, zeros), (images, labels, valid))
+    return out
+
+  return counts
+
+
+def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, std: Any,
+                  max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
+  """iCaRL + FL on the task stream as an `Algorithm` (module docstring).
+
+  `settings` is the trainer's `cil.train.Settings`. State: {"server":
+  variables, "old_model": variables (the global model at the end of the
+  previous task), "clients": `ClientState`, "class_sums": (C, D) float32,
+  "class_counts": (C,) int32 (the NME statistics)}. The round's data is a
+  `cil.train.StreamArrays`. Metrics: "train/loss" (cohort mean),
+  "icarl/exemplars" (mean stored exemplars of the cohort after the update),
+  "icarl/transitions" (sampled clients at a task transition),
+  "icarl/classes_with_mean" (classes the NME classifier can predict), "task",
+  "clients". `evaluate(state, (test_images, test_labels, num_seen))` gives the
+  NME classifier's per-class (correct, total, predicted) counts.
+  """
+  from fedjax_het.cil.train import (  # pylint: disable=g-import-not-at-top
+      epoch_learning_rates, task_of_round)
+  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
+  n_max, mem = int(max_client_size), icarl.memory_size
+  preprocess = normalizer(mean, std)
+  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
+                      momentum=settings.momentum)
+  trainer = local.make_local_trainer(
+      loss_fn=icarl_local_loss(model), optimizer=tx, epochs=settings.epochs,
+      batch_size=settings.batch_size, max_size=n_max + mem, preprocess=preprocess)
+  forward = glfc_lib.make_eval_forward(model, preprocess, eval_batch_size)
+  client_map = ((lambda f, xs: jax.lax.map(lambda a: f(*a), xs)) if settings.sequential
+                else (lambda f, xs: jax.vmap(f)(*xs)))
+
+  def init(key, data):
+    num_clients = data.client_joined.shape[1]
+    variables = models.init_variables(model, key)
+    features = jax.eval_shape(lambda x: forward(variables, x)[0], data.images[:1])
+    return {"server": variables, "old_model": variables,
+            "clients": init_client_state(num_clients, mem),
+            "class_sums": jnp.zeros((c, features.shape[-1]), jnp.float32),
+            "class_counts": jnp.zeros((c,), jnp.int32)}
+
+  def prepare(global_vars, client, client_id, task, data):
+    """Transition and memory update of ONE sampled client (before training)."""
+    rows = data.client_indices[task, client_id]
+    size = data.client_sizes[task, client_id]
+    current = data.client_classes[task, client_id]
+    moved = client.task != task
+    last_task = jnp.where(moved, client.task, client.last_task)
+    before = data.client_classes[jnp.maximum(client.task, 0), client_id]
+    transition = (client.task >= 0) & moved & jnp.any(before != current)
+    memory = glfc_lib.store_previous_classes(
+        client.memory, forward, global_vars, data, client_id, last_task=last_task,
+        current=current, detected=transition, n_max=n_max, num_classes=c,
+        max_new_classes=icarl.max_client_classes, max_per_class=icarl.max_per_class,
+        distinct=icarl.distinct)
+    new_client = ClientState(memory=memory, task=jnp.asarray(task, jnp.int32),
+                             last_task=last_task.astype(jnp.int32))
+    train_rows, train_size = glfc_lib.replay_rows(rows, size, memory, n_max)
+    return new_client, train_rows, train_size, transition
+
+  def class_statistics(variables, train_rows, train_size, data):
+    """One client's NME statistics under `variables` over its training set."""
+    features, _ = forward(variables, data.images[train_rows])
+    valid = jnp.arange(train_rows.shape[0]) < train_size
+    return class_feature_sums(features, data.labels[train_rows], valid, c)
+
+  def round_fn(state, data, key, round_index):
+    sample_key, train_key = jax.random.split(key)
+    task = task_of_round(round_index, settings)
+    server = state["server"]
+    new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
+    old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
+                                       state["old_model"])
+    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
+    cohort_state = cohort.gather(state["clients"], clients)
+    updated, train_rows, sizes, transitions = client_map(
+        lambda cs, cid: prepare(server, cs, cid, task, data), (cohort_state, clients))
+    members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
+                        sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
+    class_mask = masking.seen_class_mask((task + 1) * k, c)
+    aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
+           "old_model": aggregation.broadcast(old_model, m),
+           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32)}
+    trained, local_metrics = local.train_clients(
+        trainer, aggregation.broadcast(server, m), aux, members,
+        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
+        sequential=settings.sequential)
+    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+
+    sums, counts = client_map(lambda r, n: class_statistics(new_server, r, n, data),
+                              (train_rows, sizes))
+    sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
+    reported = counts > 0
+    class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
+    class_counts = jnp.where(reported, counts, state["class_counts"])
+
+    metrics = {
+        "train/loss": jnp.mean(local_metrics["loss"]),
+        "icarl/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
+        "icarl/transitions": jnp.sum(transitions).astype(jnp.int32),
+        "icarl/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
+        "task": task, "clients": clients}
+    return ({"server": new_server, "old_model": old_model,
+             "clients": cohort.scatter(state["clients"], clients, updated),
+             "class_sums": class_sums, "class_counts": class_counts}, metrics)
+
+  def evaluate(state, test):
+    images, labels, num_seen = test
+    counts = make_nme_counts(model, mean, std, c, labels.shape[0], eval_batch_size)
+    return counts(state["server"], state["class_sums"], state["class_counts"], images, labels,
+                  num_seen)
+
+  return Algorithm(name="icarl_fl", init=init, round=round_fn, evaluate=evaluate)
