@@ -176,6 +176,8 @@ def _tiny_config():
   c.name = "tiny_glfc"
   c.local.lr = 0.5
   c.glfc.memory_size = 8
+  c.glfc.proxy.reconstruction_steps = 5  # the proxy's mechanics, not its image quality
+  c.glfc.proxy.monitor_images = 2
   return c
 
 
@@ -215,7 +217,7 @@ def test_experiment_configs_validate():
   paper = module.get_config("glfc")
   for config in (quick, paper):
     cil_train.validate_cil_config(config)
-    assert config.method == "glfc" and config.glfc.old_model == "previous_task_global"
+    assert config.method == "glfc" and config.glfc.old_model == "proxy"
   assert quick.scenario.to_dict() == fedavg_quick.scenario.to_dict()
   assert (paper.glfc.memory_size, paper.glfc.entropy_threshold, paper.local.lr) == (
       2000, 1.2, 2.0)

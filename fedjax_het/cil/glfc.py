@@ -1,4 +1,4 @@
-"""GLFC's clients on the class-incremental trainer (GLFC Sec. 4.1, without the proxy server).
+"""GLFC on the class-incremental trainer: its clients (Sec. 4.1) and its proxy server (Sec. 4.2).
 
 `make_glfc(...)` is the second method of `fedjax_het.cil.train` (config.method
 = "glfc"): the round of GLFC [GLFC Alg. 1] as the authors' code runs it
@@ -17,19 +17,28 @@
      received global model (the client's local model at that moment, eval
      mode; `cil.exemplars.add_classes`);
   3. it trains on its current data plus its exemplars, SGD, the local
-     objective 0.5 * L_GC + 0.5 * L_RD (Eq. 6; L_GC alone in the first task,
-     as the code: no old model exists yet), sigmoid BCE over the seen classes
-     (`class_mask`; `losses.glfc`);
-  4. the server averages the trained models (plain mean, the code's FedAvg).
+     objective 0.5 * L_GC + 0.5 * L_RD (Eq. 6; L_GC alone in the first task
+     and while no old model exists), sigmoid BCE over the seen classes
+     (`class_mask`; `losses.glfc`), with the learning rate of
+     `local.lr_schedule` (`cil.train.epoch_learning_rates`; default the
+     code's step decays within a task);
+  4. a client that signalled a transition (its first round counts: all its
+     classes are new) shares one perturbed-prototype gradient per class of
+     its current data with the proxy server (`cil.proxy`);
+  5. the server averages the trained models (plain mean, the code's FedAvg);
+     the proxy reconstructs the round's prototypes (if any), and keeps the
+     best global model on its monitor set.
 
-The old model (L_RD). GLFC's proxy server hands the clients the best old
-global model (judged on reconstructed prototypes). That server is a later
-step; here the old model is the global model at the END OF THE PREVIOUS TASK
-(the server keeps it in `state["old_model"]`, replaced at the first round of
-every task), which is what GLFC reduces to without its proxy. As in the code
-every sampled client of a task t >= 1 distils from it (the code's clients use
-the proxy's model whether or not they signalled). Because it is the same model
-for every client, it is stored once, not as K copies in the client state.
+The old model (L_RD), `glfc.old_model`:
+  * "proxy" (default, the paper): GLFC's proxy server (`cil.proxy`) holds the
+    best global model on the previous monitor set (Theta_{t-1}) and on the
+    current one (Theta_t); from task 1 on a sampled client that signals a
+    transition distils from Theta_t, the others from Theta_{t-1} (Sec. 4.2,
+    the code's `GLFC.train`). State `state["proxy"]` (`proxy.ProxyState`).
+  * "previous_task_global" (ablation: GLFC without its proxy): the global
+    model at the END OF THE PREVIOUS TASK (`state["old_model"]`, replaced at
+    the first round of every task); every sampled client of a task t >= 1
+    distils from it.
 
 Per-client state (`ClientState`, client axis leading, K_max = all clients of
 the stream; only the sampled clients' rows change in a round):
@@ -51,7 +60,7 @@ it last trained), `.../detected` (the rule fired; a client's first round
 counts only when it is a true transition, since its previous entropy is the
 code's initial 0), `.../hit` (both) and `.../false` (fired, not true).
 
-Deviations from the authors' code (besides the missing proxy):
+Deviations from the authors' code (the proxy's are listed in `cil.proxy`):
   * L_GC's old/new grouping uses the class prefix [0, t*k) (`losses.glfc`),
     turned on once the client has exemplars (the code: on once its learned
     classes are non-empty, grouping by those classes). It differs only for a
@@ -63,10 +72,6 @@ Deviations from the authors' code (besides the missing proxy):
     detects it the next time it is sampled.
   * Herding runs over the client's own previous data (the code: every
     training image of the class; the same with the default "overlap" data).
-  * Constant local learning rate; the code's step decays (epochs 100, 150,
-    180 of each task's 200, reset by every round's new optimiser) are not
-    implemented.
-  * No gradient-based prototype sharing (L_GP, L_RT): that is the proxy step.
 
 References:
   [GLFC] J. Dong, L. Wang, Z. Fang, G. Sun, S. Xu, X. Wang, Q. Zhu. Federated
@@ -86,6 +91,7 @@ import numpy as np
 from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.cil import exemplars, masking
+from fedjax_het.cil import proxy as proxy_lib
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
@@ -94,8 +100,9 @@ from fedjax_het.engine.optim import make_optimizer
 from fedjax_het.losses import glfc as glfc_losses
 
 TRANSITIONS = ("entropy", "stream")
-#: What `state["old_model"]` is (the proxy server, which picks the best old model, is a later step).
-OLD_MODEL = "previous_task_global"
+#: Where the old model of L_RD comes from: GLFC's proxy server (`cil.proxy`), or the
+#: global model at the end of the previous task (GLFC without its proxy).
+OLD_MODELS = ("proxy", "previous_task_global")
 
 
 def glfc_section() -> ml_collections.ConfigDict:
@@ -105,7 +112,8 @@ def glfc_section() -> ml_collections.ConfigDict:
       "transition": "entropy",                       # "entropy" (Eq. 7) or "stream"
       "entropy_threshold": glfc_losses.TASK_TRANSITION_THRESHOLD,  # r_h
       "distinct_exemplars": False,                   # False: the code's herding (repeats)
-      "old_model": OLD_MODEL,                        # no proxy server yet (module docstring)
+      "old_model": "proxy",                          # or "previous_task_global" (no proxy)
+      "proxy": proxy_lib.proxy_section(),            # the proxy server (cil.proxy)
   })
 
 
@@ -117,8 +125,8 @@ def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
           lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0,
           "a number >= 0")
   v.check(config, "glfc.distinct_exemplars", v.is_bool, "True or False")
-  v.check(config, "glfc.old_model", v.choice((OLD_MODEL,)),
-          f"{OLD_MODEL!r} (the proxy server's choice is not implemented yet)")
+  v.check(config, "glfc.old_model", v.choice(OLD_MODELS), f"one of {OLD_MODELS}")
+  proxy_lib.validate_proxy_config(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +137,8 @@ class GLFCSettings:
   distinct: bool
   max_per_class: int          # static herding length: memory // fewest classes of a client
   max_client_classes: int     # static: most classes one client holds in one task
+  old_model: str = "previous_task_global"
+  proxy: proxy_lib.ProxySettings = proxy_lib.ProxySettings()
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
@@ -140,7 +150,9 @@ class GLFCSettings:
     return cls(memory_size=memory, transition=config.glfc.transition,
                threshold=float(config.glfc.entropy_threshold),
                distinct=bool(config.glfc.distinct_exemplars),
-               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most)
+               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most,
+               old_model=config.glfc.old_model,
+               proxy=proxy_lib.ProxySettings.from_config(config))
 
 
 def encode_pool_indices(indices: jax.Array) -> jax.Array:
@@ -275,14 +287,19 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   """GLFC's client side on the task stream as an `Algorithm` (module docstring).
 
   `settings` is the trainer's `cil.train.Settings`. State: {"server":
-  variables, "old_model": variables (the global model at the end of the
-  previous task), "clients": `ClientState`}. The round's data is a
+  variables, "clients": `ClientState`, and "proxy": `proxy.ProxyState`
+  (glfc.old_model "proxy") or "old_model": variables (the global model at
+  the end of the previous task)}. The round's data is a
   `cil.train.StreamArrays`. Metrics: "train/loss", "train/gc", "train/rd"
   (means over the cohort), "glfc/entropy" (cohort mean), "glfc/transitions/
-  {true,detected,hit,false}" (counts over the cohort), "glfc/exemplars"
-  (mean stored exemplars of the cohort after the update), "task", "clients".
+  {true,detected,hit,false}", "glfc/signals" (clients that signalled),
+  "glfc/distilling" (clients with an old model) (counts over the cohort),
+  "glfc/exemplars" (mean stored exemplars of the cohort after the update),
+  with the proxy its "proxy/..." metrics (`proxy.server_update`), "task",
+  "clients".
   """
-  from fedjax_het.cil.train import make_class_counts, task_of_round  # pylint: disable=g-import-not-at-top
+  from fedjax_het.cil.train import (  # pylint: disable=g-import-not-at-top
+      epoch_learning_rates, make_class_counts, task_of_round)
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
   preprocess = normalizer(mean, std)
@@ -292,15 +309,24 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       loss_fn=glfc_local_loss(model), optimizer=tx, epochs=settings.epochs,
       batch_size=settings.batch_size, max_size=n_max + mem, preprocess=preprocess)
   forward = make_eval_forward(model, preprocess, eval_batch_size)
-  learning_rates = jnp.full((settings.epochs,), settings.lr, jnp.float32)
   client_map = ((lambda f, xs: jax.lax.map(lambda a: f(*a), xs)) if settings.sequential
                 else (lambda f, xs: jax.vmap(f)(*xs)))
+
+  use_proxy = glfc.old_model == "proxy"
+  slots = glfc.max_client_classes
+  encoder = proxy_lib.make_encoder(c) if use_proxy else None
 
   def init(key, data):
     num_clients = data.client_joined.shape[1]
     variables = models.init_variables(model, key)
-    return {"server": variables, "old_model": variables,
-            "clients": init_client_state(num_clients, mem)}
+    state = {"server": variables, "clients": init_client_state(num_clients, mem)}
+    if use_proxy:
+      state["proxy"] = proxy_lib.init_proxy_state(
+          jax.random.fold_in(key, 1), encoder, variables, m * slots, glfc.proxy,
+          data.images.shape[1:])
+    else:
+      state["old_model"] = variables
+    return state
 
   def prepare(global_vars, client, client_id, task, data):
     """Entropy, transition and memory update of ONE sampled client (before training)."""
@@ -318,6 +344,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     true = (client.task >= 0) & moved & jnp.any(before != current)
     if glfc.transition == "stream":
       detected = true
+      signal = true | (client.task < 0)  # a client's first data are new classes too
     else:
       fired = glfc_losses.task_transition_detected(entropy=entropy,
                                                    previous_entropy=client.entropy,
@@ -325,6 +352,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       # First round of a client: the code's initial entropy 0 makes the rule fire; there is
       # nothing to store then, so count it only where it is a real transition.
       detected = fired & (client.task >= 0)
+      signal = fired  # the code's `signal`: shares prototypes, picks the proxy's model
 
     memory = store_previous_classes(
         client.memory, forward, global_vars, data, client_id, last_task=last_task,
@@ -335,16 +363,35 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
                              task=jnp.asarray(task, jnp.int32),
                              last_task=last_task.astype(jnp.int32))
     train_rows, train_size = replay_rows(rows, size, memory, n_max)
-    flags = {"true": true, "detected": detected, "entropy": entropy}
+    flags = {"true": true, "detected": detected, "signal": signal, "entropy": entropy}
     return new_client, train_rows, train_size, flags
 
+  def prototype_gradients(trained_vars, client_id, signal, key, task, class_mask, data,
+                          encoder_vars):
+    """A signalling client's shared gradients (`proxy.client_prototype_gradients`)."""
+    (classes,) = jnp.nonzero(data.client_classes[task, client_id], size=slots, fill_value=-1)
+    classes = classes.astype(jnp.int32)
+    rows = data.client_indices[task, client_id]
+    valid = jnp.arange(n_max) < data.client_sizes[task, client_id]
+
+    def share(_):
+      return proxy_lib.client_prototype_gradients(
+          model, trained_vars, encoder, encoder_vars, images=data.images[rows],
+          labels=data.labels[rows], valid=valid, classes=classes, class_mask=class_mask,
+          key=key, forward=forward, preprocess=preprocess, proxy=glfc.proxy)
+
+    def nothing(_):
+      zeros = jax.tree_util.tree_map(lambda p: jnp.zeros((slots,) + p.shape, p.dtype),
+                                     encoder_vars["params"])
+      return zeros, jnp.zeros((slots,), bool)
+
+    gradients, slot_valid = jax.lax.cond(signal, share, nothing, None)
+    return gradients, slot_valid & signal, classes
+
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
+    sample_key, train_key, share_key, proxy_key = jax.random.split(key, 4)
     task = task_of_round(round_index, settings)
     server = state["server"]
-    new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
-    old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
-                                       state["old_model"])
     clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
     cohort_state = cohort.gather(state["clients"], clients)
     updated, train_rows, sizes, flags = client_map(
@@ -353,11 +400,22 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
                         sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
     class_mask = masking.seen_class_mask((task + 1) * k, c)
     has_memory = updated.memory.num_seen > 0
+    signal = flags["signal"]
+    if use_proxy:  # Theta_t for signalling clients, Theta_{t-1} for the others
+      old_models, old_exists = jax.vmap(
+          lambda sig: proxy_lib.old_model_for(state["proxy"], sig))(signal)
+    else:
+      new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
+      old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
+                                         state["old_model"])
+      old_models, old_exists = aggregation.broadcast(old_model, m), jnp.ones((m,), bool)
+    use_old = (task > 0) & old_exists
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
-           "old_model": aggregation.broadcast(old_model, m),
-           "use_old": jnp.broadcast_to(task > 0, (m,)),
+           "old_model": old_models,
+           "use_old": use_old,
            "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
            "gc_old": jnp.where(has_memory, task * k, 0).astype(jnp.int32)}
+    learning_rates = epoch_learning_rates(settings, round_index)
     trained, local_metrics = local.train_clients(
         trainer, aggregation.broadcast(server, m), aux, members,
         client_keys(train_key, clients), learning_rates, sequential=settings.sequential)
@@ -372,10 +430,28 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
         "glfc/transitions/detected": jnp.sum(detected).astype(jnp.int32),
         "glfc/transitions/hit": jnp.sum(true & detected).astype(jnp.int32),
         "glfc/transitions/false": jnp.sum(detected & ~true).astype(jnp.int32),
+        "glfc/signals": jnp.sum(signal).astype(jnp.int32),
+        "glfc/distilling": jnp.sum(use_old).astype(jnp.int32),
         "glfc/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
         "task": task, "clients": clients}
-    return ({"server": new_server, "old_model": old_model,
-             "clients": cohort.scatter(state["clients"], clients, updated)}, metrics)
+    new_state = {"server": new_server,
+                 "clients": cohort.scatter(state["clients"], clients, updated)}
+    if use_proxy:
+      encoder_vars = state["proxy"].encoder
+      gradients, valid, classes = client_map(
+          lambda tv, cid, sig, kk: prototype_gradients(tv, cid, sig, kk, task, class_mask,
+                                                       data, encoder_vars),
+          (trained, clients, signal, client_keys(share_key, clients)))
+      pool = jax.tree_util.tree_map(lambda g: g.reshape((m * slots,) + g.shape[2:]),
+                                    gradients)
+      new_state["proxy"], proxy_metrics = proxy_lib.server_update(
+          state["proxy"], new_server, gradients=pool, gradient_valid=valid.reshape(-1),
+          true_labels=classes.reshape(-1), key=proxy_key, class_mask=class_mask,
+          encoder=encoder, forward=forward, proxy=glfc.proxy)
+      metrics.update(proxy_metrics)
+    else:
+      new_state["old_model"] = old_model
+    return new_state, metrics
 
   def evaluate(state, test):
     images, labels, num_seen = test
