@@ -445,17 +445,27 @@ def run_benchmark(scenario: str, methods: Sequence[str], seeds: Sequence[int], *
           "markdown_path": str(workdir / "benchmark.md")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
-      prog="experiments/benchmark.py",
-      description="Runs methods x seeds on one scenario; writes the FCCL+ Table VIII/IX layout.")
-  parser.add_argument("--scenario", required=True, help="e.g. digits")
-  parser.add_argument("--methods", default=",".join(table.TABLE_METHODS),
-                      help="comma-separated, default: %(default)s")
+def add_common_arguments(parser: argparse.ArgumentParser, *, quick_help: str | None,
+                         workdir_help: str) -> argparse.ArgumentParser:
+  """Adds the options the benchmark runners share to `parser`.
+
+  --seeds (comma-separated integers, default "0"), --quick (unless `quick_help`
+  is None), --workdir (default None), --set FIELD=VALUE (repeatable, into
+  `args.overrides`) and --verbose.
+
+  Args:
+    parser: the runner's parser, holding its own options already.
+    quick_help: the help text of --quick (which configs it selects); None: no
+      --quick (a runner whose config names say quick or not themselves).
+    workdir_help: the help text of --workdir (its default).
+
+  Returns:
+    `parser`.
+  """
   parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
-  parser.add_argument("--quick", action="store_true", help="the <method>_quick configs")
-  parser.add_argument("--workdir", default=None,
-                      help="default: runs/benchmark_<scenario>[_quick]")
+  if quick_help is not None:
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+  parser.add_argument("--workdir", default=None, help=workdir_help)
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="FIELD=VALUE", help="config override, repeatable")
   parser.add_argument("--verbose", action="store_true",
@@ -463,23 +473,51 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
+def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+             run: Callable[[argparse.Namespace, Callable[[str], None]], Any]) -> int:
+  """A benchmark runner's `main`: parses `argv`, sets up logging, reports user errors in one line.
+
+  Args:
+    parser: the runner's parser (with `add_common_arguments`' options).
+    argv: the command-line arguments (None: sys.argv[1:]).
+    run: called as run(args, echo) with the parsed arguments and a print that
+      flushes; its result is ignored.
+
+  Returns:
+    The exit status: 0, or 1 after printing "error: <message>" to stderr for a
+    `UserError` (re-raised with --verbose or FEDJAX_HET_TRACEBACK=1).
+  """
+  args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                       datefmt="%H:%M:%S")
   # Messages a normal run does not need: JAX probing for backends this machine lacks.
   for name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
     logging.getLogger(name).setLevel(logging.WARNING)
   try:
-    run_benchmark(args.scenario, parse_list(args.methods, "methods"), parse_seeds(args.seeds),
-                  quick=args.quick, workdir=args.workdir, overrides=args.overrides,
-                  echo=lambda line: print(line, flush=True))
+    run(args, lambda line: print(line, flush=True))
   except UserError as error:
     if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
       raise
     print(f"error: {error}", file=sys.stderr)
     return 1
   return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="experiments/benchmark.py",
+      description="Runs methods x seeds on one scenario; writes the FCCL+ Table VIII/IX layout.")
+  parser.add_argument("--scenario", required=True, help="e.g. digits")
+  parser.add_argument("--methods", default=",".join(table.TABLE_METHODS),
+                      help="comma-separated, default: %(default)s")
+  return add_common_arguments(parser, quick_help="the <method>_quick configs",
+                              workdir_help="default: runs/benchmark_<scenario>[_quick]")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  return run_main(build_parser(), argv, lambda args, echo: run_benchmark(
+      args.scenario, parse_list(args.methods, "methods"), parse_seeds(args.seeds),
+      quick=args.quick, workdir=args.workdir, overrides=args.overrides, echo=echo))
 
 
 if __name__ == "__main__":

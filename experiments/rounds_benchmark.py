@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import pathlib
 import sys
 import time
@@ -70,9 +68,9 @@ from fedjax_het import benchmark_table as table
 from fedjax_het import rounds_table as rt
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import load_module
-from fedjax_het.errors import ConfigError, UserError
+from fedjax_het.errors import ConfigError
 
-# The FCCL+ table runner: its cell loop, resume checks, --set parsing and CLI helpers.
+# The FCCL+ table runner: its cell loop, resume checks, --set parsing and CLI skeleton.
 bench = load_module(REPO / "experiments" / "benchmark.py")
 CONFIGS = REPO / "experiments" / "configs"
 
@@ -258,33 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--setting", required=True, help="e.g. permuted, binary, shards, iid")
   parser.add_argument("--methods", default=",".join(rt.METHODS),
                       help="comma-separated, default: %(default)s")
-  parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
-  parser.add_argument("--quick", action="store_true", help="the _quick configs")
-  parser.add_argument("--workdir", default=None,
-                      help="default: runs/rounds_<dataset>_<setting>[_quick]")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="FIELD=VALUE", help="config override, repeatable")
-  parser.add_argument("--verbose", action="store_true",
-                      help="show the traceback of configuration, data and workdir errors")
-  return parser
+  return bench.add_common_arguments(
+      parser, quick_help="the _quick configs",
+      workdir_help="default: runs/rounds_<dataset>_<setting>[_quick]")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                      datefmt="%H:%M:%S")
-  for name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
-    logging.getLogger(name).setLevel(logging.WARNING)
-  try:
-    run_rounds_benchmark(args.dataset, args.setting, bench.parse_list(args.methods, "methods"),
-                         bench.parse_seeds(args.seeds), quick=args.quick, workdir=args.workdir,
-                         overrides=args.overrides, echo=lambda line: print(line, flush=True))
-  except UserError as error:
-    if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
-      raise
-    print(f"error: {error}", file=sys.stderr)
-    return 1
-  return 0
+  return bench.run_main(build_parser(), argv, lambda args, echo: run_rounds_benchmark(
+      args.dataset, args.setting, bench.parse_list(args.methods, "methods"),
+      bench.parse_seeds(args.seeds), quick=args.quick, workdir=args.workdir,
+      overrides=args.overrides, echo=echo))
 
 
 if __name__ == "__main__":
