@@ -29,7 +29,7 @@ def _variables(seed, model=None):
 def _state(pool=2, settings=FAST):
   encoder = proxy_lib.make_encoder(C)
   return encoder, proxy_lib.init_proxy_state(jax.random.key(0), encoder, _variables(1), pool,
-                                             settings, (32, 32, 3))
+                                             settings, (32, 32, 3), C)
 
 
 def _forward(model):
@@ -264,6 +264,7 @@ def test_glfc_config_with_proxy_trains_end_to_end(tmp_path):
     ("glfc.proxy.monitor_images", 0, "an integer in [1, glfc.proxy.reconstruction_steps"),
     ("glfc.proxy.noise_gamma", -0.1, "a number >= 0"),
     ("glfc.proxy.perturbation_loss", "mse", "one of ('bce', 'ce')"),
+    ("glfc.proxy.rebuild", "sometimes", "one of ('any_gradients', 'new_classes')"),
 ])
 def test_bad_proxy_fields_are_refused(field, value, allowed):
   config = tiny_cil_config("glfc")
@@ -275,3 +276,31 @@ def test_bad_proxy_fields_are_refused(field, value, allowed):
   with pytest.raises(Exception, match=f"config.{field}") as error:
     cil_train.validate_cil_config(config)
   assert allowed in str(error.value)
+
+
+def test_new_classes_rule_rebuilds_only_from_unseen_classes():
+  model = TinyLinear(num_classes=C)
+  settings = proxy_lib.ProxySettings(reconstruction_steps=6, monitor_images=3,
+                                     perturbation_steps=2, rebuild="new_classes")
+  encoder, state = _state(pool=3, settings=settings)
+  images = np.random.default_rng(3).uniform(0, 1, (3, 32, 32, 3)).astype(np.float32)
+  labels = np.array([1, 0, 3], np.int32)
+  pool = _pool(encoder, state.encoder, images, labels)
+  update = jax.jit(lambda s, g, gv: proxy_lib.server_update(
+      s, g, gradients=pool, gradient_valid=gv, true_labels=jnp.asarray(labels),
+      key=jax.random.key(1), class_mask=masking.seen_class_mask(4, C), encoder=encoder,
+      forward=_forward(model), proxy=settings))
+  state1, m1 = update(state, _variables(7), jnp.asarray([True, True, False]))
+  np.testing.assert_array_equal(state1.known, [True, True, False, False])
+  assert int(m1["proxy/rebuilt_from"]) == 2
+  # The same classes again: no rebuild, no shift of the best models.
+  state2, m2 = update(state1, _variables(8), jnp.asarray([True, True, False]))
+  assert int(m2["proxy/gradients"]) == 2 and int(m2["proxy/rebuilt_from"]) == 0
+  np.testing.assert_array_equal(state2.monitor_images, state1.monitor_images)
+  chex.assert_trees_all_equal(state2.previous, state1.previous)
+  # A new class among known ones: the monitor set holds the new class only; shift.
+  state3, m3 = update(state2, _variables(9), jnp.asarray([True, True, True]))
+  assert int(m3["proxy/rebuilt_from"]) == 1
+  np.testing.assert_array_equal(state3.monitor_valid, np.repeat([False, False, True], 3))
+  chex.assert_trees_all_equal(state3.previous, state2.current)
+  np.testing.assert_array_equal(state3.known, [True, True, False, True])

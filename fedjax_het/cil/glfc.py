@@ -323,7 +323,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     if use_proxy:
       state["proxy"] = proxy_lib.init_proxy_state(
           jax.random.fold_in(key, 1), encoder, variables, m * slots, glfc.proxy,
-          data.images.shape[1:])
+          data.images.shape[1:], c)
     else:
       state["old_model"] = variables
     return state

@@ -14,7 +14,9 @@ client data:
      untrained LeNet encoder Gamma at the perturbed image
      (`prototype_gradient`).
   2. Proxy side (`server_update`): when the round's pool of gradients is not
-     empty, it infers each label from the sign of the last-layer gradient
+     empty (`glfc.proxy.rebuild = "any_gradients"`, the code; or, with
+     "new_classes", the paper's text: when it holds gradients of classes the
+     proxy has never reconstructed, and from those only), it infers each label from the sign of the last-layer gradient
      (`infer_label`), reconstructs each prototype by gradient matching with
      L-BFGS from a N(0, 1) dummy (Eq. 8-9, `reconstruct_batch`, vmapped over
      the pool) and keeps the last `monitor_images` iterates of every
@@ -91,6 +93,9 @@ ENCODER = "lenet_encoder"
 #: Reconstruction iterates kept per gradient as monitor images (the code's `num_image`).
 MONITOR_IMAGES = 20
 LINESEARCHES = ("zoom", "none")
+#: When the proxy rebuilds its monitor set: on any received gradient (the code), or only on
+#: gradients of classes it has never reconstructed (the paper's "gradients of new classes").
+REBUILDS = ("any_gradients", "new_classes")
 PERTURBATION_LOSSES = ("bce", "ce")
 
 
@@ -105,6 +110,7 @@ def proxy_section() -> ml_collections.ConfigDict:
       "perturbation_lr": gi.PERTURBATION_LEARNING_RATE,  # 0.2 = the code's local lr / 10
       "noise_gamma": glfc_losses.PROTOTYPE_NOISE_SCALE,  # gamma of Eq. 10 (0: the code)
       "perturbation_loss": "bce",                        # "bce" (code) or "ce" (paper's D_CE)
+      "rebuild": "any_gradients",                        # or "new_classes" (paper's text)
   })
 
 
@@ -128,6 +134,7 @@ def validate_proxy_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "glfc.proxy.noise_gamma", lambda x: number(x) and x >= 0, "a number >= 0")
   v.check(config, "glfc.proxy.perturbation_loss", v.choice(PERTURBATION_LOSSES),
           f"one of {PERTURBATION_LOSSES}")
+  v.check(config, "glfc.proxy.rebuild", v.choice(REBUILDS), f"one of {REBUILDS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +148,7 @@ class ProxySettings:
   perturbation_lr: float = gi.PERTURBATION_LEARNING_RATE
   noise_gamma: float = glfc_losses.PROTOTYPE_NOISE_SCALE
   perturbation_loss: str = "bce"
+  rebuild: str = "any_gradients"
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ProxySettings":
@@ -150,7 +158,7 @@ class ProxySettings:
                monitor_images=int(p.monitor_images),
                perturbation_steps=int(p.perturbation_steps),
                perturbation_lr=float(p.perturbation_lr), noise_gamma=float(p.noise_gamma),
-               perturbation_loss=p.perturbation_loss)
+               perturbation_loss=p.perturbation_loss, rebuild=p.rebuild)
 
 
 class ProxyState(NamedTuple):
@@ -164,6 +172,7 @@ class ProxyState(NamedTuple):
   monitor_images: jax.Array  # (P * R, H, W, C) uint8
   monitor_labels: jax.Array  # (P * R,) int32 (inferred labels)
   monitor_valid: jax.Array   # (P * R,) bool
+  known: jax.Array           # (C,) bool: classes reconstructed so far (inferred labels)
 
 
 def make_encoder(num_classes: int) -> Any:
@@ -172,7 +181,8 @@ def make_encoder(num_classes: int) -> Any:
 
 
 def init_proxy_state(key: jax.Array, encoder: Any, model_variables: Any, pool_size: int,
-                     proxy: ProxySettings, image_shape: tuple[int, ...]) -> ProxyState:
+                     proxy: ProxySettings, image_shape: tuple[int, ...],
+                     num_classes: int) -> ProxyState:
   """An empty proxy: a freshly drawn fixed encoder, no best model, an empty monitor set."""
   size = pool_size * proxy.monitor_images
   return ProxyState(
@@ -180,7 +190,8 @@ def init_proxy_state(key: jax.Array, encoder: Any, model_variables: Any, pool_si
       current=model_variables, has_previous=jnp.asarray(False),
       has_current=jnp.asarray(False), best_accuracy=jnp.asarray(-1.0, jnp.float32),
       monitor_images=jnp.zeros((size,) + tuple(image_shape), jnp.uint8),
-      monitor_labels=jnp.zeros((size,), jnp.int32), monitor_valid=jnp.zeros((size,), bool))
+      monitor_labels=jnp.zeros((size,), jnp.int32), monitor_valid=jnp.zeros((size,), bool),
+      known=jnp.zeros((num_classes,), bool))
 
 
 def old_model_for(proxy_state: ProxyState, signal: jax.Array) -> tuple[Any, jax.Array]:
@@ -272,30 +283,40 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
 
   Returns:
     (new proxy state, metrics): "proxy/gradients" pool size,
+    "proxy/rebuilt_from" gradients the monitor set was rebuilt from (0: kept),
     "proxy/labels_correct" inferred labels equal to the shared classes,
     "proxy/reconstruction_loss" mean
     final L_RT over the pool (0 without gradients), "proxy/monitor_accuracy"
     the new global's accuracy on the monitor set (-1 when it is empty),
     "proxy/selected" whether it became the current best.
   """
-  num = jnp.sum(gradient_valid).astype(jnp.int32)
+  received = jnp.sum(gradient_valid).astype(jnp.int32)
   r = proxy.monitor_images
   labels = gi.infer_label(gradients)
+  if proxy.rebuild == "new_classes":  # drop gradients of classes already reconstructed
+    use = gradient_valid & ~proxy_state.known[labels]
+  else:
+    use = gradient_valid
+  num = jnp.sum(use).astype(jnp.int32)
+  num_classes = proxy_state.known.shape[0]
+  known = proxy_state.known | jnp.any(
+      jax.nn.one_hot(labels, num_classes, dtype=bool) & gradient_valid[:, None], axis=0)
 
   def rebuild(state):
     images, losses = gi.reconstruct_batch(
         encoder, state.encoder, gradients, labels, key, steps=proxy.reconstruction_steps,
         keep_last=r, learning_rate=proxy.reconstruction_lr, linesearch=proxy.linesearch)
     monitor = gi.to_uint8(images).reshape((-1,) + images.shape[2:])
-    final = jnp.sum(jnp.where(gradient_valid, losses[:, -1], 0.0)) / jnp.maximum(num, 1)
+    final = jnp.sum(jnp.where(use, losses[:, -1], 0.0)) / jnp.maximum(num, 1)
     return state._replace(
         previous=state.current, has_previous=state.has_current,
         best_accuracy=jnp.asarray(-1.0, jnp.float32), monitor_images=monitor,
-        monitor_labels=jnp.repeat(labels, r), monitor_valid=jnp.repeat(gradient_valid, r)
+        monitor_labels=jnp.repeat(labels, r), monitor_valid=jnp.repeat(use, r)
     ), final.astype(jnp.float32)
 
   state, final_loss = jax.lax.cond(num > 0, rebuild,
                                    lambda s: (s, jnp.asarray(0.0, jnp.float32)), proxy_state)
+  state = state._replace(known=known)
   has_monitor = jnp.any(state.monitor_valid)
   _, logits = forward(new_global, state.monitor_images)
   accuracy = monitor_accuracy(logits, state.monitor_labels, state.monitor_valid, class_mask)
@@ -305,7 +326,7 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
                                      state.current),
       has_current=state.has_current | selected,
       best_accuracy=jnp.where(selected, accuracy, state.best_accuracy).astype(jnp.float32))
-  metrics = {"proxy/gradients": num,
+  metrics = {"proxy/gradients": received, "proxy/rebuilt_from": num,
              "proxy/labels_correct": jnp.sum(gradient_valid & (labels == true_labels)).astype(
                  jnp.int32),
              "proxy/reconstruction_loss": final_loss,
