@@ -50,7 +50,7 @@ NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "c
 #: one of them, so older workdirs still resume (and `experiments/new_client.py` restores them).
 ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "local.momentum": (0.0,),
-    "local.lr_schedule": ("linear",),
+    "local.lr_schedule": ("linear", "constant"),  # linear: FedAvg family; constant: cil
     "local.lr_decay_rate": None,     # read only by lr_schedule="exponential"
     "local.min_lr": None,            # read only by lr_schedule="exponential"
     "fedfusion.conv_init": ("torch",),
@@ -59,6 +59,11 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "fcclplus.pretrain_epochs": None,
     "fcclplus.pretrain_lr": None,
     "fcclplus.pretrain_min_lr": None,
+    # GLFC's proxy server: read only by glfc.old_model="proxy" (itself a recorded field).
+    **{f"glfc.proxy.{name}": None for name in (
+        "reconstruction_steps", "linesearch", "reconstruction_lr", "monitor_images",
+        "perturbation_steps", "perturbation_lr", "noise_gamma", "perturbation_loss",
+        "rebuild")},
 }
 
 
