@@ -251,7 +251,8 @@ def test_experiment_configs_validate():
     if name.startswith("icarl_fl"):
       config = module.get_config(name)
       cil_train.validate_cil_config(config)
-      assert config.method == "icarl_fl" and config.local.lr_schedule == "glfc_code"
+      assert config.method == "icarl_fl" and config.local.lr_schedule == (
+          "constant" if name.endswith("_quick") else "glfc_code")
   paper, quick = module.get_config("icarl_fl"), module.get_config("icarl_fl_quick")
   assert (paper.icarl.memory_size, paper.icarl.distinct_exemplars, paper.local.lr,
           paper.scenario.num_tasks) == (2000, True, 2.0, 10)

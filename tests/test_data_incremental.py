@@ -307,3 +307,27 @@ def test_real_bundle_stream_matches_the_glfc_protocol():
   assert s.client_kept_old.sum(axis=1).tolist() == [0] + [n - round(0.9 * n) for n in
                                                            range(30, 111, 10)]
   assert sorted(s.class_names) == sorted(incremental.CIFAR100_CLASS_NAMES)
+
+
+@pytest.mark.parametrize("dataset", ["tiny_imagenet", "imagenet_subset"])
+def test_folder_datasets_of_glfc_build_a_stream(tmp_path, dataset):
+  image_module = pytest.importorskip("PIL.Image")
+  rng = np.random.default_rng(0)
+  names = [f"n{i:08d}" for i in range(4)]
+  for split, per_class in (("train", 6), ("val", 2)):
+    for name in names:
+      (tmp_path / split / name).mkdir(parents=True)
+      for j in range(per_class):
+        image_module.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+            tmp_path / split / name / f"{j}.JPEG")
+  stream = incremental.build_class_incremental_stream(
+      dataset, num_tasks=2, num_classes=4, initial_clients=2, new_clients_per_task=1,
+      source=f"folder:{tmp_path}", seed=0)
+  assert stream.images.shape == (24, 32, 32, 3) and stream.num_classes == 4
+  assert stream.sources[dataset] == f"folder:{tmp_path}"
+  # No published statistics: normalised by the pool's own mean and std.
+  np.testing.assert_allclose(stream.mean, stream.images.reshape(-1, 3).mean(0) / 255.0,
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match=f"{dataset} is not in TFDS; use source='folder:<path>'"):
+    incremental.build_class_incremental_stream(dataset, num_tasks=2, num_classes=4,
+                                               source="tfds")

@@ -679,7 +679,9 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
 
 _DATASETS = {"mnist": ("digits", 10), "usps": ("digits", 10), "cifar10": ("cifar10", 10),
              "cifar100": ("cifar100_glfc", 100), "svhn": (None, 10),
-             "fashion_mnist": (None, 10)}
+             "fashion_mnist": (None, 10),
+             # GLFC's other streams: only as ImageFolders a user provides (`folder:<path>`).
+             "tiny_imagenet": (None, 200), "imagenet_subset": (None, 100)}
 
 
 def load_dataset(name: str, *, source: str = "real",
@@ -687,7 +689,8 @@ def load_dataset(name: str, *, source: str = "real",
   """A whole labelled dataset (train, test) for partitioner-based experiments.
 
   Args:
-    name: "mnist", "usps", "cifar10", "cifar100", "svhn" or "fashion_mnist".
+    name: "mnist", "usps", "cifar10", "cifar100", "svhn", "fashion_mnist",
+      "tiny_imagenet" or "imagenet_subset" (the last two from folders only).
     source: "real" (bundle: mnist/usps from digits.npz, cifar10.npz,
       cifar100_glfc.npz), "tfds" (mnist, svhn, cifar10, cifar100,
       fashion_mnist; `data_dir` is then the TFDS data directory) or
@@ -713,8 +716,9 @@ def load_dataset(name: str, *, source: str = "real",
     return train, test, f"npz:{npz.bundle_path(entry, data_dir)}" + (
         f"[{name}]" if entry == "digits" else "")
   if source == "tfds":
-    if name == "usps":
-      raise ValueError("usps is not in TFDS; use source='real' or 'folder:<path>'.")
+    if name not in TFDS_NAMES:
+      raise ValueError(f"{name} is not in TFDS; use "
+                       + ("source='real' or " if entry else "") + "source='folder:<path>'.")
     builder = TFDS_NAMES[name]
     return (load_tfds(builder, "train", data_dir=data_dir),
             load_tfds(builder, "test", data_dir=data_dir), f"tfds:{builder}")
