@@ -262,32 +262,14 @@ def plot_accuracy(summary: Mapping[str, Any], path: pathlib.Path, *, title: str)
   Returns:
     False (nothing written) without matplotlib.
   """
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return False
-  x = summary["columns"]
-  fig, ax = plt.subplots(figsize=(6, 4.4), layout="constrained")
+  from fedjax_het.cil import train as cil_train  # pylint: disable=g-import-not-at-top
+  curves = []
   for name in summary["configs"]:
     row = summary["rows"][name]
-    per_seed = np.array([[100 * s["per_seed"][seed] for s in row["seen_accuracy"]]
-                         for seed in row["seeds"]])
-    line, = ax.plot(x, per_seed.mean(axis=0), "o-", label=row["label"])
-    if len(per_seed) > 1:
-      ax.fill_between(x, per_seed.min(axis=0), per_seed.max(axis=0), alpha=0.2,
-                      color=line.get_color())
-  ax.set_xlabel("number of classes seen")
-  ax.set_ylabel("test accuracy on seen classes (%)")
-  ax.set_ylim(bottom=0)
-  ax.set_xticks(x)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  ax.set_title(title, fontsize=9)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return True
+    per_seed = [[100 * s["per_seed"][seed] for s in row["seen_accuracy"]]
+                for seed in row["seeds"]]
+    curves.append((row["label"], summary["columns"], per_seed))
+  return cil_train.plot_seen_accuracy(curves, path, title)
 
 
 def cell_dir_name(name: str) -> str:

@@ -16,11 +16,10 @@ from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
 from fedjax_het.cil import train as cil_train
 from fedjax_het.config import load_module
-from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
 from fedjax_het.errors import ConfigError
-from tests.test_cil_train import tiny_cil_config
+from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
 from tests.tiny_models import TinyLinear, TinyMLP
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
@@ -28,18 +27,11 @@ CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
 
 @pytest.fixture(scope="module")
 def stream():
-  # 4 classes in 2 tasks, 3 clients + 1 at task 1; synthetic MNIST-style digits.
-  return incremental.build_class_incremental_stream(
-      num_tasks=2, num_classes=4, initial_clients=3, new_clients_per_task=1,
-      source="synthetic", train_size=48, test_size=20, seed=0)
+  return tiny_stream()
 
 
 def _settings(**overrides):
-  base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
-              optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
-              batch_size=16, sequential=False)
-  base.update(overrides)
-  return cil_train.Settings(**base)
+  return tiny_settings(**{"batch_size": 16, **overrides})
 
 
 def _icarl(stream, memory=8):

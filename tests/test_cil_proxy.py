@@ -12,10 +12,9 @@ from fedjax_het.cil import glfc as glfc_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import proxy as proxy_lib
 from fedjax_het.cil import train as cil_train
-from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
-from tests.test_cil_train import tiny_cil_config
+from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
 from tests.tiny_models import TinyLinear
 
 C = 4
@@ -188,9 +187,7 @@ def test_empty_proxy_selects_nothing():
 
 @pytest.fixture(scope="module")
 def stream():
-  return incremental.build_class_incremental_stream(
-      num_tasks=2, num_classes=4, initial_clients=3, new_clients_per_task=1,
-      source="synthetic", train_size=48, test_size=20, seed=0)
+  return tiny_stream()
 
 
 def _glfc_with_proxy(stream, transition="stream"):
@@ -201,11 +198,7 @@ def _glfc_with_proxy(stream, transition="stream"):
 
 
 def _settings(**overrides):
-  base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
-              optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
-              batch_size=16, sequential=False)
-  base.update(overrides)
-  return cil_train.Settings(**base)
+  return tiny_settings(**{"batch_size": 16, **overrides})
 
 
 @pytest.mark.parametrize("sequential", [False, True])

@@ -20,20 +20,31 @@ from fedjax_het.errors import ConfigError, WorkdirError
 from tests.tiny_models import TinyLinear
 
 
-@pytest.fixture(scope="module")
-def stream():
-  # 4 classes in 2 tasks, 3 clients + 1 at task 1; synthetic MNIST-style digits.
+def tiny_stream():
+  """4 classes in 2 tasks, 3 clients + 1 at task 1; synthetic MNIST-style digits.
+
+  Shared with the GLFC, iCaRL and proxy tests (`stream` fixtures there).
+  """
   return incremental.build_class_incremental_stream(
       num_tasks=2, num_classes=4, initial_clients=3, new_clients_per_task=1,
       source="synthetic", train_size=48, test_size=20, seed=0)
 
 
-def _settings(**overrides):
+def tiny_settings(**overrides):
+  """`cil_train.Settings` of `tiny_stream` (2 rounds per task, 2 clients per round)."""
   base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
               optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
               batch_size=64, sequential=False)
   base.update(overrides)
   return cil_train.Settings(**base)
+
+
+@pytest.fixture(scope="module")
+def stream():
+  return tiny_stream()
+
+
+_settings = tiny_settings
 
 
 def _algorithm(stream, settings, model=None):

@@ -265,7 +265,8 @@ def test_unavailable_source_without_fallback_says_how_to_provide_it(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(dataset="cifar10"), r"`dataset` must be one of \('cifar100',\)"),
+    (dict(dataset="cifar10"),
+     r"`dataset` must be one of \('cifar100', 'tiny_imagenet', 'imagenet_subset'\)"),
     (dict(num_tasks=7), r"`num_tasks`=7 does not divide.*\(1, 2, 4, 5, 10, 20, 25, 50, 100\)"),
     (dict(num_tasks=0), r"`num_tasks` must be an integer >= 1"),
     (dict(num_classes=101), r"`num_classes` must be an integer in \[1, 100\]"),

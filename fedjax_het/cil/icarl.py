@@ -207,34 +207,21 @@ def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test:
   `counts(variables, class_sums, class_counts, images, labels, num_seen) ->
   (correct, total, predicted)`.
 
-  The per-class counts over the whole test set (int32 (C,)
-  each, as `cil.train.make_class_counts`: correct and total per true class,
-  predicted per predicted class), in fixed-size batches (the last padded and
-  masked). `num_seen` may be traced.
+  The per-class counts over the whole test set (int32 (C,) each, as
+  `cil.train.make_class_counts`: correct and total per true class, predicted
+  per predicted class; `cil.train.batched_class_counts`). `num_seen` may be
+  traced.
   """
+  from fedjax_het.cil.train import batched_class_counts  # pylint: disable=g-import-not-at-top
+  del num_test  # the labels' static length
   forward = glfc_lib.make_eval_forward(model, normalizer(mean, std), batch_size)
-  batch = max(1, min(batch_size, num_test))
-  batches = -(-num_test // batch)
-  pad = batches * batch - num_test
 
   def counts(variables, class_sums, class_counts, images, labels, num_seen):
-    images = jnp.pad(images, ((0, pad), (0, 0), (0, 0), (0, 0))).reshape(
-        (batches, batch) + images.shape[1:])
-    labels = jnp.pad(labels, (0, pad)).reshape(batches, batch)
-    valid = (jnp.arange(batches * batch) < num_test).reshape(batches, batch)
-
-    def one(carry, xs):
-      x, y, ok = xs
+    def scores(x):
       features, _ = forward(variables, x)
-      scores, available = nme_scores(features, class_sums, class_counts, num_seen)
-      correct, total = masking.masked_class_counts(scores, y, available, ok)
-      predicted = jnp.sum(jax.nn.one_hot(masking.masked_predictions(scores, available),
-                                         num_classes, dtype=jnp.int32) * ok[:, None], axis=0)
-      return jax.tree_util.tree_map(jnp.add, carry, (correct, total, predicted)), None
+      return nme_scores(features, class_sums, class_counts, num_seen)
 
-    zeros = jnp.zeros((num_classes,), jnp.int32)
-    out, _ = jax.lax.scan(one, (zeros, zeros, zeros), (images, labels, valid))
-    return out
+    return batched_class_counts(scores, num_classes, images, labels, batch_size)
 
   return counts
 

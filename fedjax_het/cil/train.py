@@ -416,38 +416,56 @@ def make_fedavg_cil(settings: Settings, model: Any, mean: Any, std: Any,
   return Algorithm(name="fedavg_cil", init=init, round=round_fn, evaluate=evaluate)
 
 
+def batched_class_counts(scores_fn: Any, num_classes: int, images: jax.Array,
+                         labels: jax.Array, batch_size: int) -> tuple[jax.Array, ...]:
+  """Per-class (correct, total, predicted) int32 (C,) counts of a classifier on a test set.
+
+  `scores_fn(x)` maps a uint8 batch to (scores (B, C), allowed (C,) bool); the
+  prediction is the argmax over the allowed classes (`masking`). Fixed-size
+  batches of `batch_size` (the last padded and masked), one `lax.scan`.
+  """
+  num_test = labels.shape[0]
+  batch = max(1, min(batch_size, num_test))
+  batches = -(-num_test // batch)
+  pad = batches * batch - num_test
+  images = jnp.pad(images, ((0, pad),) + ((0, 0),) * (images.ndim - 1)).reshape(
+      (batches, batch) + images.shape[1:])
+  labels = jnp.pad(labels, (0, pad)).reshape(batches, batch)
+  valid = (jnp.arange(batches * batch) < num_test).reshape(batches, batch)
+
+  def one(carry, xs):
+    x, y, ok = xs
+    scores, allowed = scores_fn(x)
+    correct, total = masking.masked_class_counts(scores, y, allowed, ok)
+    predicted = jnp.sum(jax.nn.one_hot(masking.masked_predictions(scores, allowed),
+                                       num_classes, dtype=jnp.int32) * ok[:, None], axis=0)
+    return jax.tree_util.tree_map(jnp.add, carry, (correct, total, predicted)), None
+
+  zeros = jnp.zeros((num_classes,), jnp.int32)
+  out, _ = jax.lax.scan(one, (zeros, zeros, zeros), (images, labels, valid))
+  return out
+
+
 def make_class_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test: int,
                       batch_size: int):
   """Builds `counts(variables, test_images, test_labels, num_seen) -> (correct, total, predicted)`.
 
   Global-model top-1 predictions restricted to the classes [0, num_seen) over
-  the whole test set (fixed-size batches, the last padded and masked); each
+  the whole test set of `num_test` images (`batched_class_counts`); each
   count is int32 (C,): correct and total per true class, predicted per
   predicted class. `num_seen` may be traced (one compilation for all tasks).
   """
+  del num_test  # the labels' static length
   preprocess = normalizer(mean, std)
-  batch = max(1, min(batch_size, num_test))
-  batches = -(-num_test // batch)
-  pad = batches * batch - num_test
 
   def counts(variables, images, labels, num_seen):
     class_mask = masking.seen_class_mask(num_seen, num_classes)
-    images = jnp.pad(images, ((0, pad), (0, 0), (0, 0), (0, 0))).reshape(
-        (batches, batch) + images.shape[1:])
-    labels = jnp.pad(labels, (0, pad)).reshape(batches, batch)
-    valid = (jnp.arange(batches * batch) < num_test).reshape(batches, batch)
 
-    def one(carry, xs):
-      x, y, ok = xs
+    def scores(x):
       _, logits, _ = models.apply_model(model, variables, preprocess(x), train=False)
-      correct, total = masking.masked_class_counts(logits, y, class_mask, ok)
-      predicted = jnp.sum(jax.nn.one_hot(masking.masked_predictions(logits, class_mask),
-                                         num_classes, dtype=jnp.int32) * ok[:, None], axis=0)
-      return jax.tree_util.tree_map(jnp.add, carry, (correct, total, predicted)), None
+      return logits, class_mask
 
-    zeros = jnp.zeros((num_classes,), jnp.int32)
-    out, _ = jax.lax.scan(one, (zeros, zeros, zeros), (images, labels, valid))
-    return out
+    return batched_class_counts(scores, num_classes, images, labels, batch_size)
 
   return counts
 
@@ -538,28 +556,43 @@ def table1(records: list[dict[str, Any]], num_tasks: int, k: int,
   return table, numbers
 
 
-def _plot(numbers: dict[str, Any], path: pathlib.Path, title: str) -> bool:
+def plot_seen_accuracy(curves: Any, path: pathlib.Path, title: str) -> bool:
+  """Accuracy on the seen classes vs classes seen: one line per (label, x, per_seed).
+
+  `per_seed` is (seeds, tasks) in percent: the mean is drawn, with the
+  min-max band when there are several seeds. Returns False (nothing written)
+  without matplotlib.
+  """
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
     return False
-  k = numbers["classes_per_task"]
-  seen = [100 * a for a in numbers["seen_accuracy"]]
-  x = [(i + 1) * k for i in range(len(seen))]
-  fig, ax = plt.subplots(figsize=(5.5, 4.2), layout="constrained")
-  ax.plot(x, seen, "o-", label=numbers["method"])
+  fig, ax = plt.subplots(figsize=(6, 4.4), layout="constrained")
+  for label, x, per_seed in curves:
+    per_seed = np.atleast_2d(np.asarray(per_seed, np.float64))
+    line, = ax.plot(x, per_seed.mean(axis=0), "o-", label=label)
+    if len(per_seed) > 1:
+      ax.fill_between(x, per_seed.min(axis=0), per_seed.max(axis=0), alpha=0.2,
+                      color=line.get_color())
+    ax.set_xticks(x)
   ax.set_xlabel("number of classes seen")
   ax.set_ylabel("test accuracy on seen classes (%)")
   ax.set_ylim(bottom=0)
-  ax.set_xticks(x)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  ax.set_title(title)
+  ax.set_title(title, fontsize=9)
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return True
+
+
+def _plot(numbers: dict[str, Any], path: pathlib.Path, title: str) -> bool:
+  k = numbers["classes_per_task"]
+  seen = [100 * a for a in numbers["seen_accuracy"]]
+  x = [(i + 1) * k for i in range(len(seen))]
+  return plot_seen_accuracy([(numbers["method"], x, [seen])], path, title)
 
 
 def train_class_incremental(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
