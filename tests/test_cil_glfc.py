@@ -18,7 +18,8 @@ from fedjax_het.cil import train as cil_train
 from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
-from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
+from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
+                                   run_across_a_task_change, train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear
 
 
@@ -151,16 +152,7 @@ def test_exemplars_after_a_transition_are_the_herding_selection(stream):
 
 def test_round_traces_once_across_a_task_change(stream):
   _, algorithm = _algorithm(stream, _settings(), _glfc(stream, transition="entropy"))
-  run = jax.jit(chex.assert_max_traces(
-      rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
-  data = jax.device_put(cil_train.stream_arrays(stream))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
-  chex.clear_trace_counter()
-  tasks = []
-  for _ in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
-    state, metrics = run(state, data)
-    tasks.append(int(metrics["task"][0]))
-  assert tasks == [0, 0, 1, 1]
+  run_across_a_task_change(algorithm, stream)
 
 
 def _tiny_config():
@@ -175,15 +167,7 @@ def _tiny_config():
 
 def test_end_to_end_writes_table1(tmp_path):
   config = _tiny_config()
-  full = cil_train.train_class_incremental(config, tmp_path / "full")
-  assert full["rounds_done"] == 4
-  results = json.loads((tmp_path / "full" / "results.json").read_text())
-  records = [json.loads(line) for line in
-             (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
-  ends = [r for r in records if "eval/class_correct" in r]
-  matrix = cil_metrics.accuracy_matrix(np.array([r["eval/class_correct"] for r in ends]),
-                                       np.array([r["eval/class_total"] for r in ends]), 2)
-  np.testing.assert_array_equal(results["seen_accuracy"], matrix.seen)
+  _, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")
   table = (tmp_path / "full" / "results.md").read_text()
   assert cil_metrics.table1_row(cil_train.METHOD_LABELS["glfc"], matrix.seen, 2) in table
   assert set(results["transitions"]) == {"true", "detected", "hit", "false"}

@@ -19,7 +19,8 @@ from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
 from fedjax_het.errors import ConfigError
-from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
+from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
+                                   run_across_a_task_change, train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear, TinyMLP
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
@@ -127,16 +128,7 @@ def test_nme_prediction_is_the_nearest_normalised_mean():
 
 def test_round_traces_once_across_a_task_change(stream):
   _, algorithm = _algorithm(stream, _settings(lr_schedule="glfc_code"), _icarl(stream))
-  run = jax.jit(chex.assert_max_traces(
-      rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
-  data = jax.device_put(cil_train.stream_arrays(stream))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
-  chex.clear_trace_counter()
-  tasks = []
-  for _ in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
-    state, metrics = run(state, data)
-    tasks.append(int(metrics["task"][0]))
-  assert tasks == [0, 0, 1, 1]
+  _, metrics = run_across_a_task_change(algorithm, stream)
   assert float(metrics["icarl/exemplars"][0]) > 0  # the memories were used in task 1
 
 
@@ -210,20 +202,12 @@ def _tiny_config():
 
 def test_end_to_end_and_resume_mid_task_are_bit_identical(tmp_path):
   config = _tiny_config()
-  full = cil_train.train_class_incremental(config, tmp_path / "full")
-  assert full["rounds_done"] == 4
-  results = json.loads((tmp_path / "full" / "results.json").read_text())
-  records = [json.loads(line) for line in
-             (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
-  ends = [r for r in records if "eval/class_correct" in r]
-  assert [r["round"] for r in ends] == [2, 4]
-  matrix = cil_metrics.accuracy_matrix(np.array([r["eval/class_correct"] for r in ends]),
-                                       np.array([r["eval/class_total"] for r in ends]), 2)
-  np.testing.assert_array_equal(results["seen_accuracy"], matrix.seen)
+  full, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")
   table = (tmp_path / "full" / "results.md").read_text()
   assert cil_metrics.table1_row("iCaRL + FL", matrix.seen, 2) in table
   assert all("icarl/exemplars" in r and "train/loss" in r for r in records)
   assert max(r["icarl/exemplars"] for r in records) > 0
+  ends = [r for r in records if "eval/class_correct" in r]
   assert all(r["eval/predicted_unseen"] == 0 for r in ends)
 
   # Stopped in the middle of task 1, then rerun: ends bit-identical, state included.

@@ -53,18 +53,27 @@ def _algorithm(stream, settings, model=None):
                                           stream.max_client_size)
 
 
-def test_round_traces_once_across_a_task_change(stream):
-  _, algorithm = _algorithm(stream, _settings())
+def run_across_a_task_change(algorithm, stream):
+  """Rounds 0-3 of `tiny_stream` (tasks 0, 0, 1, 1) through ONE trace of the jitted round.
+
+  Returns the final state and the last round's metrics.
+  """
   run = jax.jit(chex.assert_max_traces(
       rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
   data = jax.device_put(cil_train.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(0), data)
   chex.clear_trace_counter()
   tasks = []
-  for _ in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
+  for _ in range(4):
     state, metrics = run(state, data)
     tasks.append(int(metrics["task"][0]))
   assert tasks == [0, 0, 1, 1]
+  return state, metrics
+
+
+def test_round_traces_once_across_a_task_change(stream):
+  _, algorithm = _algorithm(stream, _settings())
+  state, _ = run_across_a_task_change(algorithm, stream)
   assert int(state["round"]) == 4
 
 
@@ -204,24 +213,32 @@ def tiny_cil_config(method="fedavg_cil"):
   return c
 
 
-def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
-  config = tiny_cil_config()
-  full = cil_train.train_class_incremental(config, tmp_path / "full")
-  assert full["rounds_done"] == 4
+def train_tiny_and_check_table1(config, workdir):
+  """Trains a `tiny_cil_config`-shaped run; checks results.json against metrics.jsonl.
 
-  # Table 1 numbers in results.json are cil.metrics on the counts recorded in metrics.jsonl.
-  results = json.loads((tmp_path / "full" / "results.json").read_text())
-  records = [json.loads(line) for line in
-             (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+  The Table 1 numbers of results.json must be `cil.metrics` on the per-class
+  counts recorded at the task ends (rounds 2 and 4). Returns (the trainer's
+  output, results.json, the metrics records, the accuracy matrix).
+  """
+  full = cil_train.train_class_incremental(config, workdir)
+  assert full["rounds_done"] == 4
+  results = json.loads((workdir / "results.json").read_text())
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   ends = [r for r in records if "eval/class_correct" in r]
   assert [r["round"] for r in ends] == [2, 4] and [r["task"] for r in ends] == [0, 1]
   matrix = cil_metrics.accuracy_matrix(np.array([r["eval/class_correct"] for r in ends]),
                                        np.array([r["eval/class_total"] for r in ends]), 2)
   np.testing.assert_array_equal(results["seen_accuracy"], matrix.seen)
+  return full, results, records, matrix
+
+
+def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
+  config = tiny_cil_config()
+  full, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")
   assert results["average_incremental_accuracy"] == cil_metrics.average_incremental_accuracy(
       matrix.seen)
   assert results["forgetting"] == cil_metrics.forgetting(matrix.per_task)
-  for r in ends:
+  for r in (r for r in records if "eval/class_correct" in r):
     assert r["eval/accuracy/seen"] == pytest.approx(
         100 * matrix.seen[r["task"]], abs=1e-9)
     assert r["eval/predicted_unseen"] == 0

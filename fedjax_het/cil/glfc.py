@@ -129,6 +129,19 @@ def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
   proxy_lib.validate_proxy_config(config)
 
 
+def herding_sizes(client_classes: np.ndarray, memory_size: int) -> tuple[int, int]:
+  """Static sizes of a stream's exemplar updates: (herding length, most new classes).
+
+  The herding length is memory // (fewest classes a client holds in a task),
+  the largest per-class share m a client can get; the second is the most
+  classes one client holds in one task (`client_classes` (T, K, C) bool).
+  """
+  counts = np.asarray(client_classes).sum(-1)
+  counts = counts[counts > 0]
+  fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
+  return max(1, min(memory_size, memory_size // fewest)), most
+
+
 @dataclasses.dataclass(frozen=True)
 class GLFCSettings:
   memory_size: int
@@ -143,14 +156,12 @@ class GLFCSettings:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
                   ) -> "GLFCSettings":
-    counts = np.asarray(client_classes).sum(-1)
-    counts = counts[counts > 0]
-    fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
     memory = int(config.glfc.memory_size)
+    max_per_class, most = herding_sizes(client_classes, memory)
     return cls(memory_size=memory, transition=config.glfc.transition,
                threshold=float(config.glfc.entropy_threshold),
                distinct=bool(config.glfc.distinct_exemplars),
-               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most,
+               max_per_class=max_per_class, max_client_classes=most,
                old_model=config.glfc.old_model,
                proxy=proxy_lib.ProxySettings.from_config(config))
 
@@ -282,6 +293,30 @@ def make_eval_forward(model: Any, preprocess: Any, chunk: int):
   return forward
 
 
+def make_replay_training(settings: Any, loss_fn: local.LocalLossFn, model: Any, mean: Any,
+                         std: Any, max_size: int, eval_batch_size: int):
+  """The pieces every exemplar-replay method's round is built from (GLFC, iCaRL + FL).
+
+  Returns (preprocess: the dataset normalisation; the local trainer of
+  `loss_fn` over up to `max_size` rows (current data + exemplars), fresh
+  optimiser of `settings` each round; the eval-mode `forward`
+  (`make_eval_forward`); `client_map(f, xs)`: f over the cohort, vmapped or
+  one client after another (`settings.sequential`)).
+  """
+  preprocess = normalizer(mean, std)
+  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
+                      momentum=settings.momentum)
+  trainer = local.make_local_trainer(
+      loss_fn=loss_fn, optimizer=tx, epochs=settings.epochs, batch_size=settings.batch_size,
+      max_size=max_size, preprocess=preprocess)
+  forward = make_eval_forward(model, preprocess, eval_batch_size)
+  if settings.sequential:
+    client_map = lambda f, xs: jax.lax.map(lambda a: f(*a), xs)  # noqa: E731
+  else:
+    client_map = lambda f, xs: jax.vmap(f)(*xs)  # noqa: E731
+  return preprocess, trainer, forward, client_map
+
+
 def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any,
               max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
   """GLFC's client side on the task stream as an `Algorithm` (module docstring).
@@ -302,15 +337,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       epoch_learning_rates, make_class_counts, task_of_round)
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
-  preprocess = normalizer(mean, std)
-  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
-                      momentum=settings.momentum)
-  trainer = local.make_local_trainer(
-      loss_fn=glfc_local_loss(model), optimizer=tx, epochs=settings.epochs,
-      batch_size=settings.batch_size, max_size=n_max + mem, preprocess=preprocess)
-  forward = make_eval_forward(model, preprocess, eval_batch_size)
-  client_map = ((lambda f, xs: jax.lax.map(lambda a: f(*a), xs)) if settings.sequential
-                else (lambda f, xs: jax.vmap(f)(*xs)))
+  preprocess, trainer, forward, client_map = make_replay_training(
+      settings, glfc_local_loss(model), model, mean, std, n_max + mem, eval_batch_size)
 
   use_proxy = glfc.old_model == "proxy"
   slots = glfc.max_client_classes

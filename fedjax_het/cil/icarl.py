@@ -89,7 +89,6 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData, client_keys
-from fedjax_het.engine.optim import make_optimizer
 from fedjax_het.losses import glfc as glfc_losses
 
 #: iCaRL's memory K (CIFAR-100 experiments: 2000 exemplars), per client here.
@@ -123,12 +122,10 @@ class ICaRLSettings:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
                   ) -> "ICaRLSettings":
-    counts = np.asarray(client_classes).sum(-1)
-    counts = counts[counts > 0]
-    fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
     memory = int(config.icarl.memory_size)
+    max_per_class, most = glfc_lib.herding_sizes(client_classes, memory)
     return cls(memory_size=memory, distinct=bool(config.icarl.distinct_exemplars),
-               max_per_class=max(1, min(memory, memory // fewest)), max_client_classes=most)
+               max_per_class=max_per_class, max_client_classes=most)
 
 
 class ClientState(NamedTuple):
@@ -245,15 +242,8 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
       epoch_learning_rates, task_of_round)
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), icarl.memory_size
-  preprocess = normalizer(mean, std)
-  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
-                      momentum=settings.momentum)
-  trainer = local.make_local_trainer(
-      loss_fn=icarl_local_loss(model), optimizer=tx, epochs=settings.epochs,
-      batch_size=settings.batch_size, max_size=n_max + mem, preprocess=preprocess)
-  forward = glfc_lib.make_eval_forward(model, preprocess, eval_batch_size)
-  client_map = ((lambda f, xs: jax.lax.map(lambda a: f(*a), xs)) if settings.sequential
-                else (lambda f, xs: jax.vmap(f)(*xs)))
+  _, trainer, forward, client_map = glfc_lib.make_replay_training(
+      settings, icarl_local_loss(model), model, mean, std, n_max + mem, eval_batch_size)
 
   def init(key, data):
     num_clients = data.client_joined.shape[1]
