@@ -239,6 +239,7 @@ def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, se
   assert bool(state["proxy"].has_current)
 
 
+@pytest.mark.slow  # test_cil_glfc's end-to-end run trains the default config (proxy on)
 def test_glfc_config_with_proxy_trains_end_to_end(tmp_path):
   config = tiny_cil_config("glfc")
   config.glfc.memory_size = 8

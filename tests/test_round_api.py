@@ -303,7 +303,10 @@ def _check_against(recorded, variant, tiny, tmp_path):
     np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("variant", ["fcclplus", "fccl", "solo"])
+# FCCL's pin in the default suite; FCCL+'s and SOLO's (also trained end to end by
+# test_train in the default suite) in the slow one.
+@pytest.mark.parametrize("variant", [pytest.param("fcclplus", marks=pytest.mark.slow), "fccl",
+                                     pytest.param("solo", marks=pytest.mark.slow)])
 def test_round_api_v2_reproduces_the_pre_v2_numbers_tiny(variant, tmp_path):
   _check_against(TINY_ROUND_2[variant], variant, True, tmp_path)
 
