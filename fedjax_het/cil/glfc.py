@@ -246,6 +246,34 @@ def replay_rows(rows: jax.Array, size: jax.Array, memory: exemplars.ExemplarMemo
   return train_rows, size + count
 
 
+def replay_cohort(key: jax.Array, client_states: Any, data: Any, task: jax.Array, m: int,
+                  client_map: Any, prepare: Any) -> tuple[Any, Any, jax.Array, GroupData, Any]:
+  """Samples a round's cohort and builds its training data (GLFC, iCaRL + FL).
+
+  `prepare(client_state, client_id) -> (new client state, train_rows (n,),
+  train_size, extra)` runs for each of the `m` clients sampled among those
+  joined by `task` (`client_map`). Returns (clients, their new states, their
+  train rows (m, n), the cohort's `GroupData` gathered from the pool, extra).
+  """
+  clients = cohort.sample_cohort(key, data.client_joined[task], m)
+  updated, train_rows, sizes, extra = client_map(
+      prepare, (cohort.gather(client_states, clients), clients))
+  members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
+                      sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
+  return clients, updated, train_rows, members, extra
+
+
+def previous_task_model(server: Any, old_model: Any, round_index: jax.Array,
+                        rounds_per_task: int) -> Any:
+  """The global model at the end of the previous task (`state["old_model"]`).
+
+  At the first round of every task after the first, `server` (the global
+  model the last task ended with) replaces the stored one.
+  """
+  new_task = (round_index > 0) & (round_index % rounds_per_task == 0)
+  return jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server, old_model)
+
+
 def glfc_local_loss(model: Any) -> local.LocalLossFn:
   """The local objective of GLFC Eq. 6 on one batch.
 
@@ -420,12 +448,9 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     sample_key, train_key, share_key, proxy_key = jax.random.split(key, 4)
     task = task_of_round(round_index, settings)
     server = state["server"]
-    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
-    cohort_state = cohort.gather(state["clients"], clients)
-    updated, train_rows, sizes, flags = client_map(
-        lambda cs, cid: prepare(server, cs, cid, task, data), (cohort_state, clients))
-    members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
-                        sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
+    clients, updated, _, members, flags = replay_cohort(
+        sample_key, state["clients"], data, task, m, client_map,
+        lambda cs, cid: prepare(server, cs, cid, task, data))
     class_mask = masking.seen_class_mask((task + 1) * k, c)
     has_memory = updated.memory.num_seen > 0
     signal = flags["signal"]
@@ -433,9 +458,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       old_models, old_exists = jax.vmap(
           lambda sig: proxy_lib.old_model_for(state["proxy"], sig))(signal)
     else:
-      new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
-      old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
-                                         state["old_model"])
+      old_model = previous_task_model(server, state["old_model"], round_index,
+                                      settings.rounds_per_task)
       old_models, old_exists = aggregation.broadcast(old_model, m), jnp.ones((m,), bool)
     use_old = (task > 0) & old_exists
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),

@@ -88,7 +88,7 @@ from fedjax_het.cil import exemplars, glfc as glfc_lib, masking
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import GroupData, client_keys
+from fedjax_het.engine.clients import client_keys
 from fedjax_het.losses import glfc as glfc_losses
 
 #: iCaRL's memory K (CIFAR-100 experiments: 2000 exemplars), per client here.
@@ -283,15 +283,11 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
     sample_key, train_key = jax.random.split(key)
     task = task_of_round(round_index, settings)
     server = state["server"]
-    new_task = (round_index > 0) & (round_index % settings.rounds_per_task == 0)
-    old_model = jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server,
-                                       state["old_model"])
-    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
-    cohort_state = cohort.gather(state["clients"], clients)
-    updated, train_rows, sizes, transitions = client_map(
-        lambda cs, cid: prepare(server, cs, cid, task, data), (cohort_state, clients))
-    members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
-                        sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
+    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
+                                             settings.rounds_per_task)
+    clients, updated, train_rows, members, transitions = glfc_lib.replay_cohort(
+        sample_key, state["clients"], data, task, m, client_map,
+        lambda cs, cid: prepare(server, cs, cid, task, data))
     class_mask = masking.seen_class_mask((task + 1) * k, c)
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
            "old_model": aggregation.broadcast(old_model, m),
@@ -303,7 +299,7 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
     new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
 
     sums, counts = client_map(lambda r, n: class_statistics(new_server, r, n, data),
-                              (train_rows, sizes))
+                              (train_rows, members.sizes))
     sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
     reported = counts > 0
     class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
