@@ -6,6 +6,19 @@
 A mistake in the config, the data or the workdir prints one line saying what is
 wrong and exits with status 1; `--verbose` (or FEDJAX_HET_TRACEBACK=1) shows the
 traceback too.
+
+Across processes (one per host, or several on one machine): start the same
+command in every process with --num_processes=N, --process_id=0..N-1 and
+--coordinator_address=<host of process 0>:<free port>; the clients mesh then
+spans every process's devices (config.sharding.num_devices must be 0 or their
+total) and only process 0 writes the workdir. On a CPU, --num_cpu_devices=D
+gives each process D simulated devices. experiments/multiprocess_demo.py
+starts N such processes on this machine:
+
+  python experiments/train.py --config=digits_fcclplus_quick --config.sharding.num_devices=0 \
+      --num_processes=2 --process_id=0 --coordinator_address=localhost:12355 --workdir=/tmp/mp &
+  python experiments/train.py --config=digits_fcclplus_quick --config.sharding.num_devices=0 \
+      --num_processes=2 --process_id=1 --coordinator_address=localhost:12355 --workdir=/tmp/mp
 """
 
 import logging as std_logging
@@ -41,6 +54,16 @@ def expand_config_name(argv: list[str]) -> list[str]:
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: runs/<config name>).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "host:port of process 0 in a multi-process run (every process "
+    "passes the same one).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", 1, "Number of processes the run spans (1: no jax.distributed).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", 0, "This process's index in [0, num_processes); process 0 writes the workdir.")
+_NUM_CPU_DEVICES = flags.DEFINE_integer(
+    "num_cpu_devices", 0, "Simulated CPU devices in this process (0: JAX's default); set before "
+    "JAX starts.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of configuration, data and "
                              "workdir errors (also FEDJAX_HET_TRACEBACK=1).")
 
@@ -51,12 +74,19 @@ for _name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
 
 def main(argv):
   del argv
-  from fedjax_het.errors import UserError  # pylint: disable=g-import-not-at-top
+  from fedjax_het.errors import ConfigError, UserError  # pylint: disable=g-import-not-at-top
+  from fedjax_het.engine import sharding  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
   logging.info("workdir: %s", workdir)
   try:
+    # Before any JAX computation: the device count and the process group are fixed at start.
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                    num_cpu_devices=_NUM_CPU_DEVICES.value)
+    if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
+      raise ConfigError("--num_processes must be 1 for config.scenario.name="
+                        "'class_incremental' (its trainer runs in one process).")
     if config.scenario.name == "class_incremental":
       from fedjax_het.cil.train import train_class_incremental  # pylint: disable=g-import-not-at-top
       train_class_incremental(config, workdir)

@@ -90,6 +90,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.models.architectures = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
   c.models.width = 1.0
   c.models.conv_impl = "auto"            # auto: im2col on CPU, xla on GPU/TPU
+  c.models.compute_dtype = "float32"     # "bfloat16": mixed precision (GPU/TPU; slower on CPU)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 1
@@ -162,6 +163,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
          "(one per participant, or one for all)", archs)
   check(config, "models.width", positive, "a number > 0")
   check(config, "models.conv_impl", choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
+  check(config, "models.compute_dtype", choice(models.COMPUTE_DTYPES),
+        f"one of {models.COMPUTE_DTYPES}")
   check(config, "eval.every", int_at_least(1), "an integer >= 1")
   check(config, "eval.batch_size", int_at_least(1), "an integer >= 1")
   check(config, "eval.top_k", int_at_least(1), "an integer >= 1")

@@ -26,6 +26,15 @@ Artefacts in `workdir`:
   <diagnostic>.npz/.png  the method's diagnostics (e.g. FCCL/FCCL+'s
                     cross_correlation) at config.logging.diagnostic_rounds
   tensorboard/      with config.logging.tensorboard=True (needs tensorboardX)
+
+Across processes (`engine.sharding.initialize_distributed`, every process
+running `train_and_evaluate` with the same config and workdir): the clients
+mesh spans every process's devices, each process builds the same host data
+and keeps its own shards of the participants, metrics and evaluations are
+gathered to every process (so every process returns the same records), and
+only process 0 writes the files above; orbax writes the checkpoints from every
+process into the one `checkpoints/` directory (on several hosts it must be on
+a filesystem they share).
 """
 
 from __future__ import annotations
@@ -203,7 +212,8 @@ class Experiment:
     width = float(config.models.width)
     self.mesh = mesh
     slot_multiple = mesh.devices.size if mesh is not None else 1
-    modules = [models.get_model(a, scenario.num_classes, width=width, conv_impl=self.conv_impl)
+    modules = [models.get_model(a, scenario.num_classes, width=width, conv_impl=self.conv_impl,
+                                compute_dtype=config.models.compute_dtype)
                for a in archs]
     self.architectures = archs
     self.groups = group_clients(archs, modules, slot_multiple=slot_multiple)
@@ -225,6 +235,8 @@ class Experiment:
     self.algorithm = get_method(config.algorithm).make(config, self.setup)
     arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test)
     if mesh is not None:
+      # Across processes each process builds the same `arrays` (same config and seed) and keeps
+      # only the shards of its own devices (device_put to a sharding spanning processes).
       self.data = jax.device_put(arrays, sharding.data_shardings(arrays, mesh))
     else:
       self.data = jax.device_put(arrays)
@@ -294,7 +306,7 @@ class Experiment:
     if self._diagnostics is None:
       return None
     compute = self._diagnostics_compiled or self._diagnostics
-    per_group = jax.device_get(compute(state, self.data))
+    per_group = sharding.fetch(compute(state, self.data))
     return scatter_to_participants(self.groups, per_group, self.setup.num_participants)
 
   def evaluation_record(self, state) -> dict[str, float]:
@@ -304,7 +316,7 @@ class Experiment:
     scenario has several test domains, else accuracy.
     """
     evaluate = self._evaluate_compiled or self.evaluate
-    accuracy = scatter_to_participants(self.groups, jax.device_get(evaluate(state, self.data.test)),
+    accuracy = scatter_to_participants(self.groups, sharding.fetch(evaluate(state, self.data.test)),
                                        self.setup.num_participants)
     if self.accuracy_kinds == ("accuracy",):
       per_kind = {"accuracy": np.asarray(accuracy, np.float64)[:, 0]}
@@ -325,7 +337,7 @@ class Experiment:
     {phase: {group: {metric: (rounds, slots)}}} gives train/<phase>/<metric>/<client>;
     {phase: {metric: (rounds,)}} (server-side scalars) gives train/<phase>/<metric>.
     """
-    metrics = jax.device_get(metrics)
+    metrics = sharding.fetch(metrics)
     records = [{} for _ in range(num_rounds)]
     group_names = {g.name for g in self.groups}
     for phase, values in metrics.items():
@@ -359,6 +371,7 @@ class Experiment:
         "conv_impl": self.conv_impl, "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
         "python": platform.python_version(),
+        **({"processes": jax.process_count()} if jax.process_count() > 1 else {}),
     }
 
 
@@ -380,7 +393,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     config: an experiment config (see `fedjax_het.config.base_config`).
     workdir: output directory.
     mesh: optional device mesh (`engine.sharding.client_mesh`); by default one
-      is built when `config.sharding.num_devices != 1`.
+      is built when `config.sharding.num_devices != 1` or when the run spans
+      several processes (then over every process's devices).
 
   Returns:
     {"results": the final table numbers, "last_record": the last metrics
@@ -392,22 +406,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     # XLA compilation of a heterogeneous round takes minutes on a CPU; cache it across runs.
     jax.config.update("jax_compilation_cache_dir",
                       str(pathlib.Path(config.compilation_cache_dir).expanduser()))
-  if mesh is None and config.sharding.num_devices != 1:
+  if mesh is None and (config.sharding.num_devices != 1 or jax.process_count() > 1):
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
+  # In a multi-process run every process trains; process 0 alone writes the workdir files.
+  primary = sharding.is_primary()
+  sync = sharding.barrier if jax.process_count() > 1 else None
   experiment = Experiment(config, mesh=mesh)
   _log_data_provenance(experiment.scenario)
   # Nothing is written to the workdir before the resume guard has passed.
   record = workdir_lib.run_record(config, experiment.scenario)
-  checkpointer, start = workdir_lib.open_run(workdir, config, record, experiment.metadata())
+  checkpointer, start = workdir_lib.open_run(workdir, config, record, experiment.metadata(),
+                                             primary=primary, sync=sync)
 
-  writer = reporting.MetricsWriter(workdir, tensorboard=bool(config.logging.tensorboard))
+  writer = reporting.MetricsWriter(workdir,
+                                  tensorboard=primary and bool(config.logging.tensorboard))
   if start is None:
     start, state = 0, experiment.init_state()
     checkpointer.save(0, state)
   else:
     state = experiment.restore_state(checkpointer, start)
     logging.info("resumed from the checkpoint of round %d in %s", start, workdir)
-  records = writer.truncate_after(start)
+  if primary:
+    records = writer.truncate_after(start)
+  if sync is not None:  # the others read the records process 0 kept
+    sync("fedjax_het:metrics")
+  if not primary:
+    records = [r for r in writer.read() if r["round"] <= start]
 
   num_rounds, per_call = int(config.num_rounds), int(config.rounds_per_call)
   diagnostics = experiment.algorithm.diagnostics
@@ -428,7 +452,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
                  "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)
   # Made after compiling: its rate and ETA count training rounds only.
-  progress = reporting.Progress(num_rounds, enabled=bool(config.logging.progress), start=start)
+  progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
+                               start=start)
   while done < num_rounds:
     tick = time.perf_counter()
     state, metrics = run_rounds(state, experiment.data)
@@ -444,10 +469,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       last.update(experiment.evaluation_record(state))
     if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
       saved[done] = experiment.diagnostics(state)
-      workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
-                               **{f"round_{r}": m for r, m in saved.items()})
+      if primary:
+        workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
+                                 **{f"round_{r}": m for r, m in saved.items()})
     for record in new_records:
-      writer.write(record)
+      if primary:
+        writer.write(record)
       records.append(record)
     if done % int(config.checkpoint.every) == 0 or done == num_rounds:
       checkpointer.save(done, state)
@@ -474,6 +501,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
           "(see metadata.json).\n" if substituted else "\n")
   protocol = _office_test_line(experiment.scenario.office_test, int(config.eval.top_k))
+  result = {"results": numbers, "last_record": records[-1] if records else {}, "records": records}
+  if not primary:
+    return result
   workdir_lib.write_atomic(
       workdir / "results.md",
       f"# {config.name}: mean of the last {config.eval.last_rounds} evaluated rounds\n\n"
@@ -487,7 +517,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                                num_classes=experiment.scenario.num_classes)
     if diagnostics is not None and saved:
       diagnostics.plot(saved, experiment.client_names, workdir / f"{diagnostics.name}.png")
-  return {"results": numbers, "last_record": records[-1] if records else {}, "records": records}
+  return result
 
 
 def _office_test_line(office_test: str, top_k: int) -> str:

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
@@ -50,6 +50,7 @@ NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "c
 #: one of them, so older workdirs still resume (and `experiments/new_client.py` restores them).
 ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "local.momentum": (0.0,),
+    "models.compute_dtype": ("float32",),
     "local.lr_schedule": ("linear", "constant"),  # linear: FedAvg family; constant: cil
     "local.lr_decay_rate": None,     # read only by lr_schedule="exponential"
     "local.min_lr": None,            # read only by lr_schedule="exponential"
@@ -178,7 +179,8 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
 
 
 def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: Mapping[str, Any],
-             metadata: Mapping[str, Any]) -> tuple[Any, int | None]:
+             metadata: Mapping[str, Any], *, primary: bool = True,
+             sync: Callable[[str], None] | None = None) -> tuple[Any, int | None]:
   """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
 
   Nothing is written to `workdir` before `check_resume` has passed (a changed
@@ -186,19 +188,30 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   run.json (`record`), config.json and metadata.json (`metadata`) are
   written. The checkpointer manages `workdir`/checkpoints with
   `config.checkpoint.keep`; the round is None for a fresh run.
+
+  In a multi-process run every process calls this with the same arguments
+  except `primary` (True in process 0 only, the one that writes the record
+  files) and `sync` (a barrier across processes, called with a name): every
+  process looks at the workdir and passes the resume guard before any of them
+  writes, so all of them resume from the same round.
   """
   from fedjax_het import checkpointing  # pylint: disable=g-import-not-at-top
   checkpoints = workdir / "checkpoints"
   keep = int(config.checkpoint.keep)
-  checkpointer = (checkpointing.Checkpointer(checkpoints, keep=keep)
-                  if checkpoints.is_dir() else None)
+  resuming = checkpoints.is_dir()
+  if sync is not None:
+    sync("fedjax_het:open_run:looked")
+  checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep) if resuming else None
   start = checkpointer.latest_round() if checkpointer is not None else None
   if start is not None:
     check_resume(workdir, record, allowed_changes(config), resume_round=start)
-  workdir.mkdir(parents=True, exist_ok=True)
-  write_run_record(workdir, record)
-  write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-  write_atomic(workdir / "metadata.json", json.dumps(metadata, indent=2) + "\n")
+  if sync is not None:
+    sync("fedjax_het:open_run:checked")
+  if primary:
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_run_record(workdir, record)
+    write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
+    write_atomic(workdir / "metadata.json", json.dumps(metadata, indent=2) + "\n")
   if checkpointer is None:
     checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep)
   return checkpointer, start

@@ -122,11 +122,16 @@ class Classifier(nn.Module):
     num_classes: outputs of the head.
     head_init_bound: None for PyTorch's default Dense init, else
       U(-bound, bound) for the head's kernel and bias (LeNet encoder).
+    compute_dtype: "float32", or "bfloat16" for mixed precision: `apply_model`
+      casts the parameters and images to bfloat16 for the forward (and hence
+      backward) pass and returns float32 features and logits; the stored
+      parameters, BatchNorm statistics, optimiser state and losses stay float32.
   """
   trunk: nn.Module
   tail: nn.Module
   num_classes: int
   head_init_bound: float | None = None
+  compute_dtype: str = "float32"
 
   @property
   def feature_dim(self) -> int:

@@ -107,6 +107,7 @@ class FedFusion(nn.Module):
     tail: the base model's tail (with `feature_dim`).
     num_classes: outputs of the head.
     head_init_bound: as `Classifier`.
+    compute_dtype: as `Classifier`.
   """
   local_trunk: nn.Module
   global_trunk: nn.Module
@@ -114,6 +115,7 @@ class FedFusion(nn.Module):
   tail: nn.Module
   num_classes: int
   head_init_bound: float | None = None
+  compute_dtype: str = "float32"
 
   @property
   def feature_dim(self) -> int:

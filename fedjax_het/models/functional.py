@@ -124,15 +124,36 @@ def apply_model(model: nn.Module, variables: Variables, images: jax.Array, *, tr
   return features, logits, new_variables
 
 
+def _in_compute_dtype(model, variables, images):
+  """Parameters and images cast to the model's compute dtype (BatchNorm statistics are not).
+
+  The cast is differentiable, so gradients reach the float32 parameters as float32.
+  """
+  dtype = jnp.dtype(getattr(model, "compute_dtype", "float32"))
+  if dtype == jnp.float32:
+    return variables, images
+  cast = lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+  variables = dict(variables)
+  variables["params"] = jax.tree_util.tree_map(cast, variables["params"])
+  return variables, images.astype(dtype)
+
+
+def _float32(*arrays):
+  return tuple(a.astype(jnp.float32) for a in arrays)
+
+
 def _apply_eval(model, variables, images):
-  return model.apply(variables, images, train=False)
+  variables, images = _in_compute_dtype(model, variables, images)
+  return _float32(*model.apply(variables, images, train=False))
 
 
 def _apply_train(model, variables, images, rng, mask):
   rngs = {} if rng is None else {"dropout": rng}
   kwargs = {} if mask is None else {"mask": mask}
-  (features, logits), updates = model.apply(variables, images, train=True, rngs=rngs,
+  compute_variables, images = _in_compute_dtype(model, variables, images)
+  (features, logits), updates = model.apply(compute_variables, images, train=True, rngs=rngs,
                                             mutable=["batch_stats"], **kwargs)
+  features, logits = _float32(features, logits)
   return features, logits, dict(updates.get("batch_stats", variables.get("batch_stats", {})))
 
 

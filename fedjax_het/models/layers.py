@@ -58,6 +58,10 @@ from jax import lax
 #: Convolution implementations accepted by `conv2d`, `Conv` and `get_model`.
 CONV_IMPLS = ("xla", "im2col", "custom_vjp")
 
+#: Dtypes a model may compute in (`get_model(..., compute_dtype=...)`). Parameters,
+#: optimiser state, BatchNorm statistics and losses stay float32 in every case.
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
 _DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
 
 Initializer = Callable[..., jax.Array]
@@ -145,6 +149,13 @@ def check_conv_impl(conv_impl: str, where: str = "conv_impl") -> str:
   if conv_impl not in CONV_IMPLS:
     raise ValueError(f"`{where}` must be one of {CONV_IMPLS}, got {conv_impl!r}.")
   return conv_impl
+
+
+def check_compute_dtype(compute_dtype: str, where: str = "compute_dtype") -> str:
+  """Returns `compute_dtype` or raises a ValueError listing the valid values."""
+  if compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"`{where}` must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}.")
+  return compute_dtype
 
 
 def scale_width(channels: int, width: float) -> int:
@@ -488,8 +499,11 @@ def batch_norm(x: jax.Array, *, train: bool, mask: jax.Array | None = None,
   if train and mask is not None:
     valid = jnp.logical_or(mask, jnp.logical_not(jnp.any(mask)))
     bn_mask = jnp.broadcast_to(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
+  # dtype=x.dtype: a bfloat16 forward (a model built with compute_dtype="bfloat16")
+  # stays bfloat16 after the layer; flax still reduces the batch statistics and
+  # keeps the running averages in float32.
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                      name=name)(x, mask=bn_mask)
+                      dtype=x.dtype, name=name)(x, mask=bn_mask)
 
 
 def dense(features: int, fan_in: int, name: str,

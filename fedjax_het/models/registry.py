@@ -12,7 +12,7 @@ from fedjax_het.models.base import Classifier
 from fedjax_het.models.efficientnet import efficientnet_b0
 from fedjax_het.models.fedfusion import FUSION_OPERATORS, FedFusion, FusionOperator
 from fedjax_het.models.googlenet import googlenet
-from fedjax_het.models.layers import check_conv_impl
+from fedjax_het.models.layers import check_compute_dtype, check_conv_impl
 from fedjax_het.models.mobilenet import mobilenet_v2
 from fedjax_het.models.resnet import RESNET_STAGE_SIZES, resnet
 from fedjax_het.models.small_cnns import (fedavg_cifar_cnn, fedavg_mnist_cnn, lenet_encoder,
@@ -63,7 +63,7 @@ def _check_common(name: str, num_classes: Any, width: Any, conv_impl: Any) -> No
 
 
 def get_model(name: str, num_classes: int, *, width: float = 1.0, conv_impl: str = "xla",
-              **kwargs: Any) -> nn.Module:
+              compute_dtype: str = "float32", **kwargs: Any) -> nn.Module:
   """Builds a zoo model for 32x32x3 inputs.
 
   Every model is called as `model(images, *, train) -> (features, logits)`,
@@ -77,6 +77,9 @@ def get_model(name: str, num_classes: int, *, width: float = 1.0, conv_impl: str
       max(1, round(c * width)).
     conv_impl: one of `layers.CONV_IMPLS`: "xla" (stock convolution, best on
       GPU/TPU), "im2col" or "custom_vjp" (fast inside `lax.scan` on XLA:CPU).
+    compute_dtype: one of `layers.COMPUTE_DTYPES`: "float32", or "bfloat16"
+      for a bfloat16 forward/backward pass with float32 parameters, BatchNorm
+      statistics, features and logits (see `Classifier`).
     **kwargs: model-specific options, see `MODEL_KWARGS`:
       efficientnet_b0: dropout_rate (0.2), drop_connect_rate (0.0);
       fedfusion: base (a registry name other than "fedfusion", default
@@ -89,6 +92,13 @@ def get_model(name: str, num_classes: int, *, width: float = 1.0, conv_impl: str
     ValueError: unknown name, keyword or value (the message lists the valid ones).
   """
   _check_common(name, num_classes, width, conv_impl)
+  check_compute_dtype(compute_dtype)
+  model = _build(name, num_classes, width, conv_impl, kwargs)
+  return model if compute_dtype == "float32" else model.clone(compute_dtype=compute_dtype)
+
+
+def _build(name: str, num_classes: int, width: float, conv_impl: str,
+           kwargs: dict[str, Any]) -> nn.Module:
   allowed = MODEL_KWARGS.get(name, {})
   unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
