@@ -141,6 +141,7 @@ def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monke
   assert events == ["compile", "progress"]
 
 
+@pytest.mark.slow  # 33 s; the guard test above keeps the estimate in the default suite
 def test_memory_estimate_is_positive_and_below_this_machine():
   experiment = Experiment(tiny_config(name="memory_estimate"))
   compiled = experiment.compile_rounds(experiment.init_state())
