@@ -34,7 +34,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import time
 
 import jax
@@ -44,6 +43,7 @@ import optax
 
 from fedjax_het import models
 from fedjax_het.train import resolve_conv_impl
+from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DIGITS_BACKBONES = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
@@ -52,12 +52,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def _median(fn, repeats: int) -> float:
   jax.block_until_ready(fn())  # warm-up: compile + first run
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return median_seconds(fn, repeats)[0]
 
 
 def _loss_fn(model, compute_dtype):

@@ -27,8 +27,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +38,7 @@ from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, optim
 from fedjax_het.train import Experiment
+from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -50,15 +49,6 @@ def _digits_config(variant: str):
   c.logging.tensorboard = False
   c.compilation_cache_dir = ""
   return c
-
-
-def _timed(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), times
 
 
 def client_steps(experiment) -> int:
@@ -81,7 +71,7 @@ def engine_round(experiment, repeats):
     holder["state"], metrics = round_fn(holder["state"], experiment.data)
     return holder["state"]
 
-  return _timed(one, repeats)
+  return median_seconds(one, repeats)
 
 
 def loop_round(experiment, repeats):
@@ -178,7 +168,7 @@ def loop_round(experiment, repeats):
     return [cl["vars"]["params"] for cl in clients]
 
   one_round()  # compile every step function
-  return _timed(one_round, repeats)
+  return median_seconds(one_round, repeats)
 
 
 def main():

@@ -31,8 +31,6 @@ import math
 import os
 import pathlib
 import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +43,7 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort
 from fedjax_het.engine.clients import slot_active
 from fedjax_het.train import Experiment
+from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,15 +64,6 @@ def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
   return c
 
 
-def _median_time(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), times
-
-
 def client_steps(experiment, slots) -> int:
   c = experiment.config
   sizes = np.asarray(experiment.data.groups[experiment.groups[0].name].sizes)[slots]
@@ -85,7 +75,7 @@ def engine_round(experiment, repeats):
   state = experiment.init_state()
   round_fn = jax.jit(experiment.round_fn)
   jax.block_until_ready(round_fn(state, experiment.data))  # compile + warm-up
-  return _median_time(lambda: round_fn(state, experiment.data)[0], repeats)
+  return median_seconds(lambda: round_fn(state, experiment.data)[0], repeats)
 
 
 def loop_round(experiment, slots, repeats):
@@ -128,7 +118,7 @@ def loop_round(experiment, slots, repeats):
     return average(stacked, jnp.asarray(data.sizes[np.asarray(slots)], jnp.float32))
 
   one()  # compile every batch shape once
-  return _median_time(one, repeats)
+  return median_seconds(one, repeats)
 
 
 def main():

@@ -410,13 +410,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
   # In a multi-process run every process trains; process 0 alone writes the workdir files.
   primary = sharding.is_primary()
-  sync = sharding.barrier if jax.process_count() > 1 else None
   experiment = Experiment(config, mesh=mesh)
   _log_data_provenance(experiment.scenario)
   # Nothing is written to the workdir before the resume guard has passed.
   record = workdir_lib.run_record(config, experiment.scenario)
   checkpointer, start = workdir_lib.open_run(workdir, config, record, experiment.metadata(),
-                                             primary=primary, sync=sync)
+                                             primary=primary, sync=sharding.barrier)
 
   writer = reporting.MetricsWriter(workdir,
                                   tensorboard=primary and bool(config.logging.tensorboard))
@@ -428,8 +427,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     logging.info("resumed from the checkpoint of round %d in %s", start, workdir)
   if primary:
     records = writer.truncate_after(start)
-  if sync is not None:  # the others read the records process 0 kept
-    sync("fedjax_het:metrics")
+  sharding.barrier("fedjax_het:metrics")  # the others read the records process 0 kept
   if not primary:
     records = [r for r in writer.read() if r["round"] <= start]
 
