@@ -99,7 +99,7 @@ from fedjax_het.data.scenarios import SCENARIOS  # noqa: E402
 from fedjax_het.losses.fccl import (FCCM_EPS, FCCM_OFF_DIAGONAL_WEIGHT,  # noqa: E402
                                     FISL_TEMPERATURE)
 from fedjax_het.models.efficientnet import EFFICIENTNET_B0_STAGES, SE_RATIO  # noqa: E402
-from fedjax_het.models.layers import scale_width  # noqa: E402
+from fedjax_het.models.layers import divisible_width, scale_width  # noqa: E402
 from fedjax_het.models.mobilenet import LAST_CHANNELS, MOBILENET_V2_STAGES  # noqa: E402
 from fedjax_het.models.resnet import RESNET_STAGE_SIZES  # noqa: E402
 
@@ -219,11 +219,11 @@ class MBConv(nn.Module):
 def efficientnet_b0(num_classes: int, width: float = 1.0,
                     dropout_rate: float = 0.2) -> _Classifier:
   """`models.efficientnet.efficientnet_b0` (CIFAR variant, no 1280 head conv)."""
-  stem = scale_width(32, width)
+  stem = divisible_width(32, width)
   layers = [nn.Conv2d(3, stem, 3, 1, 1, bias=False), _bn(stem), nn.SiLU()]
   cin = stem
   for expansion, channels, blocks, kernel, stride in EFFICIENTNET_B0_STAGES:
-    cout = scale_width(channels, width)
+    cout = divisible_width(channels, width)
     for b in range(blocks):
       layers.append(MBConv(cin, cout, kernel, stride if b == 0 else 1, expansion,
                            max(1, int(cin * SE_RATIO))))
@@ -254,15 +254,15 @@ class InvertedResidual(nn.Module):
 
 def mobilenet_v2(num_classes: int, width: float = 1.0) -> _Classifier:
   """`models.mobilenet.mobilenet_v2` (CIFAR variant, 1x1 conv to 1280 * width)."""
-  stem = scale_width(32, width)
+  stem = divisible_width(32, width)
   layers = [nn.Conv2d(3, stem, 3, 1, 1, bias=False), _bn(stem), nn.ReLU()]
   cin = stem
   for expansion, channels, blocks, stride in MOBILENET_V2_STAGES:
-    cout = scale_width(channels, width)
+    cout = divisible_width(channels, width)
     for b in range(blocks):
       layers.append(InvertedResidual(cin, cout, expansion, stride if b == 0 else 1))
       cin = cout
-  last = scale_width(LAST_CHANNELS, width)
+  last = divisible_width(LAST_CHANNELS, width)
   layers += [nn.Conv2d(cin, last, 1, bias=False), _bn(last), nn.ReLU()]
   return _Classifier(nn.Sequential(*layers), last, num_classes)
 

@@ -174,6 +174,19 @@ def test_scale_width():
   assert layers.scale_width(1280, 0.125) == 160
 
 
+def test_divisible_width_rounds_to_multiples_of_eight_like_make_divisible():
+  # Worked by hand from the reference rule: nearest multiple of 8, at least 8, plus 8 when
+  # rounding down lost more than 10% (80 * 1/8 = 10 -> 8 would lose 20% -> 16).
+  assert [layers.divisible_width(c, 0.125) for c in (16, 24, 32, 40, 80, 96, 112, 160, 192, 320)] \
+      == [8, 8, 8, 8, 16, 16, 16, 24, 24, 40]
+  assert layers.divisible_width(1280, 0.125) == 160
+  assert layers.divisible_width(112, 0.5) == 56  # 56 is a multiple of 8: kept
+  assert layers.divisible_width(36, 1.0) == 40   # 36 + 4 = 40 -> 40
+  assert layers.divisible_width(33, 1.0) == 32   # 37 // 8 * 8 = 32 >= 0.9 * 33
+  for c in (16, 24, 32, 40, 64, 80, 96, 112, 160, 192, 320, 1280):  # width 1 is untouched
+    assert layers.divisible_width(c, 1.0) == c
+
+
 def test_conv_errors_name_the_argument_and_valid_values():
   x, w = jnp.zeros((1, 8, 8, 4)), jnp.zeros((3, 3, 4, 4))
   with pytest.raises(ValueError, match=r"impl.*'xla', 'im2col', 'custom_vjp'"):

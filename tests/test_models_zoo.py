@@ -26,6 +26,13 @@ def _c(channels, w):
   return max(1, int(round(channels * w)))
 
 
+def _c8(channels, w):
+  """MobileNetV2 / EfficientNet widths: nearest multiple of 8, at least 8, +8 if >10% lost."""
+  value = channels * w
+  down = max(8, 8 * int((value + 4) // 8))
+  return down + 8 if down < 0.9 * value else down
+
+
 def conv(k, cin, cout, bias=False, groups=1):
   return k * k * (cin // groups) * cout + (cout if bias else 0)
 
@@ -55,11 +62,11 @@ def resnet_params(blocks, num_classes=10, w=1.0):
 def efficientnet_b0_params(num_classes=10, w=1.0):
   stages = [(1, 16, 1, 3, 1), (6, 24, 2, 3, 2), (6, 40, 2, 5, 2), (6, 80, 3, 3, 2),
             (6, 112, 3, 5, 1), (6, 192, 4, 5, 2), (6, 320, 1, 3, 1)]
-  total = conv(3, 3, _c(32, w)) + bn(_c(32, w))
-  cin = _c(32, w)
+  total = conv(3, 3, _c8(32, w)) + bn(_c8(32, w))
+  cin = _c8(32, w)
   for t, c, n, k, _ in stages:
     for _ in range(n):
-      out, mid, se = _c(c, w), t * cin, max(1, int(cin * 0.25))
+      out, mid, se = _c8(c, w), t * cin, max(1, int(cin * 0.25))
       if t != 1:
         total += conv(1, cin, mid) + bn(mid)
       total += conv(k, mid, mid, groups=mid) + bn(mid)
@@ -72,17 +79,17 @@ def efficientnet_b0_params(num_classes=10, w=1.0):
 def mobilenet_v2_params(num_classes=10, w=1.0):
   stages = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
             (6, 160, 3, 2), (6, 320, 1, 1)]
-  total = conv(3, 3, _c(32, w)) + bn(_c(32, w))
-  cin = _c(32, w)
+  total = conv(3, 3, _c8(32, w)) + bn(_c8(32, w))
+  cin = _c8(32, w)
   for t, c, n, s in stages:
     for i in range(n):
-      out, mid, stride = _c(c, w), t * cin, s if i == 0 else 1
+      out, mid, stride = _c8(c, w), t * cin, s if i == 0 else 1
       total += conv(1, cin, mid) + bn(mid) + conv(3, mid, mid, groups=mid) + bn(mid)
       total += conv(1, mid, out) + bn(out)
       if stride == 1 and cin != out:
         total += conv(1, cin, out) + bn(out)
       cin = out
-  last = _c(1280, w)
+  last = _c8(1280, w)
   return total + conv(1, cin, last) + bn(last) + linear(last, num_classes)
 
 

@@ -24,7 +24,8 @@ Models (`get_model(name, num_classes, *, width=1.0, conv_impl="xla", **kw)`):
   lenet_encoder      768          DLG/GLFC LeNet gradient encoder (sigmoid, U(-0.5, 0.5) init)
   fedfusion          base's       FedFusion wrapper: base=<name above>, fusion=conv|multi|single
 
-Feature dims scale with `width` (channel counts c -> max(1, round(c * width))).
+Feature dims scale with `width` (channel counts c -> max(1, round(c * width)); MobileNetV2 and
+EfficientNet-B0 round to a multiple of 8, at least 8, as their reference code does).
 
 Contract of every model: `model(images, *, train, mask=None) -> (features,
 logits)` with images (B, 32, 32, 3) float32 NHWC (normalised), an optional
@@ -66,13 +67,13 @@ from fedjax_het.models.fedfusion import (FUSION_OPERATORS, FedFusion, FusionOper
 from fedjax_het.models.functional import (apply_model, count_parameters, grow_classifier,
                                           init_variables, model_summary)
 from fedjax_het.models.layers import (COMPUTE_DTYPES, CONV_IMPLS, Conv, batch_norm, conv2d,
-                                      max_pool, scale_width)
+                                      divisible_width, max_pool, scale_width)
 from fedjax_het.models.registry import MODEL_KWARGS, MODEL_NAMES, get_model
 
 __all__ = [
     "COMPUTE_DTYPES", "CONV_IMPLS", "FUSION_OPERATORS", "MODEL_KWARGS", "MODEL_NAMES",
     "Classifier", "Conv", "FedFusion", "FusionOperator", "GlobalPoolTail", "MLPTail",
-    "apply_model", "batch_norm", "conv2d", "count_parameters", "fedfusion_local_variables",
+    "apply_model", "batch_norm", "conv2d", "divisible_width", "count_parameters", "fedfusion_local_variables",
     "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",
     "init_variables", "max_pool", "model_summary", "scale_width",
 ]

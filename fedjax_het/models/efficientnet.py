@@ -11,7 +11,9 @@ widths; two 1x1 convolutions WITH bias; swish, then sigmoid), project 1x1 + BN; 
 in == out. Global average pooling, dropout 0.2 on the pooled feature in train
 mode (the FCCL+ code's `features()` returns the feature AFTER this dropout, so
 do we), Dense head 320 -> C. There is no 1280-channel head conv. Feature dim
-320 * width.
+320 * width. Under a width multiplier every block's channel count is rounded
+to a multiple of 8, at least 8 (`layers.divisible_width`, the `round_filters`
+rule of the EfficientNet reference code).
 
 Deviations from the torch code, both parameter-free:
   * The torch Block creates the expansion conv1/bn1 even when the expansion is
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_het.models.base import Classifier, GlobalPoolTail
-from fedjax_het.models.layers import Conv, batch_norm, scale_width, swish
+from fedjax_het.models.layers import Conv, batch_norm, divisible_width, swish
 
 #: (expansion, out_channels, num_blocks, kernel_size, stride) per stage.
 EFFICIENTNET_B0_STAGES = (
@@ -105,7 +107,8 @@ class EfficientNetTrunk(nn.Module):
   """Stem and the 16 MBConv blocks; output (B, 2, 2, 320 * width) on 32x32.
 
   Attributes:
-    width: width multiplier of every channel count (the expanded channels are
+    width: width multiplier of every channel count, rounded by
+      `divisible_width` (the expanded channels are
       expansion * scaled input channels, so depthwise groups stay valid).
     drop_connect_rate: see the module docstring (default 0, as the code runs).
     conv_impl: convolution implementation.
@@ -116,7 +119,7 @@ class EfficientNetTrunk(nn.Module):
 
   @property
   def out_channels(self) -> int:
-    return scale_width(EFFICIENTNET_B0_STAGES[-1][1], self.width)
+    return divisible_width(EFFICIENTNET_B0_STAGES[-1][1], self.width)
 
   @property
   def needs_dropout_rng(self) -> bool:
@@ -125,7 +128,7 @@ class EfficientNetTrunk(nn.Module):
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool,
                mask: jax.Array | None = None) -> jax.Array:
-    x = Conv(scale_width(32, self.width), 3, 1, padding=1, use_bias=False,
+    x = Conv(divisible_width(32, self.width), 3, 1, padding=1, use_bias=False,
              impl=self.conv_impl, name="conv1")(images)
     x = swish(batch_norm(x, train=train, mask=mask, name="bn1"))
     total = sum(stage[2] for stage in EFFICIENTNET_B0_STAGES)
@@ -133,7 +136,7 @@ class EfficientNetTrunk(nn.Module):
     for expansion, channels, num_blocks, kernel, stride in EFFICIENTNET_B0_STAGES:
       for i in range(num_blocks):
         se_channels = max(1, int(x.shape[-1] * SE_RATIO))
-        x = MBConv(scale_width(channels, self.width), kernel, stride if i == 0 else 1,
+        x = MBConv(divisible_width(channels, self.width), kernel, stride if i == 0 else 1,
                    expansion, se_channels, self.drop_connect_rate * b / total,
                    self.conv_impl, name=f"block{b}")(x, train=train, mask=mask)
         b += 1

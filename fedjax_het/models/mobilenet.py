@@ -8,7 +8,10 @@ depthwise 3x3 + BN + ReLU, project 1x1 + BN, plus a residual when the stride is
 1: identity if in == out, else (kuangliu's choice, kept here) a 1x1 conv + BN
 shortcut. Then 1x1 conv 320 -> 1280 + BN + ReLU, global average pooling,
 Dense head 1280 -> C. 2,296,922 parameters with 10 classes. Feature dim
-1280 * width (the width multiplier scales the last conv too).
+1280 * width (the width multiplier scales the last conv too). Under a width
+multiplier every channel count is rounded to a multiple of 8, at least 8
+(`layers.divisible_width`, the rule of the MobileNetV2 reference code), so
+width 1/8 has 8-channel early blocks, not 2-4.
 
 References:
   M. Sandler, A. Howard, M. Zhu, A. Zhmoginov, L.-C. Chen. MobileNetV2:
@@ -23,7 +26,7 @@ import flax.linen as nn
 import jax
 
 from fedjax_het.models.base import Classifier, GlobalPoolTail
-from fedjax_het.models.layers import Conv, batch_norm, scale_width
+from fedjax_het.models.layers import Conv, batch_norm, divisible_width
 
 #: (expansion t, out_channels c, num_blocks n, stride s) per stage.
 MOBILENET_V2_STAGES = (
@@ -74,18 +77,18 @@ class MobileNetV2Trunk(nn.Module):
 
   @property
   def out_channels(self) -> int:
-    return scale_width(LAST_CHANNELS, self.width)
+    return divisible_width(LAST_CHANNELS, self.width)
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool,
                mask: jax.Array | None = None) -> jax.Array:
-    x = Conv(scale_width(32, self.width), 3, 1, padding=1, use_bias=False,
+    x = Conv(divisible_width(32, self.width), 3, 1, padding=1, use_bias=False,
              impl=self.conv_impl, name="conv1")(images)
     x = nn.relu(batch_norm(x, train=train, mask=mask, name="bn1"))
     b = 0
     for expansion, channels, num_blocks, stride in MOBILENET_V2_STAGES:
       for i in range(num_blocks):
-        x = InvertedResidual(scale_width(channels, self.width), expansion,
+        x = InvertedResidual(divisible_width(channels, self.width), expansion,
                              stride if i == 0 else 1, self.conv_impl,
                              name=f"block{b}")(x, train=train, mask=mask)
         b += 1
