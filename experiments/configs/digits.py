@@ -99,7 +99,7 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
         {"mnist": 150, "usps": 80, "svhn": 2000, "syn": 1500})
     if method not in FEDAVG_FAMILY:
       # The local phase at BASE's constant learning rate: the paper's linear decay spans 40
-      # rounds, and over 5 it would leave the methods compared with BASE (SOLO) at 28% of
+      # rounds, and over 5 it would leave the methods compared with BASE (SOLO) at 46% of
       # BASE's rate in the last round. The public phase keeps its decay.
       c.local.lr_decay = 0.0
   return c
