@@ -18,7 +18,8 @@ NC = 4  # classes of the default-suite models (one shape per model: jit caches a
 # Parameter counts by hand: PyTorch's count (conv/linear weights and biases,
 # BatchNorm scale and shift; running statistics are state). These helpers
 # multiply layer shapes from the architecture tables, independently of the
-# Flax code; `w` scales channel counts like the zoo (max(1, round(c * w))).
+# Flax code; `w` scales channel counts like the zoo (max(1, round(c * w)), and
+# for MobileNetV2 / EfficientNet-B0 the multiple-of-8 rounding of `_c8`).
 # ---------------------------------------------------------------------------
 
 

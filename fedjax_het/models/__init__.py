@@ -73,7 +73,7 @@ from fedjax_het.models.registry import MODEL_KWARGS, MODEL_NAMES, get_model
 __all__ = [
     "COMPUTE_DTYPES", "CONV_IMPLS", "FUSION_OPERATORS", "MODEL_KWARGS", "MODEL_NAMES",
     "Classifier", "Conv", "FedFusion", "FusionOperator", "GlobalPoolTail", "MLPTail",
-    "apply_model", "batch_norm", "conv2d", "divisible_width", "count_parameters", "fedfusion_local_variables",
-    "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",
+    "apply_model", "batch_norm", "conv2d", "count_parameters", "divisible_width",
+    "fedfusion_local_variables", "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",
     "init_variables", "max_pool", "model_summary", "scale_width",
 ]
