@@ -17,6 +17,9 @@ one filled):
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
   * `steady_round_secs`: the median of `--rounds` further rounds;
+  * `memory_gib`: XLA's memory analysis of the round (arguments, temporaries,
+    outputs), which on a CPU depends on `--xla-cpu-scheduler` (as
+    `config.xla_cpu_scheduler`; default auto = the memory-minimising one);
   * `start_to_round1_end_secs`: from the start of the process to the end of the
     first round, what a user waits for.
 
@@ -126,14 +129,22 @@ def main():
   parser.add_argument("--rounds", type=int, default=3, help="steady-state rounds timed")
   parser.add_argument("--cache-dir", default="", help="persistent cache (default: a new temp)")
   parser.add_argument("--skip-warm", action="store_true")
+  parser.add_argument("--xla-cpu-scheduler", default="auto",
+                      choices=("auto", "concurrency", "memory"),
+                      help="XLA:CPU's scheduler in the measured processes, as "
+                           "config.xla_cpu_scheduler (auto: memory)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   if args.child:  # one measurement in this process, the cache dir given
+    from fedjax_het.engine import xla_cpu  # noqa: PLC0415
+    scheduler = xla_cpu.set_xla_cpu_scheduler(args.xla_cpu_scheduler)  # before JAX starts
     import jax  # noqa: PLC0415
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     row = _measure(args.config, args.set, args.rounds)
+    if row["backend"] == "cpu":
+      row["xla_cpu_scheduler"] = scheduler
     pathlib.Path(args.child).write_text(json.dumps(row))
     return
   cache = args.cache_dir or tempfile.mkdtemp(prefix="fedjax_het_first_round_cache_")
@@ -145,7 +156,8 @@ def main():
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
       out = handle.name
     command = [sys.executable, __file__, "--config", args.config, "--rounds", str(args.rounds),
-               "--cache-dir", cache, "--child", out]
+               "--cache-dir", cache, "--child", out,
+               "--xla-cpu-scheduler", args.xla_cpu_scheduler]
     for item in args.set:
       command += ["--set", item]
     subprocess.run(command, check=True)

@@ -74,16 +74,22 @@ for _name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
 
 def main(argv):
   del argv
+  import jax  # pylint: disable=g-import-not-at-top
   from fedjax_het.errors import ConfigError, UserError  # pylint: disable=g-import-not-at-top
-  from fedjax_het.engine import sharding  # pylint: disable=g-import-not-at-top
+  from fedjax_het.engine import sharding, xla_cpu  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
   logging.info("workdir: %s", workdir)
   try:
-    # Before any JAX computation: the device count and the process group are fixed at start.
+    # Before any JAX computation: the scheduler, the device count and the process group are
+    # fixed when the backend starts.
+    scheduler = xla_cpu.set_xla_cpu_scheduler(config.xla_cpu_scheduler)
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                     num_cpu_devices=_NUM_CPU_DEVICES.value)
+    if jax.default_backend() == "cpu":
+      logging.info("XLA:CPU scheduler: %s (config.xla_cpu_scheduler=%r; XLA_FLAGS=%r)", scheduler,
+                   config.xla_cpu_scheduler, os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
                         "'class_incremental' (its trainer runs in one process).")

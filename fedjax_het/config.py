@@ -21,6 +21,7 @@ import ml_collections
 
 from fedjax_het import algorithms, validation
 from fedjax_het.data.scenarios import OFFICE_TESTS
+from fedjax_het.engine import xla_cpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
@@ -61,6 +62,10 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.rounds_per_call = 1
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
   c.memory_check = True                  # fail before training if a round cannot fit in memory
+  # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
+  # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
+  # machine), or concurrency (XLA's default). Same numbers either way. See engine/xla_cpu.py.
+  c.xla_cpu_scheduler = "auto"
   # Resuming a workdir refuses a changed config; fields named here may differ (comma-separated
   # names or section prefixes, e.g. "num_rounds" to extend a run). See fedjax_het.workdir.
   c.resume_allow_changes = ""
@@ -134,6 +139,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "num_rounds", int_at_least(1), "an integer >= 1")
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
+  check(config, "xla_cpu_scheduler", choice(xla_cpu.SCHEDULERS), f"one of {xla_cpu.SCHEDULERS}")
   check(config, "resume_allow_changes", lambda v: isinstance(v, str),
         "a comma-separated string of config field names (\"\" for none)")
   if config.num_rounds % config.rounds_per_call:

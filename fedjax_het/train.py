@@ -56,7 +56,7 @@ from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
-from fedjax_het.engine import rounds, sharding
+from fedjax_het.engine import rounds, sharding, xla_cpu
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
 from fedjax_het.errors import ConfigError, RoundTooLargeError
@@ -64,10 +64,33 @@ from fedjax_het.evaluation import intra_inter, stack_test_sets
 
 
 def resolve_conv_impl(conv_impl: str) -> str:
-  """'auto' -> 'im2col' on CPU (avoids the conv-gradient-in-scan slowdown), else 'xla'."""
+  """'auto' -> 'im2col' on CPU (avoids the conv-gradient-in-scan slowdown), else 'xla'.
+
+  On a CPU, `train_and_evaluate` switches an 'auto' run to 'custom_vjp' when
+  the im2col round needs more than `LOW_MEMORY_FRACTION` of the available
+  memory (`needs_low_memory_convs`).
+  """
   if conv_impl != "auto":
     return conv_impl
   return "im2col" if jax.default_backend() == "cpu" else "xla"
+
+
+#: Share of the available memory above which an "auto" CPU run trades im2col convolutions for
+#: custom-VJP ones (same parameters, same values to float32 rounding, about half the memory of
+#: the full FCCL+ Digits round). Below 1 because XLA's estimate is not the process's peak: a run
+#: whose im2col round was estimated at 19.9 GiB was killed at 22.3 GiB resident on a 23 GiB machine.
+LOW_MEMORY_FRACTION = 0.75
+
+
+def needs_low_memory_convs(config: ml_collections.ConfigDict, conv_impl: str, need: int,
+                           available: int | None) -> bool:
+  """Whether an "auto" run compiled with im2col convolutions should switch to custom_vjp.
+
+  Not when `config.memory_check` is False: that run takes its memory risk as configured.
+  """
+  return (config.models.conv_impl == "auto" and conv_impl == "im2col"
+          and bool(config.memory_check) and available is not None
+          and need > LOW_MEMORY_FRACTION * available)
 
 
 def available_memory_bytes(device: Any) -> int | None:
@@ -88,6 +111,14 @@ def available_memory_bytes(device: Any) -> int | None:
   return None
 
 
+def estimated_bytes(compiled: Any) -> int:
+  """Temporaries + outputs of a compiled program (XLA memory analysis; 0 when unknown)."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return 0
+  return int(analysis.temp_size_in_bytes) + int(analysis.output_size_in_bytes)
+
+
 def check_round_memory(compiled: Any, config: ml_collections.ConfigDict,
                        available: int | None) -> int:
   """Raises before training when XLA's memory analysis says a round cannot fit.
@@ -97,18 +128,21 @@ def check_round_memory(compiled: Any, config: ml_collections.ConfigDict,
   RESOURCE_EXHAUSTED only after minutes of compilation (e.g. the full-width
   paper config on a 32 GB CPU machine).
   """
-  analysis = compiled.memory_analysis()
-  if analysis is None:
-    return 0
-  need = int(analysis.temp_size_in_bytes) + int(analysis.output_size_in_bytes)
+  need = estimated_bytes(compiled)
   if config.memory_check and available is not None and need > available:
     gib = 2.0 ** 30
     fields = ", ".join(f"config.{name} ({value})" for name, value in _batch_size_fields(config))
+    scheduler = ""
+    if jax.default_backend() == "cpu" and xla_cpu.scheduler_in_force() == "concurrency":
+      scheduler = (f"XLA:CPU's memory-minimising scheduler (config.xla_cpu_scheduler='memory' "
+                   f"with experiments/train.py, or XLA_FLAGS={xla_cpu.FLAG}=false before JAX "
+                   f"starts; it is the concurrency one in this process), ")
     raise RoundTooLargeError(
         f"config {config.name!r} needs about {need / gib:.1f} GiB for one round (XLA memory "
         f"analysis) but {available / gib:.1f} GiB is available on {jax.default_backend()}. "
         f"Lower {fields} or config.models.width ({config.models.width}), use "
-        f"config.models.conv_impl='xla' (less memory, slower on CPU), or run on an "
+        f"{scheduler}config.models.conv_impl='custom_vjp' or 'xla' (less memory, slower on "
+        f"CPU), or run on an "
         f"accelerator with more memory; config.memory_check=False skips this check.")
   return need
 
@@ -194,7 +228,9 @@ def check_data_sizes(config: ml_collections.ConfigDict, scenario: data_lib.Scena
 class Experiment:
   """A configured run: data, groups, algorithm and jitted functions (no state)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, mesh: Any = None):
+  def __init__(self, config: ml_collections.ConfigDict, *, mesh: Any = None,
+               conv_impl: str | None = None):
+    """`conv_impl` (im2col / xla / custom_vjp) overrides `config.models.conv_impl`."""
     validate_config(config)
     self.config = config
     self.scenario = build_scenario(config)
@@ -208,7 +244,7 @@ class Experiment:
     if len(archs) != k:
       raise ConfigError(f"config.models.architectures has {len(archs)} entries but scenario "
                         f"{scenario.name!r} has {k} participants ({scenario.domains}).")
-    self.conv_impl = resolve_conv_impl(config.models.conv_impl)
+    self.conv_impl = conv_impl or resolve_conv_impl(config.models.conv_impl)
     width = float(config.models.width)
     self.mesh = mesh
     slot_multiple = mesh.devices.size if mesh is not None else 1
@@ -369,6 +405,8 @@ class Experiment:
                          zip(self.client_names, sc.domains, self.architectures)],
         "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
         "conv_impl": self.conv_impl, "backend": jax.default_backend(),
+        **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()}
+           if jax.default_backend() == "cpu" else {}),
         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
         "python": platform.python_version(),
         **({"processes": jax.process_count()} if jax.process_count() > 1 else {}),
@@ -446,7 +484,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     # The evaluation (and diagnostics) compile now too, beside the round: the first round's
     # time, and so the progress bar's ETA, then count training rounds only.
     run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
-    need = check_round_memory(run_rounds, config, available_memory_bytes(jax.devices()[0]))
+    available = available_memory_bytes(jax.devices()[0])
+    need = estimated_bytes(run_rounds)
+    if needs_low_memory_convs(config, experiment.conv_impl, need, available):
+      logging.warning("the round with im2col convolutions needs about %.1f GiB of the %.1f GiB "
+                      "available: compiling it again with custom_vjp convolutions (less memory, "
+                      "same parameters; config.models.conv_impl='auto')", need / 2.0 ** 30,
+                      available / 2.0 ** 30)
+      del run_rounds
+      experiment = Experiment(config, mesh=mesh, conv_impl="custom_vjp")
+      run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
+      if primary:
+        workdir_lib.write_atomic(workdir / "metadata.json",
+                                 json.dumps(experiment.metadata(), indent=2) + "\n")
+    need = check_round_memory(run_rounds, config, available)
     logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
                  "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)
   # Made after compiling: its rate and ETA count training rounds only.

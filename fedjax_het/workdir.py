@@ -41,7 +41,8 @@ RUN_FILE = "run.json"
 NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
                   "checkpoint.every", "eval.last_rounds", "eval.targets",
                   "eval.target_accuracy",  # the single target that eval.targets replaced
-                  "scenario.data_dir", "resume_allow_changes")
+                  "scenario.data_dir", "resume_allow_changes",
+                  "xla_cpu_scheduler")  # the two schedulers give bitwise-identical rounds
 
 
 #: Config fields added after runs were recorded without them, with the values under which such

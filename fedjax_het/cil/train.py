@@ -85,7 +85,7 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.cil import glfc as glfc_lib, icarl as icarl_lib, masking, metrics as cil_metrics
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import aggregation, cohort, local, rounds
+from fedjax_het.engine import aggregation, cohort, local, rounds, xla_cpu
 from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import OPTIMIZERS, make_optimizer
@@ -126,6 +126,7 @@ def cil_config(method: str = "fedavg_cil") -> ml_collections.ConfigDict:
       "seed": 0,
       "compilation_cache_dir": "~/.cache/fedjax_het/jax",  # "" disables the persistent cache
       "resume_allow_changes": "",
+      "xla_cpu_scheduler": "auto",     # as config.base_config: fixed when JAX starts
       "scenario": {
           "name": SCENARIO,
           "dataset": "cifar100",
@@ -172,6 +173,8 @@ def validate_cil_config(config: ml_collections.ConfigDict) -> None:
   number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
   v.check(config, "method", v.choice(METHODS), f"one of {METHODS}")
   v.check(config, "seed", v.int_at_least(0), "an integer >= 0")
+  v.check(config, "xla_cpu_scheduler", v.choice(xla_cpu.SCHEDULERS),
+          f"one of {xla_cpu.SCHEDULERS}")
   v.check(config, "scenario.name", v.choice((SCENARIO,)), f"{SCENARIO!r}")
   datasets = tuple(incremental.INCREMENTAL_DATASETS)
   v.check(config, "scenario.dataset", v.choice(datasets), f"one of {datasets}")

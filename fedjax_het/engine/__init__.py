@@ -10,6 +10,7 @@
   optim        torch-style optimisers (optax.inject_hyperparams), round schedules
   rounds       make_round_fn / make_run_rounds: one jitted program per call
   sharding     the `clients` mesh axis
+  xla_cpu      XLA:CPU's instruction scheduler (memory-minimising for the paper-size rounds)
 
 The engine imports no algorithm: algorithms -> engine -> models / losses / data.
 """

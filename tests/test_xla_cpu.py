@@ -1,0 +1,162 @@
+"""XLA:CPU's scheduler setting and the low-memory convolution fallback of "auto" runs."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from fedjax_het import train as train_lib
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.engine import xla_cpu
+from fedjax_het.errors import ConfigError
+from fedjax_het.train import train_and_evaluate
+from tests.test_train import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_resolve_maps_auto_to_memory_and_names_the_field_of_a_bad_choice():
+  assert [xla_cpu.resolve(c) for c in xla_cpu.SCHEDULERS] == ["memory", "concurrency", "memory"]
+  with pytest.raises(ConfigError, match=r"config.xla_cpu_scheduler must be one of "
+                                        r"\('auto', 'concurrency', 'memory'\), got 'fast'"):
+    xla_cpu.resolve("fast")
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ("", None),
+    ("--xla_force_host_platform_device_count=4", None),
+    (f"{xla_cpu.FLAG}=false", "memory"),
+    (f"{xla_cpu.FLAG}=False --xla_dump_to=/tmp/x", "memory"),
+    (f"{xla_cpu.FLAG}=true", "concurrency"),
+    (f"{xla_cpu.FLAG}", "concurrency"),
+    (f"{xla_cpu.FLAG}=true {xla_cpu.FLAG}=false", "memory"),  # the last one wins, as in XLA
+])
+def test_flag_in_environment_reads_xla_flags(monkeypatch, flags, expected):
+  monkeypatch.setenv("XLA_FLAGS", flags)
+  assert xla_cpu.flag_in_environment() == expected
+
+
+def test_after_the_backend_started_nothing_is_changed(monkeypatch):
+  jax.numpy.zeros(1).block_until_ready()  # this process's backend is running
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+  assert xla_cpu.backend_started()
+  assert xla_cpu.set_xla_cpu_scheduler("memory") == "concurrency"  # XLA's default is in force
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+  with pytest.raises(ConfigError, match="config.xla_cpu_scheduler"):
+    xla_cpu.set_xla_cpu_scheduler("fast")
+
+
+def test_config_validation_names_the_scheduler_field():
+  config = tiny_config(xla_cpu_scheduler="low")
+  with pytest.raises(ConfigError, match=r"xla_cpu_scheduler.*one of \('auto', 'concurrency', "
+                                        r"'memory'\)"):
+    train_lib.validate_config(config)
+
+
+# Run in a fresh process (the flag is read when the backend starts): one FCCL+ round of the tiny
+# heterogeneous config, then its XLA memory estimate and a digest of every state leaf's bytes.
+_ONE_ROUND = """
+import hashlib, json, sys
+sys.path.insert(0, {repo!r})
+from fedjax_het.engine import xla_cpu
+in_force = xla_cpu.set_xla_cpu_scheduler({choice!r})
+import jax, numpy as np
+from fedjax_het import train as train_lib
+from fedjax_het import workdir as workdir_lib
+from tests.test_train import tiny_config
+experiment = train_lib.Experiment(tiny_config(num_rounds=1))
+state = experiment.init_state()
+compiled = experiment.compile_rounds(state)
+state, _ = compiled(state, experiment.data)
+digest = hashlib.sha256()
+for leaf in jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.asarray, state)):
+  digest.update(np.ascontiguousarray(leaf).tobytes())
+print(json.dumps({{"in_force": in_force, "xla_flags": __import__("os").environ["XLA_FLAGS"],
+                  "need": train_lib.estimated_bytes(compiled), "digest": digest.hexdigest()}}))
+"""
+
+
+def _one_round(choice, tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(JAX_PLATFORMS="cpu", FEDJAX_HET_CACHE_DIR=str(tmp_path / "data_cache"))
+  env.pop("FEDJAX_HET_DATA_DIR", None)
+  out = subprocess.run([sys.executable, "-c", _ONE_ROUND.format(repo=str(REPO), choice=choice)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # two fresh processes compiling a heterogeneous round: about a minute
+def test_the_memory_scheduler_is_in_force_lowers_the_estimate_and_keeps_every_bit(tmp_path):
+  memory, concurrency = _one_round("auto", tmp_path), _one_round("concurrency", tmp_path)
+  assert memory["in_force"] == "memory" and concurrency["in_force"] == "concurrency"
+  assert memory["xla_flags"] == f"{xla_cpu.FLAG}=false"
+  assert concurrency["xla_flags"] == f"{xla_cpu.FLAG}=true"
+  # The flag reached XLA: the same program is scheduled for a lower peak of live buffers...
+  assert 0 < memory["need"] < concurrency["need"]
+  # ...and computes exactly the same round.
+  assert memory["digest"] == concurrency["digest"]
+
+
+def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monkeypatch):
+  # Any estimate is "too large" at fraction 0; the memory guard itself sees plenty of memory.
+  monkeypatch.setattr(train_lib, "LOW_MEMORY_FRACTION", 0.0)
+  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
+  built = []
+  init = train_lib.Experiment.__init__
+
+  def recording_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    built.append(self.conv_impl)
+
+  monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
+  switched = train_and_evaluate(tiny_config(name="fallback", **common), tmp_path / "auto")
+  assert built == ["im2col", "custom_vjp"]
+  metadata = json.loads((tmp_path / "auto" / "metadata.json").read_text())
+  assert metadata["conv_impl"] == "custom_vjp"
+  assert metadata["xla_cpu_scheduler"] == xla_cpu.scheduler_in_force()
+  # The same run as one configured with custom_vjp convolutions from the start (no switch: the
+  # fallback is for "auto" only).
+  built.clear()
+  explicit = train_and_evaluate(
+      tiny_config(name="fallback", **common, **{"models.conv_impl": "custom_vjp"}),
+      tmp_path / "explicit")
+  assert built == ["custom_vjp"]
+  assert switched["results"] == explicit["results"]
+  assert switched["last_record"].keys() == explicit["last_record"].keys()
+  for key, value in explicit["last_record"].items():
+    if not key.startswith("time/"):
+      assert switched["last_record"][key] == value, key
+
+
+@pytest.mark.parametrize("conv_impl,memory_check,need,expected", [
+    ("auto", True, 18, True),          # im2col above 75% of 23: switch
+    ("auto", True, 17, False),         # below: keep im2col
+    ("im2col", True, 18, False),       # asked for by name: never second-guessed
+    ("auto", False, 18, False),        # config.memory_check=False: the user takes the risk
+])
+def test_needs_low_memory_convs(conv_impl, memory_check, need, expected):
+  config = tiny_config(**{"models.conv_impl": conv_impl, "memory_check": memory_check})
+  gib = 2 ** 30
+  assert train_lib.needs_low_memory_convs(config, "im2col", need * gib, 23 * gib) is expected
+  assert not train_lib.needs_low_memory_convs(config, "xla", need * gib, 23 * gib)
+  assert not train_lib.needs_low_memory_convs(config, "im2col", need * gib, None)
+
+
+def test_the_scheduler_never_blocks_a_resume():
+  config = tiny_config(xla_cpu_scheduler="concurrency")
+  new = {"config": workdir_lib.flatten_config(config), "data": {"fingerprint": "f", "sources": {}}}
+  allowed = workdir_lib.allowed_changes(config)
+  older = {"config": {k: v for k, v in new["config"].items() if k != "xla_cpu_scheduler"},
+           "data": new["data"]}  # a workdir recorded before the field existed
+  switched = {"config": {**new["config"], "xla_cpu_scheduler": "memory"}, "data": new["data"]}
+  assert workdir_lib.differences(older, new, allowed) == []
+  assert workdir_lib.differences(switched, new, allowed) == []
+  # ...while a field that changes the numbers still does.
+  seeded = {"config": {**new["config"], "seed": 5}, "data": new["data"]}
+  assert workdir_lib.differences(seeded, new, allowed) == ["config.seed: 5 -> 0"]
