@@ -84,12 +84,13 @@ def main(argv):
   try:
     # Before any JAX computation: the scheduler, the device count and the process group are
     # fixed when the backend starts.
-    scheduler = xla_cpu.set_xla_cpu_scheduler(config.xla_cpu_scheduler)
+    choice = config.get("xla_cpu_scheduler", "auto")  # a user's older config may lack it
+    scheduler = xla_cpu.set_xla_cpu_scheduler(choice)
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                     num_cpu_devices=_NUM_CPU_DEVICES.value)
     if jax.default_backend() == "cpu":
       logging.info("XLA:CPU scheduler: %s (config.xla_cpu_scheduler=%r; XLA_FLAGS=%r)", scheduler,
-                   config.xla_cpu_scheduler, os.environ.get("XLA_FLAGS", ""))
+                   choice, os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
                         "'class_incremental' (its trainer runs in one process).")

@@ -484,7 +484,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     # The evaluation (and diagnostics) compile now too, beside the round: the first round's
     # time, and so the progress bar's ETA, then count training rounds only.
     run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
-    available = available_memory_bytes(jax.devices()[0])
+    available = sharding.primary_bytes(available_memory_bytes(jax.devices()[0]))
     need = estimated_bytes(run_rounds)
     if needs_low_memory_convs(config, experiment.conv_impl, need, available):
       logging.warning("the round with im2col convolutions needs about %.1f GiB of the %.1f GiB "

@@ -160,3 +160,14 @@ def test_the_scheduler_never_blocks_a_resume():
   # ...while a field that changes the numbers still does.
   seeded = {"config": {**new["config"], "seed": 5}, "data": new["data"]}
   assert workdir_lib.differences(seeded, new, allowed) == ["config.seed: 5 -> 0"]
+
+
+def test_cli_names_the_field_of_a_bad_scheduler_and_writes_nothing(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
+       "--config.xla_cpu_scheduler=fast", f"--workdir={tmp_path / 'run'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 1
+  assert ("error: config.xla_cpu_scheduler must be one of ('auto', 'concurrency', 'memory'), "
+          "got 'fast'.") in out.stderr
+  assert not (tmp_path / "run").exists()

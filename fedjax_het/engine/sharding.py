@@ -92,6 +92,20 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def primary_bytes(value: int | None) -> int | None:
+  """Process 0's byte count (or None) in every process; `value` itself in one process.
+
+  For decisions that must be the same everywhere, such as whether the round
+  fits in memory: each process measures its own free memory, and two
+  processes deciding differently would compile different programs.
+  """
+  if jax.process_count() == 1:
+    return value
+  mib = -1.0 if value is None else value / 2.0 ** 20  # float32 MiB: no int32 overflow
+  agreed = float(multihost_utils.broadcast_one_to_all(np.float32(mib)))
+  return None if agreed < 0 else int(agreed * 2.0 ** 20)
+
+
 def fetch(tree: Any) -> Any:
   """`jax.device_get(tree)`, also for arrays sharded across processes.
 
