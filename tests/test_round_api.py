@@ -303,10 +303,14 @@ def _check_against(recorded, variant, tiny, tmp_path):
     np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-# FCCL's pin in the default suite; FCCL+'s and SOLO's (also trained end to end by
-# test_train in the default suite) in the slow one.
-@pytest.mark.parametrize("variant", [pytest.param("fcclplus", marks=pytest.mark.slow), "fccl",
-                                     pytest.param("solo", marks=pytest.mark.slow)])
+# SOLO's pin in the default suite, FCCL's and FCCL+'s in the slow one. FCCL and FCCL+ train
+# their public phase with the default fresh Adam per public batch, i.e. sign-SGD, which turns
+# float32 rounding into +-lr steps: their numbers hold only for the x86 CPU model they were
+# recorded on (same jax, a CPU with AVX-512 FP16: up to 4% apart, e.g. FCCL's local dual loss of
+# SYN; SOLO's identical). SOLO's pin checks the v2 engine blocks (groups, masked batches, the
+# local scan, evaluation) to the last bit on any of them.
+@pytest.mark.parametrize("variant", [pytest.param("fcclplus", marks=pytest.mark.slow),
+                                     pytest.param("fccl", marks=pytest.mark.slow), "solo"])
 def test_round_api_v2_reproduces_the_pre_v2_numbers_tiny(variant, tmp_path):
   _check_against(TINY_ROUND_2[variant], variant, True, tmp_path)
 
