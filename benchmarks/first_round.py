@@ -123,6 +123,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int) -> dict:
 
 
 def main():
+  from fedjax_het.engine import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="digits_fcclplus_quick")
   parser.add_argument("--set", action="append", default=[], help="field=value override")
@@ -130,14 +131,13 @@ def main():
   parser.add_argument("--cache-dir", default="", help="persistent cache (default: a new temp)")
   parser.add_argument("--skip-warm", action="store_true")
   parser.add_argument("--xla-cpu-scheduler", default="auto",
-                      choices=("auto", "concurrency", "memory"),
+                      choices=xla_cpu.SCHEDULERS,
                       help="XLA:CPU's scheduler in the measured processes, as "
                            "config.xla_cpu_scheduler (auto: memory)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   if args.child:  # one measurement in this process, the cache dir given
-    from fedjax_het.engine import xla_cpu  # noqa: PLC0415
     scheduler = xla_cpu.set_xla_cpu_scheduler(args.xla_cpu_scheduler)  # before JAX starts
     import jax  # noqa: PLC0415
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)

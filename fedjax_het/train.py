@@ -229,11 +229,12 @@ class Experiment:
   """A configured run: data, groups, algorithm and jitted functions (no state)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, mesh: Any = None,
-               conv_impl: str | None = None):
-    """`conv_impl` (im2col / xla / custom_vjp) overrides `config.models.conv_impl`."""
+               conv_impl: str | None = None, scenario: data_lib.Scenario | None = None):
+    """`conv_impl` (im2col / xla / custom_vjp) overrides `config.models.conv_impl`;
+    `scenario` reuses data already built for `config` (else `build_scenario(config)`)."""
     validate_config(config)
     self.config = config
-    self.scenario = build_scenario(config)
+    self.scenario = scenario if scenario is not None else build_scenario(config)
     scenario = self.scenario
     self.client_names = _client_names(list(scenario.domains))
     check_data_sizes(config, scenario, self.client_names)
@@ -492,7 +493,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                       "same parameters; config.models.conv_impl='auto')", need / 2.0 ** 30,
                       available / 2.0 ** 30)
       del run_rounds
-      experiment = Experiment(config, mesh=mesh, conv_impl="custom_vjp")
+      experiment = Experiment(config, mesh=mesh, conv_impl="custom_vjp",
+                              scenario=experiment.scenario)
       run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
       if primary:
         workdir_lib.write_atomic(workdir / "metadata.json",

@@ -114,9 +114,13 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
     built.append(self.conv_impl)
 
   monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  build, scenarios = train_lib.build_scenario, []
+  monkeypatch.setattr(train_lib, "build_scenario",
+                      lambda config: scenarios.append(1) or build(config))
   common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
   switched = train_and_evaluate(tiny_config(name="fallback", **common), tmp_path / "auto")
   assert built == ["im2col", "custom_vjp"]
+  assert len(scenarios) == 1  # the second Experiment reuses the data the first one built
   metadata = json.loads((tmp_path / "auto" / "metadata.json").read_text())
   assert metadata["conv_impl"] == "custom_vjp"
   assert metadata["xla_cpu_scheduler"] == xla_cpu.scheduler_in_force()
