@@ -96,6 +96,7 @@ if torch.cuda.is_available():  # before jax creates its client: both frameworks 
 
 # pylint: disable=wrong-import-position
 from fedjax_het.data.scenarios import SCENARIOS  # noqa: E402
+from fedjax_het.engine import xla_cpu  # noqa: E402
 from fedjax_het.losses.fccl import (FCCM_EPS, FCCM_OFF_DIAGONAL_WEIGHT,  # noqa: E402
                                     FISL_TEMPERATURE)
 from fedjax_het.models.efficientnet import EFFICIENTNET_B0_STAGES, SE_RATIO  # noqa: E402
@@ -665,8 +666,12 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--skip-engine", action="store_true")
   parser.add_argument("--skip-torch", action="store_true")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--xla-cpu-scheduler", default="auto", choices=xla_cpu.SCHEDULERS,
+                      help="XLA:CPU's scheduler for the engine, as config.xla_cpu_scheduler "
+                           "(auto: memory, what experiments/train.py uses)")
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
+  scheduler = xla_cpu.set_xla_cpu_scheduler(args.xla_cpu_scheduler)  # before JAX computes
   flavours = [f for f in args.flavours.split(",") if f]
   unknown = sorted(set(flavours) - set(FLAVOURS))
   if unknown:
@@ -688,6 +693,8 @@ def main(argv: list[str] | None = None) -> dict:
   if not args.skip_engine:
     report["engine"] = time_engine(args.config, args.set, args.rounds, config)
     report["machine"]["jax_backend"] = report["engine"]["backend"]
+    if report["engine"]["backend"] == "cpu":
+      report["machine"]["xla_cpu_scheduler"] = scheduler
     print("[engine] " + ", ".join(f"{k} {v:.2f}" for k, v in report["engine"].items()
                                   if k.endswith("_secs")), flush=True)
     write()
