@@ -21,7 +21,12 @@ one filled):
     outputs), which on a CPU depends on `--xla-cpu-scheduler` (as
     `config.xla_cpu_scheduler`; default auto = the memory-minimising one);
   * `start_to_round1_end_secs`: from the start of the process to the end of the
-    first round, what a user waits for.
+    first round, what a user waits for;
+  * with `--compile-profile`, `compile_profile`: XLA's own breakdown of the
+    compile step (HLO passes, kernel emission, LLVM code generation, ...; see
+    `compile_profile.py`), from a profiler trace of it; the profiler adds a
+    few percent to that run's `compile_secs`. In the warm phase it shows what
+    a persistent-cache hit still costs (loading the executable).
 
 The lowered StableHLO's size (characters and lines) is reported as a measure of
 how much the tracer produced. JSON rows {"cold": ..., "warm": ...} go to `--out`.
@@ -66,7 +71,8 @@ def set_field(config, field: str, value: str) -> None:
   node[leaf] = parsed
 
 
-def _measure(config_name: str, overrides: list[str], rounds: int) -> dict:
+def _measure(config_name: str, overrides: list[str], rounds: int, *,
+             compile_profile: bool = False) -> dict:
   import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
 
   from fedjax_het.train import Experiment  # noqa: PLC0415
@@ -94,7 +100,11 @@ def _measure(config_name: str, overrides: list[str], rounds: int) -> dict:
   text = lowered.as_text()
   row["stablehlo_chars"], row["stablehlo_lines"] = len(text), text.count("\n")
   tick = time.perf_counter()
-  compiled = lowered.compile()
+  if compile_profile:
+    import compile_profile as profiling  # noqa: PLC0415 (benchmarks/, beside this script)
+    compiled, row["compile_profile"] = profiling.profile_compile(lowered.compile)
+  else:
+    compiled = lowered.compile()
   row["compile_secs"] = time.perf_counter() - tick
   tick = time.perf_counter()
   state, _ = compiled(state, experiment.data)
@@ -134,6 +144,8 @@ def main():
                       choices=xla_cpu.SCHEDULERS,
                       help="XLA:CPU's scheduler in the measured processes, as "
                            "config.xla_cpu_scheduler (auto: memory)")
+  parser.add_argument("--compile-profile", action="store_true",
+                      help="profile the round's XLA compile (compile_profile.py)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="")
   args = parser.parse_args()
@@ -142,7 +154,7 @@ def main():
     import jax  # noqa: PLC0415
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    row = _measure(args.config, args.set, args.rounds)
+    row = _measure(args.config, args.set, args.rounds, compile_profile=args.compile_profile)
     if row["backend"] == "cpu":
       row["xla_cpu_scheduler"] = scheduler
     pathlib.Path(args.child).write_text(json.dumps(row))
@@ -158,12 +170,18 @@ def main():
     command = [sys.executable, __file__, "--config", args.config, "--rounds", str(args.rounds),
                "--cache-dir", cache, "--child", out,
                "--xla-cpu-scheduler", args.xla_cpu_scheduler]
+    if args.compile_profile:
+      command.append("--compile-profile")
     for item in args.set:
       command += ["--set", item]
     subprocess.run(command, check=True)
     report[phase] = json.loads(pathlib.Path(out).read_text())
     print(f"[{phase}] " + ", ".join(f"{k} {v:.1f}" for k, v in report[phase].items()
                                     if k.endswith("_secs")), flush=True)
+    if "compile_profile" in report[phase]:
+      print(f"[{phase}] XLA compile: " + ", ".join(
+          f"{k} {v:.1f}" for k, v in report[phase]["compile_profile"]["phases"].items()),
+          flush=True)
     if args.out:  # after each phase: a run killed in the warm phase keeps the cold figures
       pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
   if "warm" in report:
