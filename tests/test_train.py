@@ -5,6 +5,8 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import chex
 import jax
@@ -130,15 +132,41 @@ def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monke
   config.memory_check = False  # the documented way past the check; the run starts at round 0
   # The progress bar starts after compilation, so its rate and ETA count rounds only.
   events = []
-  compile_rounds = Experiment.compile_rounds
-  monkeypatch.setattr(Experiment, "compile_rounds",
-                      lambda self, state: events.append("compile") or compile_rounds(self, state))
+  compile_all = Experiment.compile_all
+  monkeypatch.setattr(Experiment, "compile_all", lambda self, state, **kw: events.append(
+      "compile") or compile_all(self, state, **kw))
   progress_init = reporting.Progress.__init__
   monkeypatch.setattr(reporting.Progress, "__init__",
                       lambda self, *a, **k: events.append("progress") or progress_init(self, *a, **k))
   result = train_and_evaluate(config, tmp_path)
   assert [r["round"] for r in result["records"]] == [1]
   assert events == ["compile", "progress"]
+
+
+def test_compile_all_compiles_the_evaluation_in_a_worker_before_the_rounds_compile(monkeypatch):
+  experiment = Experiment(tiny_config(name="compile_all"))
+  state = experiment.init_state()
+  spans = []
+  compile_lowered = jax.stages.Lowered.compile
+
+  def recording(self, *args, **kwargs):
+    start = time.perf_counter()
+    compiled = compile_lowered(self, *args, **kwargs)
+    spans.append((threading.current_thread().name, start, time.perf_counter()))
+    return compiled
+
+  monkeypatch.setattr(jax.stages.Lowered, "compile", recording)
+  compiled = experiment.compile_all(state)
+  worker = [span for span in spans if span[0].startswith("fedjax_het_compile")]
+  main = [span for span in spans if span not in worker]
+  assert len(worker) == 2 and len(main) == 1, spans  # evaluation + diagnostics; the round
+  assert main[0][1] >= max(end for _, _, end in worker)  # never two XLA compiles at once
+  # The kept executables are the ones used, and they compute what the jitted functions do.
+  state, _ = compiled(state, experiment.data)
+  jax.tree_util.tree_map(np.testing.assert_array_equal,
+                         experiment._evaluate_compiled(state, experiment.data.test),
+                         jax.jit(experiment.algorithm.evaluate)(state, experiment.data.test))
+  assert experiment._diagnostics_compiled is not None
 
 
 @pytest.mark.slow  # 33 s; the guard test above keeps the estimate in the default suite
