@@ -17,7 +17,7 @@ import numpy as np
 
 from fedjax_het import models
 from fedjax_het.engine import batching
-from fedjax_het.engine.clients import ClientGroup
+from fedjax_het.engine.clients import ClientGroup, vmap_slots
 
 
 class TestData(NamedTuple):
@@ -70,8 +70,8 @@ def make_evaluator(groups: Sequence[ClientGroup], *, batch_size: int, max_size: 
     for group in groups:
       variables = state["groups"][group.name]["variables"]
       per_domain = jax.vmap(accuracy, in_axes=(None, None, 0, 0, 0))
-      per_client = jax.vmap(lambda v: per_domain(group.model, v, test.images, test.labels,
-                                                  test.sizes))
+      per_client = vmap_slots(lambda v: per_domain(group.model, v, test.images, test.labels,
+                                                    test.sizes))
       out[group.name] = per_client(variables)
     return out
 

@@ -254,6 +254,35 @@ def test_client_keys_depend_only_on_the_participant_index():
 # --------------------------------------------------------------------------- schedules
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_vmap_slots_equals_vmap_and_skips_the_batching_trace_for_one_slot(slots):
+  tracers = []
+
+  def fn(w, x, key, scale):
+    tracers.append(type(w).__name__)
+    noise = jax.random.normal(key, (2,))
+    return {"y": jnp.tanh(x @ w) * scale + noise[0], "norm": jnp.sum(w * w)}, noise
+
+  w = jax.random.normal(jax.random.key(0), (slots, 4, 2))
+  x = jax.random.normal(jax.random.key(1), (5, 4))
+  keys = jax.random.split(jax.random.key(2), slots)
+  expected = jax.vmap(fn, in_axes=(0, None, 0, None))(w, x, keys, 0.5)
+  tracers.clear()
+  got = jax.jit(clients.vmap_slots(fn, in_axes=(0, None, 0, None)))(w, x, keys, 0.5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6),
+                         got, expected)
+  assert jax.tree_util.tree_map(jnp.shape, got) == jax.tree_util.tree_map(jnp.shape, expected)
+  # One slot: fn is traced on slot 0 directly, no batching interpreter; several: vmap.
+  assert tracers == (["DynamicJaxprTracer"] if slots == 1 else ["BatchTracer"])
+
+
+def test_vmap_slots_rejects_axes_other_than_0_and_none():
+  with pytest.raises(ValueError, match="in_axes must be 0 or None per argument"):
+    clients.vmap_slots(lambda a: a, in_axes=(1,))(jnp.ones((1, 2)))
+  with pytest.raises(ValueError, match="in_axes must be 0 or None per argument"):
+    clients.vmap_slots(lambda a, b: a, in_axes=(0,))(jnp.ones((1, 2)), jnp.ones(2))
+
+
 def test_round_decay_schedule_is_exact_in_the_first_two_rounds_and_linear_after():
   schedule = optim.round_decay_schedule(1e-3, 40, 0.9)
   assert float(schedule(0)) == float(schedule(1)) == float(np.float32(1e-3))

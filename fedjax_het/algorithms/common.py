@@ -14,7 +14,7 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import public
 from fedjax_het.engine.api import Algorithm, Diagnostics, Setup
 from fedjax_het.engine.clients import (ClientGroup, client_keys, slot_active, slot_ids,
-                                       where_active)
+                                       vmap_slots, where_active)
 from fedjax_het.engine.optim import apply_updates
 from fedjax_het.errors import ConfigError
 
@@ -83,7 +83,7 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
   for group in setup.groups:
     forward = forward_fn(group, train=True)
     batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
-    features[group.name], logits[group.name], stats[group.name] = jax.vmap(
+    features[group.name], logits[group.name], stats[group.name] = vmap_slots(
         forward, in_axes=(0, 0, None, 0))(params[group.name], batch_stats, images,
                                           client_keys(key, ids[group.name]))
   return features, logits, stats

@@ -31,6 +31,7 @@ import optax
 from fedjax_het import validation
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
+from fedjax_het.engine.clients import vmap_slots
 from fedjax_het.engine.optim import OPTIMIZERS, apply_updates, make_optimizer
 
 # loss_fn(params, batch_stats, images, labels, mask, rng, aux[, epoch])
@@ -152,7 +153,7 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
 
   `sequential=False` vmaps over the participants (the point of a GPU/TPU: many
   small clients in one kernel; every client's loop runs as long as the
-  longest). `sequential=True` runs them one after another with `lax.map`
+  longest); a stack of one participant runs unbatched (`clients.vmap_slots`). `sequential=True` runs them one after another with `lax.map`
   (each client only its own steps; on a CPU, where vmap buys no parallelism,
   this does the least work).
 
@@ -173,7 +174,7 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
   if sequential:
     return jax.lax.map(lambda args: trainer(*args, learning_rates, exact_steps=True),
                        (variables, aux, data.images, data.labels, data.sizes, keys))
-  return jax.vmap(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
+  return vmap_slots(trainer, in_axes=(0, 0, 0, 0, 0, 0, None))(
       variables, aux, data.images, data.labels, data.sizes, keys, learning_rates)
 
 
