@@ -153,9 +153,10 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
 
   `sequential=False` vmaps over the participants (the point of a GPU/TPU: many
   small clients in one kernel; every client's loop runs as long as the
-  longest); a stack of one participant runs unbatched (`clients.vmap_slots`). `sequential=True` runs them one after another with `lax.map`
-  (each client only its own steps; on a CPU, where vmap buys no parallelism,
-  this does the least work).
+  longest); a stack of one participant runs unbatched (`clients.vmap_slots`).
+  `sequential=True` runs them one after another with `lax.map` (each client
+  only its own steps; on a CPU, where vmap buys no parallelism, this does the
+  least work).
 
   Args:
     trainer: a `make_local_trainer` function.
