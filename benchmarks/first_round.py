@@ -24,9 +24,10 @@ one filled):
     first round, what a user waits for;
   * with `--compile-profile`, `compile_profile`: XLA's own breakdown of the
     compile step (HLO passes, kernel emission, LLVM code generation, ...; see
-    `compile_profile.py`), from a profiler trace of it; the profiler adds a
-    few percent to that run's `compile_secs`. In the warm phase it shows what
-    a persistent-cache hit still costs (loading the executable).
+    `compile_profile.py`), from a profiler trace of it; the profiler and the
+    export of its trace add seconds to that run's `compile_secs` (about 9 s on
+    the quick FCCL+ round on a 2-core CPU). In the warm phase it shows what a
+    persistent-cache hit still costs (loading the executable).
 
 The lowered StableHLO's size (characters and lines) is reported as a measure of
 how much the tracer produced. JSON rows {"cold": ..., "warm": ...} go to `--out`.
