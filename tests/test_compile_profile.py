@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from fedjax_het.config import load_module
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load():
-  spec = importlib.util.spec_from_file_location("compile_profile",
-                                                ROOT / "benchmarks" / "compile_profile.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["compile_profile"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-profiling = _load()
+profiling = load_module(ROOT / "benchmarks" / "compile_profile.py")
 
 
 def _thread(tid, name):

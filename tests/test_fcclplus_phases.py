@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 
+from fedjax_het.config import load_module
 from tests.test_train import tiny_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load():
-  spec = importlib.util.spec_from_file_location("fcclplus_phases",
-                                                ROOT / "benchmarks" / "fcclplus_phases.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["fcclplus_phases"] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-phases = _load()
+phases = load_module(ROOT / "benchmarks" / "fcclplus_phases.py")
 
 
 def test_the_estimate_counts_the_rounds_public_steps_and_local_epochs():
