@@ -43,15 +43,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from first_round import load_config, set_field  # noqa: E402
-
-
-def _memory_gib(compiled) -> float | None:
-  analysis = compiled.memory_analysis()
-  if analysis is None:
-    return None
-  return (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
-          + analysis.output_size_in_bytes) / 2.0 ** 30
+import timing  # noqa: E402
+from first_round import load_config, memory_gib  # noqa: E402
 
 
 def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, object]:
@@ -88,7 +81,7 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
     tick = time.perf_counter()
     compiled = fn.lower(*args).compile()
     row[f"{name}_compile_secs"] = time.perf_counter() - tick
-    row[f"{name}_memory_gib"] = _memory_gib(compiled)
+    row[f"{name}_memory_gib"] = memory_gib(compiled)
     available = available_memory_bytes(jax.devices()[0])
     if (available and row[f"{name}_memory_gib"] is not None
         and row[f"{name}_memory_gib"] * 2.0 ** 30 > 0.9 * available):
@@ -97,14 +90,13 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
           f"{available / 2.0 ** 30:.1f} GiB available")
       print(f"[{conv_impl}] {row['skipped'][-1]}", flush=True)
       continue
-    times = []
-    for _ in range(repeats + 1):  # the first call also loads the program; not counted
-      tick = time.perf_counter()
-      jax.block_until_ready(compiled(*args))
-      times.append(time.perf_counter() - tick)
-    row[f"{name}_first_secs"] = times[0]
-    row[f"{name}_secs"] = sorted(times[1:])[len(times[1:]) // 2] if repeats else times[0]
-    row[f"{name}_all"] = times
+    # The first call also loads the program: it is timed alone; the median of `repeats` more
+    # calls (timing.py's rule) is the phase's time, or the first call's when repeats = 0.
+    run = lambda: compiled(*args)  # noqa: E731, B023 (called in this iteration)
+    first, _ = timing.median_seconds(run, 1)
+    median, timed = timing.median_seconds(run, repeats) if repeats else (first, [])
+    row[f"{name}_first_secs"], row[f"{name}_secs"] = first, median
+    row[f"{name}_all"] = [first, *timed]
     print(f"[{conv_impl}] {name}: compile {row[f'{name}_compile_secs']:.1f} s, "
           f"{row[f'{name}_secs']:.2f} s, {row[f'{name}_memory_gib']:.2f} GiB", flush=True)
     del compiled
@@ -134,10 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
   unknown = sorted(set(impls) - set(CONV_IMPLS))
   if unknown:
     parser.error(f"--conv-impls: unknown {unknown}; valid: {CONV_IMPLS}")
-  config = load_config(args.config)
-  for item in args.set:
-    field, value = item.split("=", 1)
-    set_field(config, field, value)
+  config = load_config(args.config, args.set)
   config.logging.progress = False
   config.logging.tensorboard = False
   if config.algorithm != "fcclplus":

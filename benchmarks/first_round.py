@@ -47,17 +47,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 START = time.perf_counter()
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def load_config(name: str):
-  """`<scenario>_<variant>` (as experiments/train.py takes it) -> its ConfigDict."""
+def load_config(name: str, overrides: Sequence[str] = ()):
+  """`<scenario>_<variant>` (as experiments/train.py takes it) -> its ConfigDict, with each
+  `field=value` of `overrides` set (`set_field`)."""
   from fedjax_het.config import load_module  # pylint: disable=g-import-not-at-top
   scenario, _, variant = name.partition("_")
   module = load_module(REPO / "experiments/configs" / f"{scenario}.py")
-  return module.get_config(variant) if variant else module.get_config()
+  config = module.get_config(variant) if variant else module.get_config()
+  for item in overrides:
+    field, value = item.split("=", 1)
+    set_field(config, field, value)
+  return config
 
 
 def set_field(config, field: str, value: str) -> None:
@@ -73,16 +79,22 @@ def set_field(config, field: str, value: str) -> None:
   node[leaf] = parsed
 
 
+def memory_gib(compiled) -> float | None:
+  """XLA's memory analysis of a compiled program: arguments + temporaries + outputs, GiB."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return None
+  return (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+          + analysis.output_size_in_bytes) / 2.0 ** 30
+
+
 def _measure(config_name: str, overrides: list[str], rounds: int, *,
              compile_profile: bool = False) -> dict:
   import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
 
   from fedjax_het.train import Experiment  # noqa: PLC0415
 
-  config = load_config(config_name)
-  for item in overrides:
-    field, value = item.split("=", 1)
-    set_field(config, field, value)
+  config = load_config(config_name, overrides)
   config.logging.progress = False
   config.logging.tensorboard = False
   row = {"config": config_name, "overrides": overrides, "import_secs": time.perf_counter() - START}
@@ -124,10 +136,8 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     times.append(time.perf_counter() - tick)
   row["steady_round_secs"] = statistics.median(times) if times else None
   row["steady_round_all"] = times
-  analysis = compiled.memory_analysis()
-  if analysis is not None:
-    row["memory_gib"] = (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
-                         + analysis.output_size_in_bytes) / 2.0 ** 30
+  if (memory := memory_gib(compiled)) is not None:
+    row["memory_gib"] = memory
   row["backend"], row["devices"] = jax.default_backend(), [str(d) for d in jax.devices()]
   row["jax"] = jax.__version__
   row["substituted"] = list(experiment.scenario.substituted)

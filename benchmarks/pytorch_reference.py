@@ -617,13 +617,8 @@ def time_torch(sizes: RoundSizes, device: torch.device, flavour: str, rounds: in
 
 
 def load_config(name: str, overrides: list[str]):
-  """first_round.py's `load_config` + `set_field` for every `field=value` override."""
-  first_round = _first_round_module()
-  config = first_round.load_config(name)
-  for item in overrides:
-    field, value = item.split("=", 1)
-    first_round.set_field(config, field, value)
-  return config
+  """first_round.py's `load_config`, every `field=value` override set."""
+  return _first_round_module().load_config(name, overrides)
 
 
 def time_engine(config_name: str, overrides: list[str], rounds: int, config) -> dict:
