@@ -95,6 +95,10 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.models.architectures = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
   c.models.width = 1.0
   c.models.conv_impl = "auto"            # auto: im2col on CPU, xla on GPU/TPU
+  # The convolutions of the forward passes on the shared public batch (the collaborative phase
+  # of FCCL, FCCL+, FedMD, FedDF, RHFL, FedMatch). "auto": as models.conv_impl, except that an
+  # "auto" CPU run too large for im2col switches the public batch to custom_vjp first.
+  c.models.public_conv_impl = "auto"
   c.models.compute_dtype = "float32"     # "bfloat16": mixed precision (GPU/TPU; slower on CPU)
 
   c.eval = ml_collections.ConfigDict()
@@ -169,6 +173,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
          "(one per participant, or one for all)", archs)
   check(config, "models.width", positive, "a number > 0")
   check(config, "models.conv_impl", choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
+  if "public_conv_impl" in config.models:  # configs saved before the field existed lack it
+    check(config, "models.public_conv_impl", choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
   check(config, "models.compute_dtype", choice(models.COMPUTE_DTYPES),
         f"one of {models.COMPUTE_DTYPES}")
   check(config, "eval.every", int_at_least(1), "an integer >= 1")

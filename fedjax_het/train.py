@@ -67,13 +67,18 @@ from fedjax_het.evaluation import intra_inter, stack_test_sets
 def resolve_conv_impl(conv_impl: str) -> str:
   """'auto' -> 'im2col' on CPU (avoids the conv-gradient-in-scan slowdown), else 'xla'.
 
-  On a CPU, `train_and_evaluate` switches an 'auto' run to 'custom_vjp' when
-  the im2col round needs more than `LOW_MEMORY_FRACTION` of the available
-  memory (`needs_low_memory_convs`).
+  On a CPU, `train_and_evaluate` switches an 'auto' run to leaner
+  convolutions when the im2col round needs more than `LOW_MEMORY_FRACTION` of
+  the available memory (`needs_low_memory_convs`, `low_memory_conv_impls`).
   """
   if conv_impl != "auto":
     return conv_impl
   return "im2col" if jax.default_backend() == "cpu" else "xla"
+
+
+def resolve_public_conv_impl(public_conv_impl: str, conv_impl: str) -> str:
+  """`config.models.public_conv_impl`: 'auto' -> the run's resolved `conv_impl`."""
+  return conv_impl if public_conv_impl == "auto" else public_conv_impl
 
 
 #: Share of the available memory above which an "auto" CPU run trades im2col convolutions for
@@ -85,13 +90,36 @@ LOW_MEMORY_FRACTION = 0.75
 
 def needs_low_memory_convs(config: ml_collections.ConfigDict, conv_impl: str, need: int,
                            available: int | None) -> bool:
-  """Whether an "auto" run compiled with im2col convolutions should switch to custom_vjp.
+  """Whether an "auto" run compiled with im2col convolutions should switch to leaner ones.
 
   Not when `config.memory_check` is False: that run takes its memory risk as configured.
   """
   return (config.models.conv_impl == "auto" and conv_impl == "im2col"
           and bool(config.memory_check) and available is not None
           and need > LOW_MEMORY_FRACTION * available)
+
+
+def low_memory_conv_impls(config: ml_collections.ConfigDict, conv_impl: str,
+                          public_conv_impl: str, *, has_public: bool) -> tuple[str, str]:
+  """The next (conv_impl, public_conv_impl) an "auto" run too large for im2col compiles.
+
+  Custom-VJP convolutions keep only their inputs for the backward pass where
+  im2col ones keep the patch matrices, about half the memory of the full
+  FCCL+ Digits round but 4.5x slower in its local phase on a 2-core CPU (an
+  epoch of the four backbones: 369 s against 82 s). The memory peak is the
+  collaborative phase's backward pass through every participant's model at
+  once (public batch 512: 20.0 GiB with im2col, 9.7 GiB with custom_vjp;
+  the local phase trains one batch of one client per group at a time,
+  7.3 GiB). So the first step switches only the public batch's convolutions
+  (`ClientGroup.public_model`), when the run has a public set and
+  `config.models.public_conv_impl` is "auto"; the next one every convolution.
+  A `public_conv_impl` named in the config is kept.
+  """
+  if (public_conv_impl == "im2col" and has_public
+      and config.models.get("public_conv_impl", "auto") == "auto"):
+    return conv_impl, "custom_vjp"
+  keep = config.models.get("public_conv_impl", "auto") != "auto"
+  return "custom_vjp", public_conv_impl if keep else "custom_vjp"
 
 
 def available_memory_bytes(device: Any) -> int | None:
@@ -230,9 +258,11 @@ class Experiment:
   """A configured run: data, groups, algorithm and jitted functions (no state)."""
 
   def __init__(self, config: ml_collections.ConfigDict, *, mesh: Any = None,
-               conv_impl: str | None = None, scenario: data_lib.Scenario | None = None):
-    """`conv_impl` (im2col / xla / custom_vjp) overrides `config.models.conv_impl`;
-    `scenario` reuses data already built for `config` (else `build_scenario(config)`)."""
+               conv_impl: str | None = None, public_conv_impl: str | None = None,
+               scenario: data_lib.Scenario | None = None):
+    """`conv_impl` and `public_conv_impl` (im2col / xla / custom_vjp) override
+    `config.models.conv_impl` and `config.models.public_conv_impl`; `scenario`
+    reuses data already built for `config` (else `build_scenario(config)`)."""
     validate_config(config)
     self.config = config
     self.scenario = scenario if scenario is not None else build_scenario(config)
@@ -247,14 +277,22 @@ class Experiment:
       raise ConfigError(f"config.models.architectures has {len(archs)} entries but scenario "
                         f"{scenario.name!r} has {k} participants ({scenario.domains}).")
     self.conv_impl = conv_impl or resolve_conv_impl(config.models.conv_impl)
+    self.public_conv_impl = public_conv_impl or resolve_public_conv_impl(
+        config.models.get("public_conv_impl", "auto"), self.conv_impl)
     width = float(config.models.width)
     self.mesh = mesh
     slot_multiple = mesh.devices.size if mesh is not None else 1
-    modules = [models.get_model(a, scenario.num_classes, width=width, conv_impl=self.conv_impl,
-                                compute_dtype=config.models.compute_dtype)
-               for a in archs]
+
+    def build(impl):
+      return [models.get_model(a, scenario.num_classes, width=width, conv_impl=impl,
+                               compute_dtype=config.models.compute_dtype) for a in archs]
+
+    modules = build(self.conv_impl)
+    public_modules = (build(self.public_conv_impl) if self.public_conv_impl != self.conv_impl
+                      else None)
     self.architectures = archs
-    self.groups = group_clients(archs, modules, slot_multiple=slot_multiple)
+    self.groups = group_clients(archs, modules, slot_multiple=slot_multiple,
+                                public_models=public_modules)
     self.test_domains = list(dict.fromkeys(scenario.test))
     self.client_domain_index = [self.test_domains.index(d) for d in scenario.domains]
     images = [s.images for s in scenario.train]
@@ -415,7 +453,8 @@ class Experiment:
         "participants": [{"name": n, "domain": d, "architecture": a} for n, d, a in
                          zip(self.client_names, sc.domains, self.architectures)],
         "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
-        "conv_impl": self.conv_impl, "backend": jax.default_backend(),
+        "conv_impl": self.conv_impl, "public_conv_impl": self.public_conv_impl,
+        "backend": jax.default_backend(),
         **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()}
            if jax.default_backend() == "cpu" else {}),
         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
@@ -497,15 +536,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
     available = sharding.primary_bytes(available_memory_bytes(jax.devices()[0]))
     need = estimated_bytes(run_rounds)
-    if needs_low_memory_convs(config, experiment.conv_impl, need, available):
-      logging.warning("the round with im2col convolutions needs about %.1f GiB of the %.1f GiB "
-                      "available: compiling it again with custom_vjp convolutions (less memory, "
-                      "same parameters; config.models.conv_impl='auto')", need / 2.0 ** 30,
-                      available / 2.0 ** 30)
+    while needs_low_memory_convs(config, experiment.conv_impl, need, available):
+      conv_impl, public_conv_impl = low_memory_conv_impls(
+          config, experiment.conv_impl, experiment.public_conv_impl,
+          has_public=len(experiment.scenario.public) > 0)
+      logging.warning("the round with %s convolutions (%s on the public batch) needs about %.1f "
+                      "GiB of the %.1f GiB available: compiling it again with %s convolutions "
+                      "(%s on the public batch; less memory, same parameters; "
+                      "config.models.conv_impl='auto')", experiment.conv_impl,
+                      experiment.public_conv_impl, need / 2.0 ** 30, available / 2.0 ** 30,
+                      conv_impl, public_conv_impl)
       del run_rounds
-      experiment = Experiment(config, mesh=mesh, conv_impl="custom_vjp",
-                              scenario=experiment.scenario)
+      experiment = Experiment(config, mesh=mesh, conv_impl=conv_impl,
+                              public_conv_impl=public_conv_impl, scenario=experiment.scenario)
       run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
+      need = estimated_bytes(run_rounds)
       if primary:
         workdir_lib.write_atomic(workdir / "metadata.json",
                                  json.dumps(experiment.metadata(), indent=2) + "\n")

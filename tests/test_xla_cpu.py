@@ -112,6 +112,8 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
   def recording_init(self, *args, **kwargs):
     init(self, *args, **kwargs)
     built.append(self.conv_impl)
+    if self.conv_impl == "im2col" and self.public_conv_impl == "custom_vjp":
+      built[-1] = "im2col+public custom_vjp"
 
   monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
   build, scenarios = train_lib.build_scenario, []
@@ -119,10 +121,12 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
                       lambda config: scenarios.append(1) or build(config))
   common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
   switched = train_and_evaluate(tiny_config(name="fallback", **common), tmp_path / "auto")
-  assert built == ["im2col", "custom_vjp"]
-  assert len(scenarios) == 1  # the second Experiment reuses the data the first one built
+  # First only the public batch's convolutions (the collaborative phase's memory peak), then all.
+  assert built == ["im2col", "im2col+public custom_vjp", "custom_vjp"]
+  assert len(scenarios) == 1  # the later Experiments reuse the data the first one built
   metadata = json.loads((tmp_path / "auto" / "metadata.json").read_text())
   assert metadata["conv_impl"] == "custom_vjp"
+  assert metadata["public_conv_impl"] == "custom_vjp"
   assert metadata["xla_cpu_scheduler"] == xla_cpu.scheduler_in_force()
   # The same run as one configured with custom_vjp convolutions from the start (no switch: the
   # fallback is for "auto" only).
@@ -136,6 +140,66 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
   for key, value in explicit["last_record"].items():
     if not key.startswith("time/"):
       assert switched["last_record"][key] == value, key
+
+
+def test_an_auto_run_whose_public_step_is_the_peak_keeps_im2col_for_the_local_phase(
+    tmp_path, monkeypatch):
+  # The im2col round is "too large", the one with custom-VJP convolutions on the public batch fits.
+  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
+  monkeypatch.setattr(train_lib, "needs_low_memory_convs",
+                      lambda config, conv_impl, need, available: (
+                          config.models.conv_impl == "auto"
+                          and built[-1] == ("im2col", "im2col")))
+  built = []
+  init = train_lib.Experiment.__init__
+
+  def recording_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    built.append((self.conv_impl, self.public_conv_impl))
+
+  monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
+  switched = train_and_evaluate(tiny_config(name="hybrid", **common), tmp_path / "auto")
+  assert built == [("im2col", "im2col"), ("im2col", "custom_vjp")]
+  metadata = json.loads((tmp_path / "auto" / "metadata.json").read_text())
+  assert (metadata["conv_impl"], metadata["public_conv_impl"]) == ("im2col", "custom_vjp")
+  # The same run as one configured that way (public_conv_impl named: no switch)...
+  built.clear()
+  explicit = train_and_evaluate(
+      tiny_config(name="hybrid", **common, **{"models.public_conv_impl": "custom_vjp"}),
+      tmp_path / "explicit")
+  assert built == [("im2col", "custom_vjp")]
+  assert switched["results"] == explicit["results"]
+  # ...and, to float32 rounding, as the all-im2col run (the same parameters and math).
+  built.clear()
+  plain = train_and_evaluate(tiny_config(name="hybrid", **common, **{"models.conv_impl": "im2col"}),
+                             tmp_path / "im2col")
+  assert built == [("im2col", "im2col")]
+  for key, value in plain["last_record"].items():
+    if not key.startswith("time/"):
+      assert switched["last_record"][key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
+
+
+@pytest.mark.parametrize("conv_impl,public,has_public,configured,expected", [
+    ("im2col", "im2col", True, "auto", ("im2col", "custom_vjp")),   # the public batch first
+    ("im2col", "custom_vjp", True, "auto", ("custom_vjp", "custom_vjp")),  # then everything
+    ("im2col", "im2col", False, "auto", ("custom_vjp", "custom_vjp")),  # no public phase
+    ("im2col", "xla", True, "xla", ("custom_vjp", "xla")),    # a named public impl is kept
+    ("im2col", "im2col", True, "im2col", ("custom_vjp", "im2col")),
+])
+def test_low_memory_conv_impls_switch_the_public_batch_first(conv_impl, public, has_public,
+                                                             configured, expected):
+  config = tiny_config(**{"models.public_conv_impl": configured})
+  assert train_lib.low_memory_conv_impls(config, conv_impl, public,
+                                         has_public=has_public) == expected
+
+
+def test_public_conv_impl_is_validated_and_resolved():
+  with pytest.raises(ConfigError, match=r"models.public_conv_impl.*one of \('auto', 'xla', "
+                                        r"'im2col', 'custom_vjp'\)"):
+    train_lib.validate_config(tiny_config(**{"models.public_conv_impl": "fast"}))
+  assert train_lib.resolve_public_conv_impl("auto", "im2col") == "im2col"
+  assert train_lib.resolve_public_conv_impl("custom_vjp", "im2col") == "custom_vjp"
 
 
 @pytest.mark.parametrize("conv_impl,memory_check,need,expected", [
@@ -175,3 +239,27 @@ def test_cli_names_the_field_of_a_bad_scheduler_and_writes_nothing(tmp_path):
   assert ("error: config.xla_cpu_scheduler must be one of ('auto', 'concurrency', 'memory'), "
           "got 'fast'.") in out.stderr
   assert not (tmp_path / "run").exists()
+
+
+def test_the_public_batch_alone_runs_the_public_conv_impl():
+  from fedjax_het.algorithms import common  # pylint: disable=import-outside-toplevel
+  from fedjax_het.engine.clients import slot_ids  # pylint: disable=import-outside-toplevel
+  experiment = train_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col",
+                                                   "models.public_conv_impl": "custom_vjp"}))
+  assert (experiment.conv_impl, experiment.public_conv_impl) == ("im2col", "custom_vjp")
+  state = experiment.init_state()
+  setup = experiment.setup
+  params = {g.name: state["groups"][g.name]["variables"]["params"] for g in setup.groups}
+  images = jax.numpy.zeros((4, 32, 32, 3))
+  ids = {g.name: slot_ids(g, setup.num_participants) for g in setup.groups}
+  public = str(jax.make_jaxpr(lambda p: common.public_forward(
+      setup, state, p, images, jax.random.key(0), ids))(params))
+  group = setup.groups[0]
+  first = jax.tree.map(lambda leaf: leaf[0], state["groups"][group.name]["variables"])  # slot 0
+  local = str(jax.make_jaxpr(lambda p, s: common.forward_fn(group, train=True)(p, s, images))(
+      first["params"], first["batch_stats"]))
+  assert public.count("custom_vjp_call") > 0
+  assert "custom_vjp_call" not in local
+  # Without a public_conv_impl of its own, the public batch runs the run's convolutions.
+  assert all(g.public_model is None and g.model_on_public is g.model for g in
+             train_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col"})).groups)

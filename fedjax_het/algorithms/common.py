@@ -38,11 +38,19 @@ def mean_over_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> 
   return jax.lax.stop_gradient(total / count)
 
 
-def forward_fn(group: ClientGroup, *, train: bool) -> Callable[..., tuple[jax.Array, jax.Array, Any]]:
-  """(params, batch_stats, images, rng, mask) -> (features, logits, new batch_stats)."""
+def forward_fn(group: ClientGroup, *, train: bool, on_public: bool = False
+               ) -> Callable[..., tuple[jax.Array, jax.Array, Any]]:
+  """(params, batch_stats, images, rng, mask) -> (features, logits, new batch_stats).
+
+  `on_public`: the forward pass of the shared public batch, with the group's
+  `model_on_public` (same variables, possibly another convolution
+  implementation); else `group.model`.
+  """
+  module = group.model_on_public if on_public else group.model
+
   def forward(params, batch_stats, images, rng=None, mask=None):
     variables = {"params": params, "batch_stats": batch_stats}
-    features, logits, new_variables = models.apply_model(group.model, variables, images,
+    features, logits, new_variables = models.apply_model(module, variables, images,
                                                          train=train, rng=rng, mask=mask)
     return features, logits, new_variables["batch_stats"]
   return forward
@@ -81,7 +89,7 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
   """
   features, logits, stats = {}, {}, {}
   for group in setup.groups:
-    forward = forward_fn(group, train=True)
+    forward = forward_fn(group, train=True, on_public=True)
     batch_stats = state["groups"][group.name]["variables"]["batch_stats"]
     features[group.name], logits[group.name], stats[group.name] = vmap_slots(
         forward, in_axes=(0, 0, None, 0))(params[group.name], batch_stats, images,

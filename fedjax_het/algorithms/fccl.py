@@ -98,7 +98,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     if own_slot == "previous":
       for group in setup.groups:
         prev = state["groups"][group.name]["previous"]
-        forward = common.forward_fn(group, train=False)
+        forward = common.forward_fn(group, train=False, on_public=True)
         _, z, _ = jax.vmap(forward, in_axes=(0, 0, None))(prev["params"], prev["batch_stats"],
                                                           images)
         previous_logits[group.name] = jax.lax.stop_gradient(z)

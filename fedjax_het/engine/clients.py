@@ -35,19 +35,32 @@ class ClientGroup:
     clients: global participant indices of the members, in order.
     num_slots: size of the stacked client axis (>= len(clients); the extra
       slots are inactive padding for sharding).
+    public_model: the module of the forward passes on the shared public batch
+      (`algorithms.common.public_forward`), when it differs from `model`: the
+      same architecture with another convolution implementation, so the same
+      variables (e.g. custom-VJP convolutions on the public batch, whose
+      backward pass through several models at once is the round's memory peak,
+      and im2col ones in the local phase). None: `model`.
   """
   name: str
   model: nn.Module
   clients: tuple[int, ...]
   num_slots: int
+  public_model: nn.Module | None = None
 
   @property
   def num_clients(self) -> int:
     return len(self.clients)
 
+  @property
+  def model_on_public(self) -> nn.Module:
+    """The module of the public-batch forward passes (`public_model`, else `model`)."""
+    return self.model if self.public_model is None else self.public_model
+
 
 def group_clients(architectures: Sequence[str], models: Sequence[nn.Module], *,
-                  slot_multiple: int = 1) -> tuple[ClientGroup, ...]:
+                  slot_multiple: int = 1,
+                  public_models: Sequence[nn.Module] | None = None) -> tuple[ClientGroup, ...]:
   """Groups participants by architecture key, in order of first appearance.
 
   Args:
@@ -56,12 +69,16 @@ def group_clients(architectures: Sequence[str], models: Sequence[nn.Module], *,
     models: one module per participant (the first of each group is used).
     slot_multiple: pad each group's client axis to a multiple of this (the
       device count when clients are sharded).
+    public_models: optional, one module per participant for the public batch
+      (`ClientGroup.public_model`; the first of each group is used).
 
   Returns:
     The groups.
   """
   if len(architectures) != len(models):
     raise ValueError(f"got {len(architectures)} architectures but {len(models)} models.")
+  if public_models is not None and len(public_models) != len(models):
+    raise ValueError(f"got {len(models)} models but {len(public_models)} public_models.")
   if slot_multiple < 1:
     raise ValueError(f"slot_multiple must be >= 1, got {slot_multiple}.")
   members: dict[str, list[int]] = {}
@@ -69,7 +86,8 @@ def group_clients(architectures: Sequence[str], models: Sequence[nn.Module], *,
     members.setdefault(key, []).append(index)
   return tuple(
       ClientGroup(name=key, model=models[indices[0]], clients=tuple(indices),
-                  num_slots=math.ceil(len(indices) / slot_multiple) * slot_multiple)
+                  num_slots=math.ceil(len(indices) / slot_multiple) * slot_multiple,
+                  public_model=None if public_models is None else public_models[indices[0]])
       for key, indices in members.items())
 
 
