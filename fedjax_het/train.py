@@ -104,16 +104,19 @@ def low_memory_conv_impls(config: ml_collections.ConfigDict, conv_impl: str,
   """The next (conv_impl, public_conv_impl) an "auto" run too large for im2col compiles.
 
   Custom-VJP convolutions keep only their inputs for the backward pass where
-  im2col ones keep the patch matrices, about half the memory of the full
-  FCCL+ Digits round but 4.5x slower in its local phase on a 2-core CPU (an
-  epoch of the four backbones: 369 s against 82 s). The memory peak is the
-  collaborative phase's backward pass through every participant's model at
-  once (public batch 512: 20.0 GiB with im2col, 9.7 GiB with custom_vjp;
-  the local phase trains one batch of one client per group at a time,
-  7.3 GiB). So the first step switches only the public batch's convolutions
-  (`ClientGroup.public_model`), when the run has a public set and
-  `config.models.public_conv_impl` is "auto"; the next one every convolution.
-  A `public_conv_impl` named in the config is kept.
+  im2col ones keep the patch matrices: less memory, but 4.5x slower in the
+  local phase of the full FCCL+ Digits round on a 2-core CPU (an epoch of the
+  four backbones: 369 s against 82 s). That round's memory peak is the
+  collaborative step's backward pass through every participant's model at
+  once on a public batch of 512 (20.0 GiB with im2col, 9.7 GiB with
+  custom_vjp), while the local phase trains one batch of one client per group
+  at a time (7.3 GiB with im2col). So the first step switches only the public
+  batch's convolutions (`ClientGroup.public_model`), when the run has a public
+  set and `config.models.public_conv_impl` is "auto" (the full round: 19.9 GiB
+  -> 9.5 GiB, the same as with custom_vjp everywhere); the next one every
+  convolution. A `public_conv_impl` named in the config is kept. A method
+  that has a public set but no public-batch training (SOLO, FedAvg, ...)
+  compiles the same program again at the first step, then goes on.
   """
   if (public_conv_impl == "im2col" and has_public
       and config.models.get("public_conv_impl", "auto") == "auto"):
