@@ -125,6 +125,34 @@ def low_memory_conv_impls(config: ml_collections.ConfigDict, conv_impl: str,
   return "custom_vjp", public_conv_impl if keep else "custom_vjp"
 
 
+def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict
+                        ) -> dict[str, str]:
+  """The convolutions an "auto" run in `workdir` last trained with, to resume with them.
+
+  {"conv_impl": ..., "public_conv_impl": ...} from the workdir's metadata.json
+  when it holds checkpoints, `config.models.conv_impl` is "auto" and the
+  metadata was recorded on the same backend; else {} (the run resolves them
+  itself). `train_and_evaluate` may still switch to leaner ones if the round
+  does not fit now.
+  """
+  path = pathlib.Path(workdir) / "metadata.json"
+  if (config.models.conv_impl != "auto" or not (pathlib.Path(workdir) / "checkpoints").is_dir()
+      or not path.is_file()):
+    return {}
+  try:
+    recorded = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return {}
+  if recorded.get("backend") != jax.default_backend() or "conv_impl" not in recorded:
+    return {}
+  impls = {"conv_impl": recorded["conv_impl"]}
+  if config.models.get("public_conv_impl", "auto") == "auto" and "public_conv_impl" in recorded:
+    impls["public_conv_impl"] = recorded["public_conv_impl"]
+  if not all(impl in models.CONV_IMPLS for impl in impls.values()):
+    return {}
+  return impls
+
+
 def available_memory_bytes(device: Any) -> int | None:
   """Memory a jitted round may use on `device`: the accelerator's limit, else Linux MemAvailable."""
   try:
@@ -501,7 +529,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
   # In a multi-process run every process trains; process 0 alone writes the workdir files.
   primary = sharding.is_primary()
-  experiment = Experiment(config, mesh=mesh)
+  # A resumed "auto" run keeps the convolutions its memory fallback chose (the same rounding as
+  # before the interruption, and no compile of a round already known not to fit).
+  experiment = Experiment(config, mesh=mesh, **recorded_conv_impls(workdir, config))
   _log_data_provenance(experiment.scenario)
   # Nothing is written to the workdir before the resume guard has passed.
   record = workdir_lib.run_record(config, experiment.scenario)

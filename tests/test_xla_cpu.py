@@ -178,6 +178,29 @@ def test_an_auto_run_whose_public_step_is_the_peak_keeps_im2col_for_the_local_ph
   for key, value in plain["last_record"].items():
     if not key.startswith("time/"):
       assert switched["last_record"][key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
+  # Resumed, the run starts from the convolutions its fallback chose (no im2col compile first).
+  built.clear()
+  train_and_evaluate(tiny_config(name="hybrid", **{**common, "num_rounds": 2},
+                                 resume_allow_changes="num_rounds"), tmp_path / "auto")
+  assert built == [("im2col", "custom_vjp")]
+
+
+def test_recorded_conv_impls_only_for_an_auto_run_with_checkpoints_on_the_same_backend(tmp_path):
+  config = tiny_config()
+  metadata = {"conv_impl": "im2col", "public_conv_impl": "custom_vjp",
+              "backend": jax.default_backend()}
+  (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+  assert train_lib.recorded_conv_impls(tmp_path, config) == {}  # no checkpoints: a fresh run
+  (tmp_path / "checkpoints").mkdir()
+  assert train_lib.recorded_conv_impls(tmp_path, config) == {"conv_impl": "im2col",
+                                                             "public_conv_impl": "custom_vjp"}
+  named = tiny_config(**{"models.public_conv_impl": "xla"})
+  assert train_lib.recorded_conv_impls(tmp_path, named) == {"conv_impl": "im2col"}
+  assert train_lib.recorded_conv_impls(tmp_path, tiny_config(**{"models.conv_impl": "xla"})) == {}
+  (tmp_path / "metadata.json").write_text(json.dumps({**metadata, "backend": "gpu"}))
+  assert train_lib.recorded_conv_impls(tmp_path, config) == {}
+  (tmp_path / "metadata.json").write_text(json.dumps({**metadata, "conv_impl": "fast"}))
+  assert train_lib.recorded_conv_impls(tmp_path, config) == {}
 
 
 @pytest.mark.parametrize("conv_impl,public,has_public,configured,expected", [
