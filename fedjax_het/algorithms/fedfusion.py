@@ -115,8 +115,11 @@ def fused_setup(config: ml_collections.ConfigDict, setup: Setup) -> Setup:
   fusion = common.check_choice("fedfusion.fusion", config.fedfusion.fusion, FUSION_OPERATORS)
   conv_init = common.check_choice("fedfusion.conv_init", config.fedfusion.conv_init, CONV_INITS)
   group = fedavg.the_group(setup, "fedfusion")
-  return dataclasses.replace(
-      setup, groups=(dataclasses.replace(group, model=fuse(group.model, fusion, conv_init)),))
+  # `model_on_public` stays the fused model too (FedFusion itself has no public batch).
+  public_model = (None if group.public_model is None
+                  else fuse(group.public_model, fusion, conv_init))
+  return dataclasses.replace(setup, groups=(dataclasses.replace(
+      group, model=fuse(group.model, fusion, conv_init), public_model=public_model),))
 
 
 def make_fedfusion(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
