@@ -135,14 +135,9 @@ def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict
   itself). `train_and_evaluate` may still switch to leaner ones if the round
   does not fit now.
   """
-  path = pathlib.Path(workdir) / "metadata.json"
-  if (config.models.conv_impl != "auto" or not (pathlib.Path(workdir) / "checkpoints").is_dir()
-      or not path.is_file()):
+  if config.models.conv_impl != "auto" or not (pathlib.Path(workdir) / "checkpoints").is_dir():
     return {}
-  try:
-    recorded = json.loads(path.read_text())
-  except (OSError, ValueError):
-    return {}
+  recorded = workdir_lib.read_metadata(workdir)
   if recorded.get("backend") != jax.default_backend() or "conv_impl" not in recorded:
     return {}
   impls = {"conv_impl": recorded["conv_impl"]}
@@ -585,8 +580,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       run_rounds = experiment.compile_all(state, with_diagnostics=bool(diagnostic_rounds))
       need = estimated_bytes(run_rounds)
       if primary:
-        workdir_lib.write_atomic(workdir / "metadata.json",
-                                 json.dumps(experiment.metadata(), indent=2) + "\n")
+        workdir_lib.write_metadata(workdir, experiment.metadata())
     need = check_round_memory(run_rounds, config, available)
     logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
                  "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)

@@ -36,6 +36,7 @@ import numpy as np
 from fedjax_het.errors import WorkdirError
 
 RUN_FILE = "run.json"
+METADATA_FILE = "metadata.json"
 
 #: Config fields (or section prefixes) that never change a run's numbers.
 NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
@@ -213,10 +214,23 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, record)
     write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-    write_atomic(workdir / "metadata.json", json.dumps(metadata, indent=2) + "\n")
+    write_metadata(workdir, metadata)
   if checkpointer is None:
     checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep)
   return checkpointer, start
+
+
+def write_metadata(workdir: pathlib.Path, metadata: Mapping[str, Any]) -> None:
+  """Writes the run's metadata.json (data provenance, groups, convolutions, devices)."""
+  write_atomic(pathlib.Path(workdir) / METADATA_FILE, json.dumps(metadata, indent=2) + "\n")
+
+
+def read_metadata(workdir: pathlib.Path) -> dict[str, Any]:
+  """The workdir's metadata.json, or {} when it is absent or unreadable."""
+  try:
+    return json.loads((pathlib.Path(workdir) / METADATA_FILE).read_text())
+  except (OSError, ValueError):
+    return {}
 
 
 def write_atomic(path: pathlib.Path, content: str | bytes) -> None:
