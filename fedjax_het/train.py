@@ -118,11 +118,10 @@ def low_memory_conv_impls(config: ml_collections.ConfigDict, conv_impl: str,
   that has a public set but no public-batch training (SOLO, FedAvg, ...)
   compiles the same program again at the first step, then goes on.
   """
-  if (public_conv_impl == "im2col" and has_public
-      and config.models.get("public_conv_impl", "auto") == "auto"):
+  named = config.models.get("public_conv_impl", "auto") != "auto"
+  if public_conv_impl == "im2col" and has_public and not named:
     return conv_impl, "custom_vjp"
-  keep = config.models.get("public_conv_impl", "auto") != "auto"
-  return "custom_vjp", public_conv_impl if keep else "custom_vjp"
+  return "custom_vjp", public_conv_impl if named else "custom_vjp"
 
 
 def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict

@@ -102,27 +102,31 @@ def test_the_memory_scheduler_is_in_force_lowers_the_estimate_and_keeps_every_bi
   assert memory["digest"] == concurrency["digest"]
 
 
-def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monkeypatch):
-  # Any estimate is "too large" at fraction 0; the memory guard itself sees plenty of memory.
-  monkeypatch.setattr(train_lib, "LOW_MEMORY_FRACTION", 0.0)
-  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
+def _record_convolutions(monkeypatch) -> list[tuple[str, str]]:
+  """The (conv_impl, public_conv_impl) of every Experiment built from now on, in order."""
   built = []
   init = train_lib.Experiment.__init__
 
   def recording_init(self, *args, **kwargs):
     init(self, *args, **kwargs)
-    built.append(self.conv_impl)
-    if self.conv_impl == "im2col" and self.public_conv_impl == "custom_vjp":
-      built[-1] = "im2col+public custom_vjp"
+    built.append((self.conv_impl, self.public_conv_impl))
 
   monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  return built
+
+
+def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monkeypatch):
+  # Any estimate is "too large" at fraction 0; the memory guard itself sees plenty of memory.
+  monkeypatch.setattr(train_lib, "LOW_MEMORY_FRACTION", 0.0)
+  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
+  built = _record_convolutions(monkeypatch)
   build, scenarios = train_lib.build_scenario, []
   monkeypatch.setattr(train_lib, "build_scenario",
                       lambda config: scenarios.append(1) or build(config))
   common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
   switched = train_and_evaluate(tiny_config(name="fallback", **common), tmp_path / "auto")
   # First only the public batch's convolutions (the collaborative phase's memory peak), then all.
-  assert built == ["im2col", "im2col+public custom_vjp", "custom_vjp"]
+  assert built == [("im2col", "im2col"), ("im2col", "custom_vjp"), ("custom_vjp", "custom_vjp")]
   assert len(scenarios) == 1  # the later Experiments reuse the data the first one built
   metadata = json.loads((tmp_path / "auto" / "metadata.json").read_text())
   assert metadata["conv_impl"] == "custom_vjp"
@@ -134,7 +138,7 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
   explicit = train_and_evaluate(
       tiny_config(name="fallback", **common, **{"models.conv_impl": "custom_vjp"}),
       tmp_path / "explicit")
-  assert built == ["custom_vjp"]
+  assert built == [("custom_vjp", "custom_vjp")]
   assert switched["results"] == explicit["results"]
   assert switched["last_record"].keys() == explicit["last_record"].keys()
   for key, value in explicit["last_record"].items():
@@ -150,14 +154,7 @@ def test_an_auto_run_whose_public_step_is_the_peak_keeps_im2col_for_the_local_ph
                       lambda config, conv_impl, need, available: (
                           config.models.conv_impl == "auto"
                           and built[-1] == ("im2col", "im2col")))
-  built = []
-  init = train_lib.Experiment.__init__
-
-  def recording_init(self, *args, **kwargs):
-    init(self, *args, **kwargs)
-    built.append((self.conv_impl, self.public_conv_impl))
-
-  monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  built = _record_convolutions(monkeypatch)
   common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
   switched = train_and_evaluate(tiny_config(name="hybrid", **common), tmp_path / "auto")
   assert built == [("im2col", "im2col"), ("im2col", "custom_vjp")]
