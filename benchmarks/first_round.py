@@ -10,9 +10,13 @@ one filled):
 
   * `data_secs`: building the Experiment (data loading/synthesis, models, groups);
   * `init_secs`: the jitted initial state (its compile included);
-  * `trace_secs`, `lower_secs`, `compile_secs`: `jax.jit(run_rounds).trace(...)`,
-    `.lower()`, `.compile()` of the round program (the compile step is where a
-    persistent-cache hit saves its time);
+  * `trace_lower_secs`, `compile_secs`: tracing and lowering the round program,
+    then its `.compile()` (where a persistent-cache hit saves its time). With
+    the trace cache on (`--trace-cache`, as `config.trace_cache`; default auto)
+    the round goes through `Experiment.lower_rounds` as in `train.py`: the cold
+    process exports it (trace + lower) and the warm one reads the export
+    (`trace_cache`: "miss" / "hit"); with `--trace-cache off`, `trace_secs` and
+    `lower_secs` split `jax.jit(run_rounds).trace(...)` from `.lower()`;
   * `first_round_secs`: the first execution of the compiled round (on a GPU it
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
@@ -89,7 +93,7 @@ def memory_gib(compiled) -> float | None:
 
 
 def _measure(config_name: str, overrides: list[str], rounds: int, *,
-             compile_profile: bool = False) -> dict:
+             compile_profile: bool = False, trace_cache: str = "auto") -> dict:
   import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
 
   from fedjax_het.train import Experiment  # noqa: PLC0415
@@ -97,6 +101,8 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   config = load_config(config_name, overrides)
   config.logging.progress = False
   config.logging.tensorboard = False
+  config.compilation_cache_dir = jax.config.jax_compilation_cache_dir or ""  # trace cache's home
+  config.trace_cache = trace_cache
   row = {"config": config_name, "overrides": overrides, "import_secs": time.perf_counter() - START}
 
   tick = time.perf_counter()
@@ -106,11 +112,16 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   state = jax.block_until_ready(experiment.init_state())
   row["init_secs"] = time.perf_counter() - tick
   tick = time.perf_counter()
-  traced = experiment.run_rounds.trace(state, experiment.data)
-  row["trace_secs"] = time.perf_counter() - tick
-  tick = time.perf_counter()
-  lowered = traced.lower()
-  row["lower_secs"] = time.perf_counter() - tick
+  if experiment.trace_cache_directory() is not None:  # as train.py: export, or read the export
+    lowered = experiment.lower_rounds(state)
+    row["trace_cache"] = "hit" if lowered.hit else "miss"
+  else:
+    traced = experiment.run_rounds.trace(state, experiment.data)
+    row["trace_secs"] = time.perf_counter() - tick
+    lowered = traced.lower()
+  row["trace_lower_secs"] = time.perf_counter() - tick
+  if "trace_secs" in row:
+    row["lower_secs"] = row["trace_lower_secs"] - row["trace_secs"]
   text = lowered.as_text()
   row["stablehlo_chars"], row["stablehlo_lines"] = len(text), text.count("\n")
   tick = time.perf_counter()
@@ -158,6 +169,8 @@ def main():
                            "config.xla_cpu_scheduler (auto: memory)")
   parser.add_argument("--compile-profile", action="store_true",
                       help="profile the round's XLA compile (compile_profile.py)")
+  parser.add_argument("--trace-cache", default="auto", choices=("auto", "on", "off"),
+                      help="as config.trace_cache (the traced round kept in the cache dir)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="")
   args = parser.parse_args()
@@ -166,7 +179,8 @@ def main():
     import jax  # noqa: PLC0415
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    row = _measure(args.config, args.set, args.rounds, compile_profile=args.compile_profile)
+    row = _measure(args.config, args.set, args.rounds, compile_profile=args.compile_profile,
+                   trace_cache=args.trace_cache)
     if row["backend"] == "cpu":
       row["xla_cpu_scheduler"] = scheduler
     pathlib.Path(args.child).write_text(json.dumps(row))
@@ -181,7 +195,7 @@ def main():
       out = handle.name
     command = [sys.executable, __file__, "--config", args.config, "--rounds", str(args.rounds),
                "--cache-dir", cache, "--child", out,
-               "--xla-cpu-scheduler", args.xla_cpu_scheduler]
+               "--xla-cpu-scheduler", args.xla_cpu_scheduler, "--trace-cache", args.trace_cache]
     if args.compile_profile:
       command.append("--compile-profile")
     for item in args.set:
@@ -189,7 +203,8 @@ def main():
     subprocess.run(command, check=True)
     report[phase] = json.loads(pathlib.Path(out).read_text())
     print(f"[{phase}] " + ", ".join(f"{k} {v:.1f}" for k, v in report[phase].items()
-                                    if k.endswith("_secs")), flush=True)
+                                    if k.endswith("_secs"))
+          + f", trace cache {report[phase].get('trace_cache', 'off')}", flush=True)
     if "compile_profile" in report[phase]:
       print(f"[{phase}] XLA compile: " + ", ".join(
           f"{k} {v:.1f}" for k, v in report[phase]["compile_profile"]["phases"].items()),

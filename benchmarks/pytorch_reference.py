@@ -630,7 +630,7 @@ def time_engine(config_name: str, overrides: list[str], rounds: int, config) -> 
   calls = int(config.num_rounds) // per_call
   row["rounds_per_call"] = per_call
   row["steady_round_per_round_secs"] = row["steady_round_secs"] / per_call
-  row["end_to_end_secs"] = (row["init_secs"] + row["trace_secs"] + row["lower_secs"]
+  row["end_to_end_secs"] = (row["init_secs"] + row["trace_lower_secs"]
                             + row["compile_secs"] + row["first_round_secs"]
                             + (calls - 1) * row["steady_round_secs"])
   from fedjax_het.train import resolve_conv_impl  # noqa: PLC0415

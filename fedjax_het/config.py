@@ -19,7 +19,7 @@ import types
 
 import ml_collections
 
-from fedjax_het import algorithms, validation
+from fedjax_het import algorithms, trace_cache, validation
 from fedjax_het.data.scenarios import OFFICE_TESTS
 from fedjax_het.engine import xla_cpu
 from fedjax_het.errors import ConfigError
@@ -61,6 +61,10 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.num_rounds = 40
   c.rounds_per_call = 1
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
+  # Keep the traced round beside the compilation cache, so a later run of the same round skips
+  # tracing and lowering too: auto (when the method and models are the library's own), on, off.
+  # Same numbers either way. See fedjax_het/trace_cache.py.
+  c.trace_cache = "auto"
   c.memory_check = True                  # fail before training if a round cannot fit in memory
   # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
@@ -144,6 +148,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
   check(config, "xla_cpu_scheduler", choice(xla_cpu.SCHEDULERS), f"one of {xla_cpu.SCHEDULERS}")
+  if "trace_cache" in config:  # a user's config file written before the field existed may lack it
+    check(config, "trace_cache", choice(trace_cache.MODES), f"one of {trace_cache.MODES}")
   check(config, "resume_allow_changes", lambda v: isinstance(v, str),
         "a comma-separated string of config field names (\"\" for none)")
   if config.num_rounds % config.rounds_per_call:

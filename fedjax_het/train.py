@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
+from fedjax_het import checkpointing, data as data_lib, models, plots, reporting, trace_cache
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
@@ -356,12 +356,17 @@ class Experiment:
     diagnostics = self.algorithm.diagnostics
     self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
     self._evaluate_compiled = self._diagnostics_compiled = None  # set by `compile_all`
+    # The code outside the package that the round runs (its method, its models): in the trace
+    # cache's key under config.trace_cache="on"; "auto" then does not use the cache.
+    self._outside_files = trace_cache.outside_package(
+        [get_method(config.algorithm).make]
+        + [m for g in self.groups for m in (g.model, g.public_model) if m is not None])
     # One test domain: plain accuracy; several: intra/inter-domain accuracy (FCCL+ tables).
     self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
 
   def compile_rounds(self, state: Any) -> Any:
-    """The compiled `run_rounds` for this state's shapes (traces once; uses the cache)."""
-    return self.run_rounds.lower(state, self.data).compile()
+    """The compiled `run_rounds` for this state's shapes (traces once; uses the caches)."""
+    return self.lower_rounds(state).compile()
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
     """Compiles the round, the evaluation and the diagnostics; returns the round.
@@ -373,14 +378,60 @@ class Experiment:
     they are done, so two XLA compiles never run at once: compiling the
     evaluation beside the round's compile was measured slower on an H100 (FCCL+
     quick: over 268 s against 176 s; XLA's GPU compiler is itself
-    multi-threaded and autotunes on the device).
+    multi-threaded and autotunes on the device). The round is lowered by
+    `lower_rounds`, through the trace cache when it is on.
     """
     with concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="fedjax_het_compile") as pool:
       side = pool.submit(self._compile_evaluation, state, with_diagnostics)
-      lowered = self.run_rounds.lower(state, self.data)
+      lowered = self.lower_rounds(state)
       side.result()  # raises what the worker raised
     return lowered.compile()
+
+  def trace_cache_directory(self) -> pathlib.Path | None:
+    """Where `lower_rounds` keeps exported rounds (`fedjax_het.trace_cache`), or None.
+
+    None when `config.trace_cache` is "off", without `config.compilation_cache_dir`,
+    for a run sharded over a mesh, and, under "auto", when the method or a model
+    is defined outside the fedjax_het package.
+    """
+    mode = trace_cache.check_mode(self.config.get("trace_cache", "auto"))
+    if mode == "off" or not self.config.compilation_cache_dir or self.mesh is not None:
+      return None
+    if mode == "auto" and self._outside_files:
+      logging.info("trace cache off: the method or a model is defined outside fedjax_het (%s); "
+                   "config.trace_cache='on' keys it on those files too",
+                   ", ".join(map(str, self._outside_files)))
+      return None
+    return pathlib.Path(self.config.compilation_cache_dir).expanduser() / trace_cache.FOLDER
+
+  def lower_rounds(self, state: Any) -> Any:
+    """`run_rounds` lowered for `state`'s shapes, through the trace cache when it is on.
+
+    With the cache, a later run of the same round reads the exported program
+    instead of tracing and lowering it (`fedjax_het.trace_cache`); both
+    compile the same module. A round the cache cannot hold is traced as usual.
+    """
+    directory = self.trace_cache_directory()
+    if directory is None:
+      return self.run_rounds.lower(state, self.data)
+    config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
+              if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
+    statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
+               "public_conv_impl": self.public_conv_impl}
+    key = trace_cache.round_key(config_json=json.dumps(config, sort_keys=True), choices=statics,
+                                args=(state, self.data), extra_files=self._outside_files)
+    tick = time.perf_counter()
+    try:
+      lowered = trace_cache.lower_round(self.run_rounds, (state, self.data),
+                                        directory=directory, key=key)
+    except Exception as error:  # pylint: disable=broad-except
+      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
+                   type(error).__name__, error)
+      return self.run_rounds.lower(state, self.data)
+    logging.info("%s the traced round %s %s in %.1f s", "read" if lowered.hit else "saved",
+                 "from" if lowered.hit else "to", directory, time.perf_counter() - tick)
+    return lowered
 
   def _compile_evaluation(self, state: Any, with_diagnostics: bool) -> None:
     self._evaluate_compiled = self.evaluate.lower(state, self.data.test).compile()

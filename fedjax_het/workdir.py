@@ -43,7 +43,8 @@ NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "c
                   "checkpoint.every", "eval.last_rounds", "eval.targets",
                   "eval.target_accuracy",  # the single target that eval.targets replaced
                   "scenario.data_dir", "resume_allow_changes",
-                  "xla_cpu_scheduler")  # the two schedulers give bitwise-identical rounds
+                  "xla_cpu_scheduler",  # the two schedulers give bitwise-identical rounds
+                  "trace_cache")  # a cached round is the same program, bit for bit
 
 
 #: Config fields added after runs were recorded without them, with the values under which such
@@ -126,7 +127,8 @@ def allowed_changes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   return NEUTRAL_FIELDS + tuple(named)
 
 
-def _covered(field: str, prefixes: tuple[str, ...]) -> bool:
+def covered(field: str, prefixes: tuple[str, ...]) -> bool:
+  """Whether `field` is one of `prefixes` or inside a section named there."""
   return any(field == p or field.startswith(p + ".") for p in prefixes)
 
 
@@ -136,7 +138,7 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
   lines = []
   old, new = recorded.get("config", {}), current["config"]
   for field in sorted(set(old) | set(new)):
-    if _covered(field, allowed) or _added_unchanged(field, old, new):
+    if covered(field, allowed) or _added_unchanged(field, old, new):
       continue
     missing = "<absent>"
     if old.get(field, missing) != new.get(field, missing):
