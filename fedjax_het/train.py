@@ -417,12 +417,15 @@ class Experiment:
       return self.run_rounds.lower(state, self.data)
     config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
               if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
+    # What the method's make() read besides the config (data sizes, normalisation statistics,
+    # the modules) and the convolutions this Experiment chose.
     statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
                "public_conv_impl": self.public_conv_impl}
-    key = trace_cache.round_key(config_json=json.dumps(config, sort_keys=True), choices=statics,
-                                args=(state, self.data), extra_files=self._outside_files)
     tick = time.perf_counter()
     try:
+      key = trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
+                                  choices=statics, args=(state, self.data),
+                                  extra_files=self._outside_files)
       lowered = trace_cache.lower_round(self.run_rounds, (state, self.data),
                                         directory=directory, key=key)
     except Exception as error:  # pylint: disable=broad-except

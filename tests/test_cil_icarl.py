@@ -200,6 +200,7 @@ def _tiny_config():
   return c
 
 
+@pytest.mark.slow  # about 20 s; test_cil_train keeps the trainer's bit-identical resume by default
 def test_end_to_end_and_resume_mid_task_are_bit_identical(tmp_path):
   config = _tiny_config()
   full, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")

@@ -96,6 +96,7 @@ def test_unknown_compute_dtype_names_the_allowed_values():
     models.get_model("resnet10", 10, compute_dtype="float16")
 
 
+@pytest.mark.slow  # about 25 s; the bfloat16 dtype and gradient tests above stay in the default suite
 def test_a_bfloat16_run_trains_from_the_config_with_float32_state(tmp_path):
   from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
   from fedjax_het.errors import ConfigError  # pylint: disable=g-import-not-at-top

@@ -300,7 +300,9 @@ def _make_train_step(model, lr):
   return step
 
 
-@pytest.mark.parametrize("name", models.MODEL_NAMES)
+# GoogLeNet's jitted step compiles for about 15 s on a 2-core CPU: slow suite.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "googlenet"
+                                  else n for n in models.MODEL_NAMES])
 def test_jitted_sgd_train_step_reduces_the_loss(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))

@@ -115,6 +115,10 @@ def _record_convolutions(monkeypatch) -> list[tuple[str, str]]:
   return built
 
 
+# Slow (about 50 s: four compiles of the tiny round). The default suite keeps the decision table
+# (test_low_memory_conv_impls_switch_the_public_batch_first) and the first step end to end
+# (the hybrid test below).
+@pytest.mark.slow
 def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monkeypatch):
   # Any estimate is "too large" at fraction 0; the memory guard itself sees plenty of memory.
   monkeypatch.setattr(train_lib, "LOW_MEMORY_FRACTION", 0.0)
