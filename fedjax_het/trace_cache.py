@@ -15,8 +15,11 @@ the same bits as `jax.jit` of the round itself.
 The key is a SHA-256 over everything that decides the traced program:
   * the source of every module of the `fedjax_het` package, and of the modules
     that define the run's method and models when they live outside it;
-  * the whole config (`config.to_json`), the convolution implementations the
-    `Experiment` chose, and the shapes, dtypes and tree structure of the
+  * the config, less the fields that never change the numbers
+    (`workdir.NEUTRAL_FIELDS`: logging, names, cache and checkpoint settings);
+    what the method's `make` reads besides it (the `Setup`: data sizes,
+    normalisation statistics, modules); the convolution implementations the
+    `Experiment` chose; and the shapes, dtypes and tree structure of the
     round's arguments (state and data);
   * the versions of jax, jaxlib, flax, optax and numpy, the backend, the
     devices, and every `jax.config` value.
