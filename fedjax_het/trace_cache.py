@@ -50,9 +50,8 @@ from typing import Any
 import jax
 
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.errors import ConfigError
 
-#: Values of `config.trace_cache`.
+#: Values of `config.trace_cache` (checked by `fedjax_het.config.validate_config`).
 MODES = ("auto", "on", "off")
 
 #: The folder, inside the compilation cache directory, that holds the exported rounds.
@@ -64,12 +63,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parent
 FORMAT = "fedjax_het trace cache 1"
 
 _VERSIONED = ("jax", "jaxlib", "flax", "optax", "numpy")
-
-
-def check_mode(mode: str) -> str:
-  if mode not in MODES:
-    raise ConfigError(f"config.trace_cache must be one of {MODES}, got {mode!r}.")
-  return mode
 
 
 def outside_package(objects: Iterable[Any]) -> list[pathlib.Path]:
@@ -229,10 +222,11 @@ def lower_round(fn: Callable[..., Any], args: tuple[Any, ...], *, directory: pat
     exported = export.export(jax.jit(flat))(*leaves)
     metrics_spec = captured["metrics"]
     directory.mkdir(parents=True, exist_ok=True)
+    serialized = bytes(exported.serialize())
     # The program first: a kill between the two writes leaves no metadata, hence no hit.
-    workdir_lib.write_atomic(program, bytes(exported.serialize()))
+    workdir_lib.write_atomic(program, serialized)
     workdir_lib.write_atomic(meta, json.dumps({"metrics": metrics_spec}) + "\n")
-    exported = export.deserialize(bytearray(program.read_bytes()))
+    exported = export.deserialize(bytearray(serialized))  # what a later hit reads
   metrics_tree = jax.tree_util.tree_structure(tree_from_spec(metrics_spec))
   out_tree = _pair_structure(state_tree, metrics_tree)
   lowered = jax.jit(exported.call).lower(*leaves)

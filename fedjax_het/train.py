@@ -395,7 +395,7 @@ class Experiment:
     for a run sharded over a mesh, and, under "auto", when the method or a model
     is defined outside the fedjax_het package.
     """
-    mode = trace_cache.check_mode(self.config.get("trace_cache", "auto"))
+    mode = self.config.get("trace_cache", "auto")  # checked by validate_config
     if mode == "off" or not self.config.compilation_cache_dir or self.mesh is not None:
       return None
     if mode == "auto" and self._outside_files:
