@@ -16,7 +16,12 @@ one filled):
     the round goes through `Experiment.lower_rounds` as in `train.py`: the cold
     process exports it (trace + lower) and the warm one reads the export
     (`trace_cache`: "miss" / "hit"); with `--trace-cache off`, `trace_secs` and
-    `lower_secs` split `jax.jit(run_rounds).trace(...)` from `.lower()`;
+    `lower_secs` split `jax.jit(run_rounds).trace(...)` from `.lower()` (for
+    the one-program round);
+  * `round_programs`: "one" (the round as one program) or "stages" (one program
+    per stage of the method's round, `config.round_programs`; `--set
+    round_programs=one` measures the former for a staged method), then
+    `stage_compile_secs`: each stage's compile;
   * `first_round_secs`: the first execution of the compiled round (on a GPU it
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
@@ -112,9 +117,12 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   state = jax.block_until_ready(experiment.init_state())
   row["init_secs"] = time.perf_counter() - tick
   tick = time.perf_counter()
+  row["round_programs"] = experiment.round_programs
   if experiment.trace_cache_directory() is not None:  # as train.py: export, or read the export
     lowered = experiment.lower_rounds(state)
     row["trace_cache"] = "hit" if lowered.hit else "miss"
+  elif experiment.round_programs == "stages":  # one program per stage, traced in turn
+    lowered = experiment.lower_rounds(state)
   else:
     traced = experiment.run_rounds.trace(state, experiment.data)
     row["trace_secs"] = time.perf_counter() - tick
@@ -130,6 +138,8 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   else:
     compiled = lowered.compile()
   row["compile_secs"] = time.perf_counter() - tick
+  if hasattr(compiled, "compile_secs"):  # stage programs (compiled side by side on a CPU)
+    row["stage_compile_secs"] = compiled.compile_secs
   tick = time.perf_counter()
   state, _ = compiled(state, experiment.data)
   jax.block_until_ready(state)

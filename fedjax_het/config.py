@@ -21,7 +21,7 @@ import ml_collections
 
 from fedjax_het import algorithms, trace_cache, validation
 from fedjax_het.data.scenarios import OFFICE_TESTS
-from fedjax_het.engine import xla_cpu
+from fedjax_het.engine import programs, xla_cpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
@@ -65,6 +65,11 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # tracing and lowering too: auto (when the method and models are the library's own), on, off.
   # Same numbers either way. See fedjax_het/trace_cache.py.
   c.trace_cache = "auto"
+  # A method whose round is given as stages (FCCL+, FCCL: public phase, local phase) can run it
+  # as one XLA program per stage, compiled side by side on a CPU and loaded from the cache much
+  # faster than one large program: auto (stages when the method has them), one, stages. Same
+  # numbers either way. See fedjax_het/engine/programs.py.
+  c.round_programs = "auto"
   c.memory_check = True                  # fail before training if a round cannot fit in memory
   # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
@@ -150,6 +155,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "xla_cpu_scheduler", choice(xla_cpu.SCHEDULERS), f"one of {xla_cpu.SCHEDULERS}")
   if "trace_cache" in config:  # a user's config file written before the field existed may lack it
     check(config, "trace_cache", choice(trace_cache.MODES), f"one of {trace_cache.MODES}")
+  if "round_programs" in config:  # as trace_cache: older config files may lack it
+    check(config, "round_programs", choice(programs.ROUND_PROGRAMS),
+          f"one of {programs.ROUND_PROGRAMS}")
   check(config, "resume_allow_changes", lambda v: isinstance(v, str),
         "a comma-separated string of config field names (\"\" for none)")
   if config.num_rounds % config.rounds_per_call:

@@ -57,7 +57,7 @@ from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
-from fedjax_het.engine import rounds, sharding, xla_cpu
+from fedjax_het.engine import programs, rounds, sharding, xla_cpu
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
 from fedjax_het.errors import ConfigError, RoundTooLargeError
@@ -344,14 +344,25 @@ class Experiment:
     self.round_fn = rounds.make_round_fn(self.algorithm)
     calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
     init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
+    try:  # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage
+      self.round_programs = programs.resolve(config.get("round_programs", "auto"),
+                                             bool(self.algorithm.stages))
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
+    stage_fns = (rounds.make_stage_fns(self.algorithm) if self.round_programs == "stages"
+                 else ())
     self._state_shardings = None
     if mesh is None:
       self._init, self.run_rounds = jax.jit(init), jax.jit(calls)
+      self.stage_programs = tuple((name, jax.jit(fn)) for name, fn in stage_fns)
     else:
       abstract = jax.eval_shape(init, jax.random.key(0), self.data)
       self._state_shardings = sharding.state_shardings(abstract, mesh)
       self._init = jax.jit(init, out_shardings=self._state_shardings)
       self.run_rounds = jax.jit(calls, out_shardings=(self._state_shardings, None))
+      self.stage_programs = tuple(
+          (name, jax.jit(fn, out_shardings=(self._state_shardings, None)))
+          for name, fn in stage_fns)
     self.evaluate = jax.jit(self.algorithm.evaluate)
     diagnostics = self.algorithm.diagnostics
     self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
@@ -365,7 +376,8 @@ class Experiment:
     self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
 
   def compile_rounds(self, state: Any) -> Any:
-    """The compiled `run_rounds` for this state's shapes (traces once; uses the caches)."""
+    """The compiled round for this state's shapes: `run_rounds`, or with stages the
+    `programs.CompiledStages` (traces once; uses the caches)."""
     return self.lower_rounds(state).compile()
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
@@ -406,33 +418,49 @@ class Experiment:
     return pathlib.Path(self.config.compilation_cache_dir).expanduser() / trace_cache.FOLDER
 
   def lower_rounds(self, state: Any) -> Any:
-    """`run_rounds` lowered for `state`'s shapes, through the trace cache when it is on.
+    """The round lowered for `state`'s shapes, through the trace cache when it is on.
 
-    With the cache, a later run of the same round reads the exported program
-    instead of tracing and lowering it (`fedjax_het.trace_cache`); both
-    compile the same module. A round the cache cannot hold is traced as usual.
+    `run_rounds` lowered, or with `round_programs == "stages"` the
+    `programs.LoweredStages` of the stage programs (compiled side by side on a
+    CPU; on a GPU one after the other, as XLA's GPU compiler is itself
+    multi-threaded). With the cache, a later run of the same round reads each
+    exported program instead of tracing and lowering it
+    (`fedjax_het.trace_cache`); both compile the same module. A program the
+    cache cannot hold is traced as usual.
     """
+    if self.round_programs == "stages":
+      return programs.lower_stages(
+          self.stage_programs, lambda name, jitted: self._lower_program(jitted, state, name),
+          int(self.config.rounds_per_call), side_by_side=jax.default_backend() == "cpu")
+    return self._lower_program(self.run_rounds, state, None)
+
+  def _lower_program(self, jitted: Any, state: Any, stage: str | None) -> Any:
+    """`jitted(state, data)` lowered, through the trace cache when it is on; `stage`: the
+    stage's name (in the cache key), None for the whole round."""
     directory = self.trace_cache_directory()
     if directory is None:
-      return self.run_rounds.lower(state, self.data)
+      return jitted.lower(state, self.data)
     config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
               if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
     # What the method's make() read besides the config (data sizes, normalisation statistics,
     # the modules) and the convolutions this Experiment chose.
     statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
                "public_conv_impl": self.public_conv_impl}
+    if stage is not None:
+      statics["stage"] = stage
     tick = time.perf_counter()
     try:
       key = trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
                                   choices=statics, args=(state, self.data),
                                   extra_files=self._outside_files)
-      lowered = trace_cache.lower_round(self.run_rounds, (state, self.data),
+      lowered = trace_cache.lower_round(jitted, (state, self.data),
                                         directory=directory, key=key)
     except Exception as error:  # pylint: disable=broad-except
       logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
                    type(error).__name__, error)
-      return self.run_rounds.lower(state, self.data)
-    logging.info("%s the traced round %s %s in %.1f s", "read" if lowered.hit else "saved",
+      return jitted.lower(state, self.data)
+    what = "round" if stage is None else f"round's stage {stage!r}"
+    logging.info("%s the traced %s %s %s in %.1f s", "read" if lowered.hit else "saved", what,
                  "from" if lowered.hit else "to", directory, time.perf_counter() - tick)
     return lowered
 

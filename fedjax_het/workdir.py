@@ -44,7 +44,8 @@ NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "c
                   "eval.target_accuracy",  # the single target that eval.targets replaced
                   "scenario.data_dir", "resume_allow_changes",
                   "xla_cpu_scheduler",  # the two schedulers give bitwise-identical rounds
-                  "trace_cache")  # a cached round is the same program, bit for bit
+                  "trace_cache",  # a cached round is the same program, bit for bit
+                  "round_programs")  # the same computations, one program or one per stage
 
 
 #: Config fields added after runs were recorded without them, with the values under which such

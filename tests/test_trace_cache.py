@@ -45,7 +45,17 @@ def counted_traces(monkeypatch):
       return round_fn(state, data)
     return counted
 
+  def counting_make_stage_fns(algorithm):  # config.round_programs="stages": a trace per stage
+    def counted(fn):
+      def run(state, data):
+        count["traces"] += 1
+        return fn(state, data)
+      return run
+    return tuple((name, counted(fn)) for name, fn in make_stages(algorithm))
+
+  make_stages = train_lib.rounds.make_stage_fns
   monkeypatch.setattr(train_lib.rounds, "make_round_fn", counting_make_round_fn)
+  monkeypatch.setattr(train_lib.rounds, "make_stage_fns", counting_make_stage_fns)
   return count
 
 
@@ -54,7 +64,9 @@ def counted_traces(monkeypatch):
 @pytest.mark.parametrize("variant", ["solo", pytest.param("fcclplus", marks=pytest.mark.slow)])
 def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path, counted_traces,
                                                                          variant):
-  config = tiny_config(variant, compilation_cache_dir=str(tmp_path / "cache"))
+  # The round as one program (stage programs: tests/test_round_programs.py).
+  config = tiny_config(variant, compilation_cache_dir=str(tmp_path / "cache"),
+                       round_programs="one")
   first = train_lib.Experiment(config)
   assert first.trace_cache_directory() == tmp_path / "cache" / trace_cache.FOLDER
   state = first.init_state()

@@ -11,8 +11,8 @@ import numpy as np
 
 from fedjax_het import evaluation, losses, models, plots
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import public
-from fedjax_het.engine.api import Algorithm, Diagnostics, Setup
+from fedjax_het.engine import public, rounds
+from fedjax_het.engine.api import Algorithm, Diagnostics, Setup, Stage
 from fedjax_het.engine.clients import (ClientGroup, client_keys, slot_active, slot_ids,
                                        where_active)
 from fedjax_het.engine.optim import apply_updates
@@ -222,13 +222,20 @@ def cross_correlation_diagnostics(setup: Setup, batch_size: int) -> Diagnostics:
 
 
 def public_data_algorithm(name: str, config: Any, setup: Setup, init: Callable[..., Any],
-                          round_fn: Callable[..., Any]) -> Algorithm:
+                          round_fn: Callable[..., Any] | None = None, *,
+                          stages: tuple[Stage, ...] = ()) -> Algorithm:
   """The `Algorithm` of a public-data method (FCCL, FCCL+, FedMD, FedDF, RHFL): every
   participant evaluated on every test domain, and the cross-correlation diagnostics on
-  a public batch of `collaborative.batch_size`."""
+  a public batch of `collaborative.batch_size`. The round is `round_fn`, or the `stages`
+  run in order (`rounds.staged_round`): exactly one of the two."""
+  if (round_fn is None) == (not stages):
+    raise ValueError(f"{name}: give the round as round_fn or as stages, not both or neither")
+  if stages:
+    round_fn = rounds.staged_round(stages)
   return Algorithm(name=name, init=init, round=round_fn, evaluate=make_evaluate(config, setup),
                    diagnostics=cross_correlation_diagnostics(
-                       setup, int(config.collaborative.batch_size)))
+                       setup, int(config.collaborative.batch_size)),
+                   stages=tuple(stages))
 
 
 def run_public_phase(step: Callable[..., Any], state: Any, images: jax.Array,

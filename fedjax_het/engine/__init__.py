@@ -1,6 +1,6 @@
 """The engine: the blocks a method's round is built from, and the round wrapper.
 
-  api          Setup, FederatedArrays, Algorithm, Diagnostics (the shared types)
+  api          Setup, FederatedArrays, Algorithm, Stage, Diagnostics (the shared types)
   clients      ClientGroup, group_clients, GroupData, slot ids/activity, init, client_keys
   batching     static-shape masked batches of padded client data, public batches
   local        make_local_trainer / train_clients: epochs of training as one lax.scan
@@ -8,7 +8,9 @@
   cohort       sample_cohort, gather, scatter: partial participation with static shapes
   aggregation  weighted_mean, broadcast, server_update (an optax server optimiser)
   optim        torch-style optimisers (optax.inject_hyperparams), round schedules
-  rounds       make_round_fn / make_run_rounds: one jitted program per call
+  rounds       make_round_fn / make_run_rounds: one jitted program per call;
+               staged_round / make_stage_fns: a round given as stages
+  programs     a staged round as one compiled program per stage (config.round_programs)
   sharding     the `clients` mesh axis
   xla_cpu      XLA:CPU's instruction scheduler (memory-minimising for the paper-size rounds)
 

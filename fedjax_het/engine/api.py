@@ -15,6 +15,12 @@ aggregation, a server optimiser step) in the order the paper gives. The engine
 wraps it (`engine.rounds`) into one jitted, traced-once program that scans over
 rounds; the trainer (`fedjax_het.train`) runs any `Algorithm` the same way.
 
+A method may also give its round as `stages` (e.g. FCCL+'s public phase, then
+its local phase), with `round = rounds.staged_round(stages)`. The trainer can
+then compile each stage as a program of its own and run them one after the
+other (`config.round_programs`): the same computations, and XLA compiles and
+loads a few smaller programs faster than one large one.
+
 State conventions (what the trainer relies on):
   * `state["groups"][group_name]` holds per-participant entries with the slot
     axis leading (sharded over the `clients` mesh axis); at least
@@ -97,6 +103,22 @@ class Diagnostics(NamedTuple):
   plot: Callable[[Mapping[int, np.ndarray], list[str], Any], bool]
 
 
+class Stage(NamedTuple):
+  """One stage of a round (see `Algorithm.stages`).
+
+  Attributes:
+    name: what the stage is (e.g. "public", "local"); names the stage's
+      program in logs and benchmarks, unique within a round.
+    run: (state, data, key, round_index) -> (state, metrics), with the
+      arguments of `Algorithm.round`: the round's key and index, so a stage
+      draws the same numbers whether the round runs as one program or as
+      stages. It returns the whole state; its metrics are a dict whose top-level
+      keys no other stage of the round uses.
+  """
+  name: str
+  run: Callable[[State, FederatedArrays, jax.Array, jax.Array], tuple[State, Metrics]]
+
+
 class Algorithm(NamedTuple):
   """A federated method as pure functions (see the module docstring).
 
@@ -111,9 +133,13 @@ class Algorithm(NamedTuple):
     evaluate: (state, test data) -> {group: accuracy (slots, domains)} in
       percent, one row per slot and one column per test domain.
     diagnostics: optional `Diagnostics`.
+    stages: optional: the round as `Stage`s run in order, for a method whose
+      `round` is `rounds.staged_round(stages)`; empty when the round is one
+      piece.
   """
   name: str
   init: Callable[[jax.Array, FederatedArrays], State]
   round: Callable[[State, FederatedArrays, jax.Array, jax.Array], tuple[State, Metrics]]
   evaluate: Callable[[State, Any], Mapping[str, jax.Array]]
   diagnostics: Diagnostics | None = None
+  stages: tuple[Stage, ...] = ()

@@ -3,6 +3,7 @@
     state = initial_state(algorithm, key, data)
     round_fn = make_round_fn(algorithm)            # (state, data) -> (state, metrics)
     run_rounds = make_run_rounds(round_fn, n)      # n rounds as one lax.scan
+    stage_fns = make_stage_fns(algorithm)         # or: the round's stages, one program each
 
 The engine adds bookkeeping to the method's state: the round counter
 (`state["round"]`) and the run key (`state["rng"]`). Round r calls
@@ -19,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_het.engine.api import Algorithm, FederatedArrays
+from fedjax_het.engine.api import Algorithm, FederatedArrays, Stage
 
 BOOKKEEPING = ("round", "rng")
 
@@ -60,3 +61,53 @@ def make_run_rounds(round_fn: Callable[[Any, FederatedArrays], tuple[Any, Any]],
   def run_rounds(state, data):
     return jax.lax.scan(lambda s, _: round_fn(s, data), state, None, length=num_rounds)
   return run_rounds
+
+
+def staged_round(stages: tuple[Stage, ...]) -> Callable[..., tuple[Any, Any]]:
+  """The round that runs `stages` in order: (state, data, key, round_index) -> (state, metrics).
+
+  Each stage gets the round's key and index; the round's metrics are the
+  union of the stages' top-level metric entries (a key two stages both
+  return is an error: the second would hide the first).
+  """
+  names = [stage.name for stage in stages]
+  if not stages or len(set(names)) != len(names):
+    raise ValueError(f"a staged round needs at least one stage and unique stage names; got "
+                     f"{names}")
+
+  def round_fn(state, data, key, round_index):
+    metrics = {}
+    for stage in stages:
+      state, stage_metrics = stage.run(state, data, key, round_index)
+      clash = set(metrics) & set(stage_metrics)
+      if clash:
+        raise ValueError(f"stage {stage.name!r} returns metrics {sorted(clash)} that an earlier "
+                         "stage of the round returned too")
+      metrics.update(stage_metrics)
+    return state, metrics
+
+  return round_fn
+
+
+def make_stage_fns(algorithm: Algorithm) -> tuple[tuple[str, Callable[..., Any]], ...]:
+  """The algorithm's stages as (name, `stage_fn(state, data) -> (state, metrics)`) pairs.
+
+  Running the stage functions in order is `make_round_fn(algorithm)`: every
+  stage reads the round counter and run key of the state it gets (so all
+  stages of a round see the same key and index), and the last one advances
+  the counter. Raises ValueError for an algorithm without stages.
+  """
+  if not algorithm.stages:
+    raise ValueError(f"algorithm {algorithm.name!r} has no stages: its round is one piece")
+  last = len(algorithm.stages) - 1
+
+  def stage_fn(stage, advance):
+    def run(state, data):
+      round_index = state["round"]
+      key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), round_index)
+      new_state, metrics = stage.run(method_state(state), data, key, round_index)
+      return {**new_state, "round": round_index + advance, "rng": state["rng"]}, metrics
+    return run
+
+  return tuple((stage.name, stage_fn(stage, int(i == last)))
+               for i, stage in enumerate(algorithm.stages))
