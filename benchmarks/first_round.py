@@ -21,7 +21,7 @@ one filled):
   * `round_programs`: "one" (the round as one program) or "stages" (one program
     per stage of the method's round, `config.round_programs`; `--set
     round_programs=one` measures the former for a staged method), then
-    `stage_compile_secs`: each stage's compile;
+    `compile_secs_by_stage`: each stage's compile;
   * `first_round_secs`: the first execution of the compiled round (on a GPU it
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
@@ -139,7 +139,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     compiled = lowered.compile()
   row["compile_secs"] = time.perf_counter() - tick
   if hasattr(compiled, "compile_secs"):  # stage programs (compiled side by side on a CPU)
-    row["stage_compile_secs"] = compiled.compile_secs
+    row["compile_secs_by_stage"] = compiled.compile_secs
   tick = time.perf_counter()
   state, _ = compiled(state, experiment.data)
   jax.block_until_ready(state)

@@ -387,11 +387,12 @@ class Experiment:
     `evaluation_record` / `diagnostics` from then on. They are traced and
     compiled in a worker thread while this thread traces and lowers the round
     (pure Python, one core busy), and the round's XLA compile starts only once
-    they are done, so two XLA compiles never run at once: compiling the
-    evaluation beside the round's compile was measured slower on an H100 (FCCL+
-    quick: over 268 s against 176 s; XLA's GPU compiler is itself
-    multi-threaded and autotunes on the device). The round is lowered by
-    `lower_rounds`, through the trace cache when it is on.
+    they are done: compiling the evaluation beside the round's compile was
+    measured slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's
+    GPU compiler is itself multi-threaded and autotunes on the device). The
+    round is lowered by `lower_rounds`, through the trace cache when it is on;
+    a round in stage programs compiles them side by side on a CPU, in turn on
+    an accelerator.
     """
     with concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="fedjax_het_compile") as pool:

@@ -253,3 +253,32 @@ def run_public_phase(step: Callable[..., Any], state: Any, images: jax.Array,
       step, state, images, spec, order_key=order_key, augment_key=augment_key,
       step_key=step_key)
   return state
+
+
+def public_and_local_stages(spec: public.PublicSpec, collaborative_step: Callable[..., Any],
+                            local_update: Callable[..., Any], *,
+                            reset: Callable[[Any], Any] | None = None) -> tuple[Stage, Stage]:
+  """FCCL's and FCCL+'s round as two stages: the public phase, then the local phase.
+
+  Both split the round's key the same way (order, augment, collaborative step, local), so
+  the stages draw what one `round` running both phases draws. `collaborative_step(state,
+  images, key, round_index)` runs on each public batch (after `reset(state)`, when given);
+  `local_update(state, groups' data, key, round_index) -> (state, metrics)` gives
+  metrics["local"].
+  """
+  def public_stage(state, data, key, round_index):
+    order_key, augment_key, collab_key, _ = jax.random.split(key, 4)
+    if reset is not None:
+      state = reset(state)
+    metrics = {}
+    step = lambda s, images, k: collaborative_step(s, images, k, round_index)  # noqa: E731
+    state = run_public_phase(step, state, data.public, spec, metrics, order_key=order_key,
+                             augment_key=augment_key, step_key=collab_key)
+    return state, metrics
+
+  def local_stage(state, data, key, round_index):
+    local_key = jax.random.split(key, 4)[3]
+    state, metrics = local_update(state, data.groups, local_key, round_index)
+    return state, {"local": metrics}
+
+  return Stage("public", public_stage), Stage("local", local_stage)

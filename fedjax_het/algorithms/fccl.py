@@ -33,7 +33,7 @@ import ml_collections
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import aggregation, local, public
-from fedjax_het.engine.api import Algorithm, Setup, Stage
+from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
                                        where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
@@ -181,24 +181,10 @@ def make_fccl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
 
-  # The round's key splits the same way in both stages (order, augment, collaborative, local).
-  def public_stage(state, data, key, round_index):
-    order_key, augment_key, collab_key, _ = jax.random.split(key, 4)
-    metrics = {}
-    step = lambda s, images, k: phases.collaborative_step(s, images, k, round_index)
-    state = common.run_public_phase(step, state, data.public, spec, metrics,
-                                    order_key=order_key, augment_key=augment_key,
-                                    step_key=collab_key)
-    return state, metrics
-
-  def local_stage(state, data, key, round_index):
-    local_key = jax.random.split(key, 4)[3]
-    state, metrics = phases.local_update(state, data.groups, local_key, round_index)
-    return state, {"local": metrics}
-
   return common.public_data_algorithm(
       "fccl", config, setup, phases.init,
-      stages=(Stage("public", public_stage), Stage("local", local_stage)))
+      stages=common.public_and_local_stages(spec, phases.collaborative_step,
+                                            phases.local_update))
 
 
 def default_config() -> ml_collections.ConfigDict:
