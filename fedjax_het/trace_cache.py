@@ -115,6 +115,11 @@ def round_key(*, config_json: str, choices: dict[str, str], args: Any,
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def stage_key(key: str, stage: str) -> str:
+  """The key of stage `stage` of the round whose key is `key` (one entry per stage program)."""
+  return hashlib.sha256(f"{key}\0{stage}".encode()).hexdigest()
+
+
 def tree_spec(tree: Any) -> Any:
   """A JSON description of a pytree made of dicts (string keys), lists, tuples and leaves.
 

@@ -344,25 +344,22 @@ class Experiment:
     self.round_fn = rounds.make_round_fn(self.algorithm)
     calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
     init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
-    try:  # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage
-      self.round_programs = programs.resolve(config.get("round_programs", "auto"),
-                                             bool(self.algorithm.stages))
-    except ValueError as error:
-      raise ConfigError(str(error)) from None
+    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage.
+    self.round_programs = programs.resolve(config.get("round_programs", "auto"),
+                                           bool(self.algorithm.stages))
     stage_fns = (rounds.make_stage_fns(self.algorithm) if self.round_programs == "stages"
                  else ())
     self._state_shardings = None
+    round_jit = {}  # how every round program (whole or stage) is jitted
     if mesh is None:
-      self._init, self.run_rounds = jax.jit(init), jax.jit(calls)
-      self.stage_programs = tuple((name, jax.jit(fn)) for name, fn in stage_fns)
+      self._init = jax.jit(init)
     else:
       abstract = jax.eval_shape(init, jax.random.key(0), self.data)
       self._state_shardings = sharding.state_shardings(abstract, mesh)
       self._init = jax.jit(init, out_shardings=self._state_shardings)
-      self.run_rounds = jax.jit(calls, out_shardings=(self._state_shardings, None))
-      self.stage_programs = tuple(
-          (name, jax.jit(fn, out_shardings=(self._state_shardings, None)))
-          for name, fn in stage_fns)
+      round_jit["out_shardings"] = (self._state_shardings, None)
+    self.run_rounds = jax.jit(calls, **round_jit)
+    self.stage_programs = tuple((name, jax.jit(fn, **round_jit)) for name, fn in stage_fns)
     self.evaluate = jax.jit(self.algorithm.evaluate)
     diagnostics = self.algorithm.diagnostics
     self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
@@ -429,33 +426,46 @@ class Experiment:
     (`fedjax_het.trace_cache`); both compile the same module. A program the
     cache cannot hold is traced as usual.
     """
+    cache = self._trace_cache_key(state)
     if self.round_programs == "stages":
+      # One key for the round (one read of the package source), one entry per stage.
       return programs.lower_stages(
-          self.stage_programs, lambda name, jitted: self._lower_program(jitted, state, name),
+          self.stage_programs,
+          lambda name, jitted: self._lower_program(
+              jitted, state, cache and (cache[0], trace_cache.stage_key(cache[1], name)), name),
           int(self.config.rounds_per_call), side_by_side=jax.default_backend() == "cpu")
-    return self._lower_program(self.run_rounds, state, None)
+    return self._lower_program(self.run_rounds, state, cache, None)
 
-  def _lower_program(self, jitted: Any, state: Any, stage: str | None) -> Any:
-    """`jitted(state, data)` lowered, through the trace cache when it is on; `stage`: the
-    stage's name (in the cache key), None for the whole round."""
+  def _trace_cache_key(self, state: Any) -> tuple[pathlib.Path, str] | None:
+    """(the trace cache's directory, this round's key), or None when the cache is not used."""
     directory = self.trace_cache_directory()
     if directory is None:
-      return jitted.lower(state, self.data)
+      return None
     config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
               if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
     # What the method's make() read besides the config (data sizes, normalisation statistics,
     # the modules) and the convolutions this Experiment chose.
     statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
                "public_conv_impl": self.public_conv_impl}
-    if stage is not None:
-      statics["stage"] = stage
+    try:
+      return directory, trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
+                                              choices=statics, args=(state, self.data),
+                                              extra_files=self._outside_files)
+    except Exception as error:  # pylint: disable=broad-except
+      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
+                   type(error).__name__, error)
+      return None
+
+  def _lower_program(self, jitted: Any, state: Any, cache: tuple[pathlib.Path, str] | None,
+                     stage: str | None) -> Any:
+    """`jitted(state, data)` lowered, through the trace cache entry `cache` (directory, key)
+    when there is one; `stage`: the stage's name, None for the whole round (for the log)."""
+    if cache is None:
+      return jitted.lower(state, self.data)
+    directory, key = cache
     tick = time.perf_counter()
     try:
-      key = trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
-                                  choices=statics, args=(state, self.data),
-                                  extra_files=self._outside_files)
-      lowered = trace_cache.lower_round(jitted, (state, self.data),
-                                        directory=directory, key=key)
+      lowered = trace_cache.lower_round(jitted, (state, self.data), directory=directory, key=key)
     except Exception as error:  # pylint: disable=broad-except
       logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
                    type(error).__name__, error)

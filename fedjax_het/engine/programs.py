@@ -30,21 +30,20 @@ import jax
 import numpy as np
 
 from fedjax_het.engine import sharding
+from fedjax_het.errors import ConfigError
 
 #: The choices of `config.round_programs`.
 ROUND_PROGRAMS = ("auto", "one", "stages")
 
 
 def resolve(choice: str, has_stages: bool) -> str:
-  """`config.round_programs` -> "one" or "stages" ("auto": stages when the method has them).
+  """`config.round_programs` (one of `ROUND_PROGRAMS`, checked by `validate_config`) -> "one"
+  or "stages" ("auto": stages when the method has them).
 
-  Raises ValueError naming the field for an unknown choice, or "stages" asked
-  of a method whose round is one piece.
+  Raises ConfigError for "stages" asked of a method whose round is one piece.
   """
-  if choice not in ROUND_PROGRAMS:
-    raise ValueError(f"config.round_programs must be one of {ROUND_PROGRAMS}, got {choice!r}")
   if choice == "stages" and not has_stages:
-    raise ValueError("config.round_programs='stages' needs a method whose round is given as "
+    raise ConfigError("config.round_programs='stages' needs a method whose round is given as "
                      "stages (Algorithm.stages); this method's round is one piece: use 'one' "
                      "or 'auto'")
   if choice == "auto":
