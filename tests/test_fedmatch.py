@@ -19,11 +19,11 @@ import pytest
 
 from fedjax_het.algorithms import fedmatch
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients
+from fedjax_het.engine import api, clients, public
 from fedjax_het.errors import ConfigError
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
-from tests.tiny_federation import tiny_data, tiny_setup
+from tests.tiny_federation import grouped_data, tiny_data, tiny_setup
 from tests.tiny_models import TinyLinear
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -328,8 +328,9 @@ def test_padding_slots_change_nothing_real():
 def test_round_on_the_tiny_federation_is_traced_once_deterministic_and_trains():
   setup = tiny_setup(2)
   data, _, _ = tiny_data(setup)
-  public = jnp.asarray(np.random.default_rng(3).integers(0, 255, (8, 32, 32, 3), np.uint8))
-  data = data._replace(public=public)
+  public_images = jnp.asarray(np.random.default_rng(3).integers(0, 255, (8, 32, 32, 3),
+                                                                  np.uint8))
+  data = data._replace(public=public_images)
   algorithm = fedmatch.make_fedmatch(_config(confidence_threshold=0.4), setup)
   start = algorithm.init(jax.random.key(0), data)
   chex.clear_trace_counter()
@@ -354,6 +355,37 @@ def test_round_on_the_tiny_federation_is_traced_once_deterministic_and_trains():
   local_only, _ = jax.jit(fedmatch.make_phases(_config(), setup).local_update)(
       start, data.groups, jax.random.split(jax.random.key(10), 4)[3], jnp.int32(0))
   assert not np.allclose(kernel(first), kernel(local_only))
+
+
+def test_round_is_the_public_phase_then_the_local_update_on_the_rounds_keys():
+  """The round's two stages against the phases composed by hand on the round's four keys
+  (local batches of 2: the local key orders them, so a wrong key changes the result)."""
+  setup = _setup(("a", "b", "a"))
+  config = _config(confidence_threshold=0.4)
+  config.local.batch_size = 2
+  groups, _, _ = grouped_data(setup)
+  public_images = jnp.asarray(np.random.default_rng(3).integers(0, 255, (8, 32, 32, 3),
+                                                                  np.uint8))
+  data = api.FederatedArrays(groups=groups, public=public_images, test=None)
+  algorithm = fedmatch.make_fedmatch(config, setup)
+  phases = fedmatch.make_phases(config, setup)
+  assert [stage.name for stage in algorithm.stages] == ["public", "local"]
+  state = algorithm.init(jax.random.key(0), data)
+  key, index = jax.random.key(10), jnp.int32(0)
+  got, _ = jax.jit(algorithm.round)(state, data, key, index)
+
+  def by_hand(state):
+    order_key, augment_key, public_key, local_key = jax.random.split(key, 4)
+    helpers = phases.select_helpers(state)  # from the models the round starts with
+    state, _ = public.public_phase(
+        lambda s, views, k: phases.public_step(s, views, k, index, helpers), state,
+        data.public, fedmatch.make_spec(config, setup), order_key=order_key,
+        augment_key=augment_key, step_key=public_key)
+    return phases.local_update(state, data.groups, local_key, index)[0]
+
+  want = jax.jit(by_hand)(state)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("reset", ["round", "never"])

@@ -224,7 +224,8 @@ def _assert_same(a, b):
 
 def test_fedmd_round_is_digest_on_the_round_subset_then_revisit():
   setup = _setup()
-  config = _config("fedmd", **{"fedmd.public_subset": 6, "fedmd.warmup_epochs": 1})
+  config = _config("fedmd", **{"fedmd.public_subset": 6, "fedmd.warmup_epochs": 1,
+                               "local.batch_size": 2})  # the revisit key orders the batches
   data = _data(setup, public_size=10)
   algorithm = fedmd.make_fedmd(config, setup)
   phases = fedmd.make_phases(config, setup)
@@ -242,6 +243,7 @@ def test_fedmd_round_is_digest_on_the_round_subset_then_revisit():
   _assert_same(got, want)
   assert set(metrics) == {"collaborative", "local"}
   assert set(metrics["collaborative"]["a"]) == {"l1"}
+  assert [stage.name for stage in algorithm.stages] == ["public", "local"]
 
 
 def test_fedmd_warmup_is_private_training_before_round_one():
@@ -262,7 +264,7 @@ def test_fedmd_warmup_is_private_training_before_round_one():
 @pytest.mark.parametrize("order", feddf.ORDERS)
 def test_feddf_round_order(order):
   setup = _setup()
-  config = _config("feddf", **{"feddf.order": order})
+  config = _config("feddf", **{"feddf.order": order, "local.batch_size": 2})
   data = _data(setup, public_size=8)
   algorithm = feddf.make_feddf(config, setup)
   phases = feddf.make_phases(config, setup)
@@ -278,6 +280,8 @@ def test_feddf_round_order(order):
   train = lambda s: phases.local_update(s, data.groups, local_key, jnp.int32(0))[0]
   want = train(distill(state)) if order == "distill_then_local" else distill(train(state))
   _assert_same(got, want)
+  assert [stage.name for stage in algorithm.stages] == (  # one program each, in this order
+      ["public", "local"] if order == "distill_then_local" else ["local", "public"])
   other = distill(train(state)) if order == "distill_then_local" else train(distill(state))
   assert not np.allclose(got["groups"]["a"]["variables"]["params"]["head"]["kernel"],
                          other["groups"]["a"]["variables"]["params"]["head"]["kernel"])

@@ -16,7 +16,7 @@ import pytest
 
 from fedjax_het.algorithms import rhfl
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients
+from fedjax_het.engine import api, clients, public
 from fedjax_het.train import Experiment, train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import grouped_data
@@ -238,6 +238,42 @@ def test_saturated_logits_give_finite_losses_weights_and_gradients():
 
 
 # --------------------------------------------------------------------------- through the trainer
+
+
+def test_round_is_confidence_and_public_alignment_then_local_sce_on_split_keys():
+  """The round's two stages against the phases composed by hand on the round's five keys
+  (local batches of 2: the local key orders them, so a wrong key changes the result)."""
+  setup = _setup(["a", "b", "a"])
+  config = _config()
+  config.local.batch_size = 2
+  config.collaborative.batch_size = 4
+  config.collaborative.augmentation = "none"
+  groups, _, _ = _data(setup)
+  public_images = jnp.asarray(np.random.default_rng(5).integers(0, 255, (8, 32, 32, 3),
+                                                                  np.uint8))
+  data = api.FederatedArrays(groups=groups, public=public_images, test=None)
+  algorithm = rhfl.make_rhfl(config, setup)
+  phases = rhfl.make_phases(config, setup)
+  assert [stage.name for stage in algorithm.stages] == ["public", "local"]
+  state = algorithm.init(jax.random.key(0), data)
+  key, index = jax.random.key(7), jnp.int32(0)
+  got, metrics = jax.jit(algorithm.round)(state, data, key, index)
+
+  def by_hand(state):
+    order_key, augment_key, collab_key, local_key, confidence_key = jax.random.split(key, 5)
+    state, weights, _ = phases.confidence(state, data.groups, confidence_key, index)
+    spec = public.make_spec(config.collaborative, STATS[0], STATS[1])
+    state, _ = public.public_phase(
+        lambda s, x, k: phases.collaborative_step(s, x, k, index, weights), state,
+        data.public, spec, order_key=order_key, augment_key=augment_key, step_key=collab_key)
+    return phases.local_update(state, data.groups, local_key, index)[0]
+
+  want = jax.jit(by_hand)(state)
+  for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+  assert set(metrics) == {"confidence", "collaborative", "local"}
+  kernel = lambda s: s["groups"]["a"]["variables"]["params"]["head"]["kernel"]  # noqa: E731
+  assert not np.allclose(np.asarray(kernel(got)), np.asarray(kernel(state)))
 
 
 def test_round_is_traced_once_over_several_rounds_with_finite_metrics():

@@ -132,7 +132,7 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
                                         r"round is given as stages"):
     train_lib.Experiment(tiny_config("solo", round_programs="stages"))
   assert "round_programs" in workdir_lib.NEUTRAL_FIELDS  # same bits, so a resume may change it
-  for name in ("fccl", "fcclplus"):  # the methods whose rounds are staged
+  for name in ("fccl", "fcclplus", "fedmd", "feddf", "rhfl", "fedmatch"):  # staged rounds
     assert [s.name for s in algorithms.get_method(name).make(
         *_made(name)).stages] == ["public", "local"]
 

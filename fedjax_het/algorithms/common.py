@@ -276,9 +276,16 @@ def public_and_local_stages(spec: public.PublicSpec, collaborative_step: Callabl
                              augment_key=augment_key, step_key=collab_key)
     return state, metrics
 
-  def local_stage(state, data, key, round_index):
-    local_key = jax.random.split(key, 4)[3]
-    state, metrics = local_update(state, data.groups, local_key, round_index)
+  return Stage("public", public_stage), local_stage(local_update, key_splits=4, key_index=3)
+
+
+def local_stage(local_update: Callable[..., Any], *, key_splits: int, key_index: int) -> Stage:
+  """A public-data method's local phase as the stage "local": `local_update(state, groups'
+  data, jax.random.split(key, key_splits)[key_index], round_index) -> (state, metrics)` on the
+  key that a round running every phase gives it; the metrics become metrics["local"]."""
+  def run(state, data, key, round_index):
+    state, metrics = local_update(state, data.groups,
+                                  jax.random.split(key, key_splits)[key_index], round_index)
     return state, {"local": metrics}
 
-  return Stage("public", public_stage), Stage("local", local_stage)
+  return Stage("local", run)

@@ -67,7 +67,7 @@ import ml_collections
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import aggregation, local, public
-from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.api import Algorithm, Setup, Stage
 from fedjax_het.engine.clients import init_group_variables, slot_active
 from fedjax_het.engine.optim import make_optimizer, round_decay_schedule
 
@@ -131,7 +131,11 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
 
 def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
-  """FedDF as an `Algorithm`: public ensemble distillation and local CE, in `feddf.order`."""
+  """FedDF as an `Algorithm`: public ensemble distillation and local CE, in `feddf.order`.
+
+  The round is given as these two stages, in that order (`Algorithm.stages`), so
+  the trainer can compile each as its own program (`config.round_programs`).
+  """
   phases = make_phases(config, setup)
   order = common.check_choice("feddf.order", config.feddf.order, ORDERS)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
@@ -139,26 +143,23 @@ def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                           weight_decay=float(config.feddf.weight_decay))
   reset_each_round = config.collaborative.optimizer_reset == "round"
 
-  def round_fn(state, data, key, round_index):
-    order_key, augment_key, distill_key, local_key = jax.random.split(key, 4)
+  # Every stage splits the round's key as one round running both phases would.
+  def distill_stage(state, data, key, round_index):
+    order_key, augment_key, distill_key, _ = jax.random.split(key, 4)
     if reset_each_round:
       state = common.with_fresh_public_optimizer(state, col_tx)
     metrics = {}
-
-    def distillation(state):
-      step = lambda s, images, k: phases.distill_step(s, images, k, round_index)
-      return common.run_public_phase(step, state, data.public, spec, metrics,
-                                     order_key=order_key, augment_key=augment_key,
-                                     step_key=distill_key)
-
-    if order == "distill_then_local":
-      state = distillation(state)
-    state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
-    if order == "local_then_distill":
-      state = distillation(state)
+    step = lambda s, images, k: phases.distill_step(s, images, k, round_index)
+    state = common.run_public_phase(step, state, data.public, spec, metrics,
+                                    order_key=order_key, augment_key=augment_key,
+                                    step_key=distill_key)
     return state, metrics
 
-  return common.public_data_algorithm("feddf", config, setup, phases.init, round_fn)
+  stages = (Stage("public", distill_stage),
+            common.local_stage(phases.local_update, key_splits=4, key_index=3))
+  return common.public_data_algorithm(
+      "feddf", config, setup, phases.init,
+      stages=stages if order == "distill_then_local" else stages[::-1])
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -120,7 +120,7 @@ import ml_collections
 from fedjax_het import losses, models, validation
 from fedjax_het.algorithms import common, rhfl, solo
 from fedjax_het.engine import local, public
-from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.api import Algorithm, Setup, Stage
 from fedjax_het.engine.clients import init_group_variables, slot_active, slot_ids, where_active
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
 
@@ -352,14 +352,20 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
 
 def make_fedmatch(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
-  """FedMatch as an `Algorithm`: helpers, public consistency + pseudo labels, private CE."""
+  """FedMatch as an `Algorithm`: helpers, public consistency + pseudo labels, private CE.
+
+  The round is given as two stages, the helpers with the public phase, then the
+  private CE (`Algorithm.stages`), so the trainer can compile each as its own
+  program (`config.round_programs`).
+  """
   phases = make_phases(config, setup)
   spec = make_spec(config, setup)
   col_tx = make_optimizer(config.collaborative.optimizer)
   reset_each_round = config.collaborative.optimizer_reset == "round"
 
-  def round_fn(state, data, key, round_index):
-    order_key, augment_key, public_key, local_key = jax.random.split(key, 4)
+  # Every stage splits the round's key as one round running both phases would.
+  def public_stage(state, data, key, round_index):
+    order_key, augment_key, public_key, _ = jax.random.split(key, 4)
     if reset_each_round:
       state = common.with_fresh_public_optimizer(state, col_tx)
     metrics = {}
@@ -368,10 +374,12 @@ def make_fedmatch(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     state = common.run_public_phase(step, state, data.public, spec, metrics,
                                     order_key=order_key, augment_key=augment_key,
                                     step_key=public_key)
-    state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
     return state, metrics
 
-  return common.public_data_algorithm("fedmatch", config, setup, phases.init, round_fn)
+  return common.public_data_algorithm(
+      "fedmatch", config, setup, phases.init,
+      stages=(Stage("public", public_stage),
+              common.local_stage(phases.local_update, key_splits=4, key_index=3)))
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -68,7 +68,7 @@ import ml_collections
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import local, public
-from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.api import Algorithm, Setup, Stage
 from fedjax_het.engine.clients import init_group_variables
 from fedjax_het.engine.optim import make_optimizer, round_decay_schedule
 
@@ -141,14 +141,20 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
 
 def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
-  """FedMD as an `Algorithm`: subset -> (communicate, aggregate, digest) per batch -> revisit."""
+  """FedMD as an `Algorithm`: subset -> (communicate, aggregate, digest) per batch -> revisit.
+
+  The round is given as two stages, the digest on the public subset, then the
+  revisit (`Algorithm.stages`), so the trainer can compile each as its own
+  program (`config.round_programs`).
+  """
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
   col_tx = make_optimizer(config.collaborative.optimizer)
   reset_each_round = config.collaborative.optimizer_reset == "round"
 
-  def round_fn(state, data, key, round_index):
-    order_key, augment_key, digest_key, revisit_key, subset_key = jax.random.split(key, 5)
+  # Every stage splits the round's key as one round running both phases would.
+  def digest_stage(state, data, key, round_index):
+    order_key, augment_key, digest_key, _, subset_key = jax.random.split(key, 5)
     if reset_each_round:
       state = common.with_fresh_public_optimizer(state, col_tx)
     metrics = {}
@@ -157,10 +163,12 @@ def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
       state, metrics["collaborative"] = public.public_phase(
           step, state, phases.draw_subset(subset_key, data.public), spec, order_key=order_key,
           augment_key=augment_key, step_key=digest_key)
-    state, metrics["local"] = phases.revisit(state, data.groups, revisit_key, round_index)
     return state, metrics
 
-  return common.public_data_algorithm("fedmd", config, setup, phases.init, round_fn)
+  return common.public_data_algorithm(
+      "fedmd", config, setup, phases.init,
+      stages=(Stage("public", digest_stage),
+              common.local_stage(phases.revisit, key_splits=5, key_index=3)))
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -92,7 +92,7 @@ from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, local, public
-from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.api import Algorithm, Setup, Stage
 from fedjax_het.engine.clients import (ClientGroup, client_keys, init_group_variables,
                                        slot_active, slot_ids, where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
@@ -300,12 +300,18 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
 
 def make_rhfl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
-  """RHFL as an `Algorithm`: CCR weights, public KL alignment, then local SCE."""
+  """RHFL as an `Algorithm`: CCR weights, public KL alignment, then local SCE.
+
+  The round is given as two stages, the CCR weights with the public alignment,
+  then the local SCE (`Algorithm.stages`), so the trainer can compile each as
+  its own program (`config.round_programs`).
+  """
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
 
-  def round_fn(state, data, key, round_index):
-    order_key, augment_key, collab_key, local_key, confidence_key = jax.random.split(key, 5)
+  # Every stage splits the round's key as one round running both phases would.
+  def public_stage(state, data, key, round_index):
+    order_key, augment_key, collab_key, _, confidence_key = jax.random.split(key, 5)
     metrics = {}
     state, weights, metrics["confidence"] = phases.confidence(state, data.groups, confidence_key,
                                                               round_index)
@@ -313,10 +319,12 @@ def make_rhfl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     state = common.run_public_phase(step, state, data.public, spec, metrics,
                                     order_key=order_key, augment_key=augment_key,
                                     step_key=collab_key)
-    state, metrics["local"] = phases.local_update(state, data.groups, local_key, round_index)
     return state, metrics
 
-  return common.public_data_algorithm("rhfl", config, setup, phases.init, round_fn)
+  return common.public_data_algorithm(
+      "rhfl", config, setup, phases.init,
+      stages=(Stage("public", public_stage),
+              common.local_stage(phases.local_update, key_splits=5, key_index=3)))
 
 
 def default_config() -> ml_collections.ConfigDict:
