@@ -221,18 +221,14 @@ def cross_correlation_diagnostics(setup: Setup, batch_size: int) -> Diagnostics:
   return Diagnostics(name="cross_correlation", compute=compute, plot=plot)
 
 
-def public_data_algorithm(name: str, config: Any, setup: Setup, init: Callable[..., Any],
-                          round_fn: Callable[..., Any] | None = None, *,
-                          stages: tuple[Stage, ...] = ()) -> Algorithm:
-  """The `Algorithm` of a public-data method (FCCL, FCCL+, FedMD, FedDF, RHFL): every
-  participant evaluated on every test domain, and the cross-correlation diagnostics on
-  a public batch of `collaborative.batch_size`. The round is `round_fn`, or the `stages`
-  run in order (`rounds.staged_round`): exactly one of the two."""
-  if (round_fn is None) == (not stages):
-    raise ValueError(f"{name}: give the round as round_fn or as stages, not both or neither")
-  if stages:
-    round_fn = rounds.staged_round(stages)
-  return Algorithm(name=name, init=init, round=round_fn, evaluate=make_evaluate(config, setup),
+def public_data_algorithm(name: str, config: Any, setup: Setup, init: Callable[..., Any], *,
+                          stages: tuple[Stage, ...]) -> Algorithm:
+  """The `Algorithm` of a public-data method (FCCL, FCCL+, FedMD, FedDF, RHFL, FedMatch): its
+  round is `stages` run in order (`rounds.staged_round`), every participant is evaluated on
+  every test domain, and the cross-correlation diagnostics use a public batch of
+  `collaborative.batch_size`."""
+  return Algorithm(name=name, init=init, round=rounds.staged_round(stages),
+                   evaluate=make_evaluate(config, setup),
                    diagnostics=cross_correlation_diagnostics(
                        setup, int(config.collaborative.batch_size)),
                    stages=tuple(stages))
