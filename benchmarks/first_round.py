@@ -25,7 +25,9 @@ one filled):
   * `first_round_secs`: the first execution of the compiled round (on a GPU it
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
-  * `steady_round_secs`: the median of `--rounds` further rounds;
+  * `steady_round_secs`: the median of `--rounds` further rounds; for stage
+    programs, `steady_round_secs_by_stage`: one more round, each stage's program
+    timed on its own (which phase holds the round's time);
   * `memory_gib`: XLA's memory analysis of the round (arguments, temporaries,
     outputs), which on a CPU depends on `--xla-cpu-scheduler` (as
     `config.xla_cpu_scheduler`; default auto = the memory-minimising one);
@@ -156,6 +158,13 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     times.append(time.perf_counter() - tick)
   row["steady_round_secs"] = statistics.median(times) if times else None
   row["steady_round_all"] = times
+  if rounds and hasattr(compiled, "names"):  # one more round, each stage timed on its own
+    row["steady_round_secs_by_stage"] = {}
+    for name, program in zip(compiled.names, compiled.compiled):
+      tick = time.perf_counter()
+      state, _ = program(state, experiment.data)
+      jax.block_until_ready(state)
+      row["steady_round_secs_by_stage"][name] = time.perf_counter() - tick
   if (memory := memory_gib(compiled)) is not None:
     row["memory_gib"] = memory
   row["backend"], row["devices"] = jax.default_backend(), [str(d) for d in jax.devices()]
