@@ -119,25 +119,36 @@ def _union_seconds(events: list[dict[str, Any]]) -> float:
   return covered / 1e6
 
 
-def profile_compile(thunk: Callable[[], Any], *, top: int = 15) -> tuple[Any, dict[str, Any]]:
+def profile_compile(thunk: Callable[[], Any], *, top: int = 15,
+                    directory: str | os.PathLike[str] | None = None) -> tuple[Any, dict[str, Any]]:
   """Runs `thunk()` under the JAX profiler; returns (its result, `summarize_trace` of it).
 
   The summary also holds `wall_secs` (the thunk's wall time under the
-  profiler) and `trace_events` (how many events the trace kept).
+  profiler) and `trace_events` (how many events the trace kept). With
+  `directory`, the profiler's files stay there (for TensorBoard's profile
+  plugin or https://ui.perfetto.dev: `first_round.py --round-trace` keeps a
+  steady round's); otherwise they go to a temporary folder, removed after.
   """
+  if directory is None:
+    with tempfile.TemporaryDirectory(prefix="fedjax_het_compile_profile_") as temporary:
+      return _profile(thunk, temporary, top)
+  os.makedirs(directory, exist_ok=True)
+  return _profile(thunk, os.fspath(directory), top)
+
+
+def _profile(thunk: Callable[[], Any], directory: str, top: int) -> tuple[Any, dict[str, Any]]:
   import jax  # noqa: PLC0415 (benchmark helper; JAX is already imported by the caller)
   options = jax.profiler.ProfileOptions()
   options.python_tracer_level = 0  # the compiler's events only: Python frames fill the buffer
-  with tempfile.TemporaryDirectory(prefix="fedjax_het_compile_profile_") as directory:
-    with jax.profiler.trace(directory, create_perfetto_trace=True, profiler_options=options):
-      start = time.perf_counter()
-      result = thunk()
-      wall = time.perf_counter() - start
-    paths = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)
-    if not paths:
-      return result, {"wall_secs": wall, "error": "the profiler wrote no perfetto trace"}
-    with gzip.open(paths[0], "rt") as handle:
-      trace = json.load(handle)
+  with jax.profiler.trace(directory, create_perfetto_trace=True, profiler_options=options):
+    start = time.perf_counter()
+    result = thunk()
+    wall = time.perf_counter() - start
+  paths = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)
+  if not paths:
+    return result, {"wall_secs": wall, "error": "the profiler wrote no perfetto trace"}
+  with gzip.open(max(paths, key=os.path.getmtime), "rt") as handle:
+    trace = json.load(handle)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
   summary = summarize_trace(events, top=top)
   summary["wall_secs"], summary["trace_events"] = wall, len(events)

@@ -33,6 +33,10 @@ one filled):
     `config.xla_cpu_scheduler`; default auto = the memory-minimising one);
   * `start_to_round1_end_secs`: from the start of the process to the end of the
     first round, what a user waits for;
+  * with `--round-trace DIR`, `round_profile`: one more steady round run
+    under the JAX profiler, its trace kept in DIR/cold and DIR/warm (for
+    TensorBoard's profile plugin or ui.perfetto.dev), with its `top_events`
+    (kernels on a GPU, XLA's thunks on a CPU) and wall time;
   * with `--compile-profile`, `compile_profile`: XLA's own breakdown of the
     compile step (HLO passes, kernel emission, LLVM code generation, ...; see
     `compile_profile.py`), from a profiler trace of it; the profiler and the
@@ -100,7 +104,8 @@ def memory_gib(compiled) -> float | None:
 
 
 def _measure(config_name: str, overrides: list[str], rounds: int, *,
-             compile_profile: bool = False, trace_cache: str = "auto") -> dict:
+             compile_profile: bool = False, trace_cache: str = "auto",
+             round_trace: str = "") -> dict:
   import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
 
   from fedjax_het.train import Experiment  # noqa: PLC0415
@@ -165,6 +170,15 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
       state, _ = program(state, experiment.data)
       jax.block_until_ready(state)
       row["steady_round_secs_by_stage"][name] = time.perf_counter() - tick
+  if round_trace:  # one more round under the profiler, its trace kept in `round_trace`
+    import compile_profile as profiling  # noqa: PLC0415 (benchmarks/, beside this script)
+
+    def one_round():
+      return jax.block_until_ready(compiled(state, experiment.data))
+
+    (state, _), row["round_profile"] = profiling.profile_compile(one_round, top=25,
+                                                                 directory=round_trace)
+    row["round_profile"]["directory"] = round_trace
   if (memory := memory_gib(compiled)) is not None:
     row["memory_gib"] = memory
   row["backend"], row["devices"] = jax.default_backend(), [str(d) for d in jax.devices()]
@@ -190,6 +204,9 @@ def main():
                       help="profile the round's XLA compile (compile_profile.py)")
   parser.add_argument("--trace-cache", default="auto", choices=trace_cache.MODES,
                       help="as config.trace_cache (the traced round kept in the cache dir)")
+  parser.add_argument("--round-trace", default="",
+                      help="keep a profiler trace of one more steady round in DIR/cold, "
+                           "DIR/warm (TensorBoard's profile plugin, ui.perfetto.dev)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="")
   args = parser.parse_args()
@@ -199,7 +216,7 @@ def main():
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     row = _measure(args.config, args.set, args.rounds, compile_profile=args.compile_profile,
-                   trace_cache=args.trace_cache)
+                   trace_cache=args.trace_cache, round_trace=args.round_trace)
     if row["backend"] == "cpu":
       row["xla_cpu_scheduler"] = scheduler
     pathlib.Path(args.child).write_text(json.dumps(row))
@@ -217,6 +234,8 @@ def main():
                "--xla-cpu-scheduler", args.xla_cpu_scheduler, "--trace-cache", args.trace_cache]
     if args.compile_profile:
       command.append("--compile-profile")
+    if args.round_trace:
+      command += ["--round-trace", str(pathlib.Path(args.round_trace).resolve() / phase)]
     for item in args.set:
       command += ["--set", item]
     subprocess.run(command, check=True)

@@ -66,3 +66,16 @@ def test_profile_compile_of_a_real_program():
   if jax.default_backend() == "cpu":  # XLA:CPU's stage names (PHASES) are in the trace
     assert {"hlo_passes_before_layout", "backend"} <= set(summary["phases"]), summary["phases"]
     assert all(seconds >= 0 for seconds in summary["phases"].values())
+
+
+def test_a_profiled_call_keeps_its_trace_in_the_directory_given(tmp_path):
+  """`first_round.py --round-trace`: a steady round profiled, its trace files kept."""
+  step = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+  x = jnp.ones((64, 32))
+  step(x).block_until_ready()  # compiled outside the profile, as the benchmark's round is
+  value, summary = profiling.profile_compile(lambda: step(x).block_until_ready(),
+                                             directory=tmp_path / "warm")
+  assert float(value) == pytest.approx(64 * 64 * float(jnp.tanh(32.0)))
+  assert summary["trace_events"] > 0 and summary["top_events"], summary
+  assert list((tmp_path / "warm").glob("**/perfetto_trace.json.gz"))
+  assert list((tmp_path / "warm").glob("**/*.xplane.pb"))  # TensorBoard's profile plugin
