@@ -23,7 +23,7 @@ from fedjax_het.engine import api, clients, public
 from fedjax_het.errors import ConfigError
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
-from tests.tiny_federation import grouped_data, tiny_data, tiny_setup
+from tests.tiny_federation import round_data_with_public, tiny_data, tiny_setup
 from tests.tiny_models import TinyLinear
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -363,10 +363,7 @@ def test_round_is_the_public_phase_then_the_local_update_on_the_rounds_keys():
   setup = _setup(("a", "b", "a"))
   config = _config(confidence_threshold=0.4)
   config.local.batch_size = 2
-  groups, _, _ = grouped_data(setup)
-  public_images = jnp.asarray(np.random.default_rng(3).integers(0, 255, (8, 32, 32, 3),
-                                                                  np.uint8))
-  data = api.FederatedArrays(groups=groups, public=public_images, test=None)
+  data = round_data_with_public(setup)
   algorithm = fedmatch.make_fedmatch(config, setup)
   phases = fedmatch.make_phases(config, setup)
   assert [stage.name for stage in algorithm.stages] == ["public", "local"]

@@ -19,7 +19,7 @@ from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, public
 from fedjax_het.train import Experiment, train_and_evaluate
 from tests.test_train import tiny_config
-from tests.tiny_federation import grouped_data
+from tests.tiny_federation import grouped_data, round_data_with_public
 from tests.tiny_models import TinyLinear
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -248,10 +248,7 @@ def test_round_is_confidence_and_public_alignment_then_local_sce_on_split_keys()
   config.local.batch_size = 2
   config.collaborative.batch_size = 4
   config.collaborative.augmentation = "none"
-  groups, _, _ = _data(setup)
-  public_images = jnp.asarray(np.random.default_rng(5).integers(0, 255, (8, 32, 32, 3),
-                                                                  np.uint8))
-  data = api.FederatedArrays(groups=groups, public=public_images, test=None)
+  data = round_data_with_public(setup, public_seed=5)
   algorithm = rhfl.make_rhfl(config, setup)
   phases = rhfl.make_phases(config, setup)
   assert [stage.name for stage in algorithm.stages] == ["public", "local"]

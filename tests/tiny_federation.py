@@ -53,6 +53,15 @@ def tiny_data(setup, labels=None, seed=0):
   return api.FederatedArrays({"a": stacked}, jnp.zeros((0, 32, 32, 3), jnp.uint8), None), images, labels
 
 
+def round_data_with_public(setup, *, public_size=8, seed=0, public_seed=3):
+  """FederatedArrays of `grouped_data(setup, seed)`'s groups and `public_size` uint8 public
+  images (no test sets): the data of a public-data method's round."""
+  groups, _, _ = grouped_data(setup, seed)
+  images = np.random.default_rng(public_seed).integers(0, 255, (public_size, 32, 32, 3),
+                                                       np.uint8)
+  return api.FederatedArrays(groups=groups, public=jnp.asarray(images), test=None)
+
+
 def flat_inputs(images):
   """The model inputs of each client, flattened: (n, 3072) float32 in [0, 1]."""
   return [jnp.asarray(x, jnp.float32).reshape(len(x), -1) / 255.0 for x in images]
