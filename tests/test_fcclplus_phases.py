@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 phases = load_module(ROOT / "benchmarks" / "fcclplus_phases.py")
 
 
+@pytest.mark.slow  # 15 s: it compiles a public step and a local epoch of the tiny FCCL+
 def test_the_estimate_counts_the_rounds_public_steps_and_local_epochs():
   # 2 public epochs of 80 images in batches of 32: 2 ceil(80 / 32) = 6 public steps; 3 local
   # epochs.
