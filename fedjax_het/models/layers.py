@@ -11,7 +11,12 @@
     sum. Forward and backward are plain slices, pads, dots and elementwise
     ops, so it keeps full speed inside `lax.scan` on XLA:CPU (where the stock
     conv's gradients run 15-25x slower, jax-ml/jax#12868)
-    and under `jax.vmap` (a batched matmul, not a grouped convolution).
+    and under `jax.vmap` (a batched matmul, not a grouped convolution). The
+    depthwise case (channel multiplier 1: MobileNetV2, EfficientNet-B0) has a
+    hand-written backward pass (`_depthwise_taps`) that keeps only its input,
+    not the kh * kw window slices autodiff would keep; like "custom_vjp" it
+    therefore supports reverse-mode differentiation (of any order) but not
+    `jax.jvp`.
   - "custom_vjp": the stock forward convolution with a hand-written backward
     pass: the input gradient is one canonical NHWC/HWIO convolution (input
     dilated by the stride, spatially flipped kernel with its I/O axes swapped
@@ -272,6 +277,8 @@ def _conv_im2col(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads
                  groups: int) -> jax.Array:
   kh, kw, cin_g, cout = kernel.shape
   batch, height, width, channels = x.shape
+  if cin_g == 1 and cout == channels and groups > 1:  # depthwise, channel multiplier 1
+    return _depthwise_taps(x, kernel, strides, pads)
   ho = _output_size(height, pads[0], kh, strides[0])
   wo = _output_size(width, pads[1], kw, strides[1])
   slices = _window_slices(_pad(x, pads), (kh, kw), strides, (ho, wo))
@@ -283,9 +290,6 @@ def _conv_im2col(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads
   if cin_g == 1:  # Depthwise, channel multiplier m: output channel c * m + j.
     multiplier = cout // channels
     taps_kernel = kernel.reshape(taps, channels, multiplier)
-    if multiplier == 1:
-      terms = [s * taps_kernel[t, :, 0][None, None, None, :] for t, s in enumerate(slices)]
-      return functools.reduce(jnp.add, terms)
     terms = [s[..., :, None] * taps_kernel[t][None, None, None, :, :]
              for t, s in enumerate(slices)]
     return functools.reduce(jnp.add, terms).reshape(batch, ho, wo, cout)
@@ -295,6 +299,63 @@ def _conv_im2col(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads
   grouped_kernel = kernel.reshape(taps, cin_g, groups, cout_g)
   out = jnp.einsum("bhwtgc,tcgo->bhwgo", patches, grouped_kernel)
   return out.reshape(batch, ho, wo, cout)
+
+
+def _tap_sum(xp: jax.Array, kernel: jax.Array, strides: tuple[int, int],
+             out_hw: tuple[int, int]) -> jax.Array:
+  """sum over the kh*kw window slices of xp (row-major, left to right) of slice * its tap.
+
+  `kernel` is (kh, kw, C): one weight per tap and channel (a depthwise kernel).
+  """
+  kh, kw, _ = kernel.shape
+  slices = _window_slices(xp, (kh, kw), strides, out_hw)
+  terms = [s * kernel[t // kw, t % kw][None, None, None, :] for t, s in enumerate(slices)]
+  return functools.reduce(jnp.add, terms)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _depthwise_taps(x: jax.Array, kernel: jax.Array, strides: tuple[int, int],
+                    pads: Pads) -> jax.Array:
+  """The im2col depthwise convolution (channel multiplier 1): each window slice times its tap.
+
+  The values are those of the sum of taps itself; the backward pass is written
+  by hand so that it keeps only `x` (autodiff of the sum keeps every window
+  slice, kh * kw copies of the activation, and on XLA:CPU rebuilt each of
+  them, BatchNorm and activation included, as a separate kernel): the input
+  gradient is the same sum of taps over the stride-dilated, padded output
+  gradient with the window flipped (taps added in the order autodiff adds
+  them), the kernel gradient one product-sum per tap.
+  """
+  return _depthwise_taps_fwd(x, kernel, strides, pads)[0]
+
+
+def _depthwise_taps_fwd(x, kernel, strides, pads):
+  kh, kw = kernel.shape[:2]
+  out_hw = (_output_size(x.shape[1], pads[0], kh, strides[0]),
+            _output_size(x.shape[2], pads[1], kw, strides[1]))
+  return _tap_sum(_pad(x, pads), kernel[:, :, 0, :], strides, out_hw), (x, kernel)
+
+
+def _depthwise_taps_bwd(strides, pads, residuals, g):
+  x, kernel = residuals
+  kh, kw = kernel.shape[:2]
+  _, height, width, _ = x.shape
+  _, ho, wo, _ = g.shape
+  # Input gradient: correlate g, dilated by the stride and padded so that every input pixel
+  # sees the taps that read it, with the flipped window. Flipped tap t is tap kh*kw-1-t, so the
+  # left-to-right sum adds the taps last to first, as the transpose of the forward sum does.
+  lo_h, lo_w = kh - 1 - pads[0][0], kw - 1 - pads[1][0]
+  hi_h = height + kh - 1 - (ho - 1) * strides[0] - 1 - lo_h
+  hi_w = width + kw - 1 - (wo - 1) * strides[1] - 1 - lo_w
+  g_padded = lax.pad(g, jnp.zeros((), g.dtype), ((0, 0, 0), (lo_h, hi_h, strides[0] - 1),
+                                                 (lo_w, hi_w, strides[1] - 1), (0, 0, 0)))
+  dx = _tap_sum(g_padded, kernel[::-1, ::-1, 0, :], (1, 1), (height, width))
+  slices = _window_slices(_pad(x, pads), (kh, kw), strides, (ho, wo))
+  dkernel = jnp.stack([jnp.sum(s * g, axis=(0, 1, 2)) for s in slices])
+  return dx, dkernel.reshape(kernel.shape)
+
+
+_depthwise_taps.defvjp(_depthwise_taps_fwd, _depthwise_taps_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
