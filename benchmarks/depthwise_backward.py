@@ -22,6 +22,14 @@ CONFIG`, the same for one whole round of that config (`Experiment.
 compile_rounds`, persistent and trace caches off so that each variant is traced),
 with XLA's memory estimate of each and the largest difference between the two
 states after one round.
+
+`conv_impl="custom_vjp"` (the memory-lean convolutions a CPU run falls back to
+when im2col does not fit) computes depthwise convolutions with the same sum of
+taps; before, they were the stock depthwise convolution, a grouped
+convolution. With `--public-step CONFIG`, one FCCL+ collaborative step of that
+config (the phase the full Digits config runs with "custom_vjp" on a CPU) is
+compiled with each and timed alternately (`--public-repeats`), with XLA's
+memory estimates: `speedup` = stock time / sum-of-taps time.
 """
 
 from __future__ import annotations
@@ -67,12 +75,32 @@ def depthwise_backward(variant: str):
     jax.clear_caches()
 
 
+@contextlib.contextmanager
+def custom_vjp_depthwise(variant: str):
+  """Within the block, `conv_impl="custom_vjp"` computes a depthwise convolution as the sum of
+  taps ("taps", the library's) or as the stock grouped convolution ("stock")."""
+  import jax  # noqa: PLC0415
+
+  from fedjax_het.models import layers  # noqa: PLC0415
+  functions = layers._CONV_FUNCTIONS  # pylint: disable=protected-access
+  library = functions["custom_vjp"]
+  jax.clear_caches()
+  if variant == "stock":
+    functions["custom_vjp"] = layers._conv_custom_vjp  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    functions["custom_vjp"] = library
+    jax.clear_caches()
+
+
 def _alternate(runs: dict, repeats: int) -> dict:
   """{variant: [seconds]}: `repeats` calls of each, alternating which goes first."""
   import jax  # noqa: PLC0415
   times = {variant: [] for variant in runs}
+  order = tuple(runs)
   for r in range(repeats):
-    for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+    for variant in (order if r % 2 == 0 else order[::-1]):
       start = time.perf_counter()
       jax.block_until_ready(runs[variant]())
       times[variant].append(time.perf_counter() - start)
@@ -146,6 +174,43 @@ def time_round(name: str, *, repeats: int) -> dict:
   return row
 
 
+def time_public_step(name: str, *, repeats: int) -> dict:
+  """One FCCL+ collaborative step of config `name` with custom_vjp convolutions, both ways."""
+  import jax  # noqa: PLC0415
+
+  from first_round import load_config, memory_gib  # noqa: PLC0415
+  from fedjax_het.algorithms import fcclplus  # noqa: PLC0415
+  from fedjax_het.engine import public, rounds  # noqa: PLC0415
+  from fedjax_het.train import Experiment  # noqa: PLC0415
+
+  config = load_config(name)
+  runs, row = {}, {"config": name, "conv_impl": "custom_vjp"}
+  for variant in ("taps", "stock"):
+    with custom_vjp_depthwise(variant):
+      experiment = Experiment(config, conv_impl="custom_vjp")
+      phases = fcclplus.make_phases(config, experiment.setup)
+      state = rounds.method_state(jax.block_until_ready(experiment.init_state()))
+      spec = public.make_spec(config.collaborative, experiment.setup.public_mean,
+                              experiment.setup.public_std)
+      images = jax.jit(spec.prepare)(jax.random.key(0),
+                                     experiment.data.public[:spec.batch_size])
+      args = (state, images, jax.random.key(1), jax.numpy.zeros((), jax.numpy.int32))
+      start = time.perf_counter()
+      compiled = jax.jit(phases.collaborative_step).lower(*args).compile()
+      row[f"{variant}_compile_secs"] = time.perf_counter() - start
+      row[f"{variant}_memory_gib"] = memory_gib(compiled)
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(*args))
+      row[f"{variant}_first_secs"] = time.perf_counter() - start
+      runs[variant] = (lambda c=compiled, a=args: c(*a))
+  times = _alternate(runs, repeats)
+  for variant in runs:
+    row[f"{variant}_step_secs"] = statistics.median(times[variant])
+    row[f"{variant}_step_all"] = times[variant]
+  row["speedup"] = row["stock_step_secs"] / row["taps_step_secs"]
+  return row
+
+
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--backbones", default=",".join(DEPTHWISE_BACKBONES))
@@ -155,6 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--repeats", type=int, default=4)
   parser.add_argument("--round", default="", help="also time one round of this config")
   parser.add_argument("--round-repeats", type=int, default=4)
+  parser.add_argument("--public-step", default="",
+                      help="also time one FCCL+ public step of this config, custom_vjp convs")
+  parser.add_argument("--public-repeats", type=int, default=2)
   parser.add_argument("--xla-cpu-scheduler", default="auto", choices=xla_cpu.SCHEDULERS,
                       help="as config.xla_cpu_scheduler (auto: the memory-minimising one)")
   parser.add_argument("--out", default="")
@@ -175,6 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
   if args.round:
     result["round"] = time_round(args.round, repeats=args.round_repeats)
     print(json.dumps(result["round"]), flush=True)
+  if args.public_step:
+    result["public_step"] = time_public_step(args.public_step, repeats=args.public_repeats)
+    print(json.dumps(result["public_step"]), flush=True)
   if args.out:
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -113,7 +113,8 @@ def test_conv_impl_matches_xla_under_vmap_and_inside_scan(impl):
   assert not np.allclose(w_new, ws)  # the steps did something
 
 
-def test_im2col_depthwise_gradient_of_gradient_matches_xla():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_depthwise_gradient_of_gradient_matches_xla(impl):
   # Reverse over reverse through the hand-written depthwise backward pass (a gradient-norm
   # penalty, as gradient-matching attacks differentiate), under vmap over 2 clients.
   x, w = _rand((2, 2, 9, 9, 4), 6), _rand((2, 3, 3, 1, 4), 7)
@@ -126,19 +127,20 @@ def test_im2col_depthwise_gradient_of_gradient_matches_xla():
 
   grad = jax.jit(jax.vmap(jax.grad(penalty, argnums=(0, 1)), in_axes=(0, 0, None)),
                  static_argnums=2)
-  (gx_ref, gw_ref), (gx, gw) = grad(x, w, "xla"), grad(x, w, "im2col")
+  (gx_ref, gw_ref), (gx, gw) = grad(x, w, "xla"), grad(x, w, impl)
   _assert_close(gx, gx_ref, 1e-4)
   _assert_close(gw, gw_ref, 1e-4)
   assert float(jnp.max(jnp.abs(gw_ref))) > 1e-3  # not a vacuous comparison
 
 
-def test_im2col_depthwise_backward_keeps_only_its_input(capsys):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_depthwise_backward_keeps_only_its_input(impl, capsys):
   # Autodiff of the sum of taps would keep all 9 window slices (9 activations); the
   # hand-written backward keeps the input and the kernel.
   x, w = _rand((2, 8, 8, 4), 8), _rand((3, 3, 1, 4), 9)
 
   def f(x, w):
-    return layers.conv2d(x, w, padding=1, feature_group_count=4, impl="im2col")
+    return layers.conv2d(x, w, padding=1, feature_group_count=4, impl=impl)
 
   jax.ad_checkpoint.print_saved_residuals(f, x, w)
   saved = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
