@@ -26,8 +26,8 @@
     window slices (1x1, strided, grouped). A depthwise convolution (channel
     multiplier 1) is im2col's `_depthwise_taps`, which keeps only its input as
     well: the stock depthwise convolution is a grouped convolution, slow on
-    XLA:CPU (the full Digits FCCL+ public step with "custom_vjp" took 55.9 s
-    with it and 25.7 s with the sum of taps on a 2-core CPU).
+    XLA:CPU (the full Digits FCCL+ public step with "custom_vjp" took 57.0 s
+    with it and 28.5 s with the sum of taps on a 2-core CPU).
 
   Padding follows PyTorch by default: an int or pair of ints pads
   symmetrically (torch `padding=p`); "SAME"/"VALID" and explicit
