@@ -320,7 +320,8 @@ def _tap_sum(xp: jax.Array, kernel: jax.Array, strides: tuple[int, int],
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _depthwise_taps(x: jax.Array, kernel: jax.Array, strides: tuple[int, int],
                     pads: Pads) -> jax.Array:
-  """The im2col depthwise convolution (channel multiplier 1): each window slice times its tap.
+  """The depthwise convolution (channel multiplier 1) of impls "im2col" and "custom_vjp": the
+  sum over the kernel's taps of each window slice times its tap.
 
   The values are those of the sum of taps itself; the backward pass is written
   by hand so that it keeps only `x` (autodiff of the sum keeps every window
@@ -437,6 +438,7 @@ def _conv_custom_vjp_bwd(strides, pads, groups, residuals, g):
 
 
 _conv_custom_vjp.defvjp(_conv_custom_vjp_fwd, _conv_custom_vjp_bwd)
+
 
 def _is_depthwise(x: jax.Array, kernel: jax.Array, groups: int) -> bool:
   """A depthwise convolution with channel multiplier 1 (one kernel per channel)."""
