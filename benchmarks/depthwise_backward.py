@@ -43,6 +43,7 @@ import platform
 import statistics
 import sys
 import time
+from unittest import mock
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -53,45 +54,37 @@ VARIANTS = ("custom", "autodiff")
 
 
 @contextlib.contextmanager
-def depthwise_backward(variant: str):
-  """Within the block, models traced use the hand-written ("custom") or autodiff's backward.
-
-  JAX's tracing caches are cleared on entry and exit: the models' jitted apply
-  functions would otherwise reuse the jaxpr traced with the other variant.
-  """
+def _traced_under(patch):
+  """Enters `patch` (a `unittest.mock.patch`) with JAX's tracing caches cleared on entry and
+  exit: the models' jitted apply functions would otherwise reuse a jaxpr traced without it."""
   import jax  # noqa: PLC0415
-
-  from fedjax_het.models import layers  # noqa: PLC0415
-  custom = layers._depthwise_taps  # pylint: disable=protected-access
   jax.clear_caches()
-  if variant == "autodiff":
-    layers._depthwise_taps = (  # pylint: disable=protected-access
-        lambda x, kernel, strides, pads: layers._depthwise_taps_fwd(  # pylint: disable=protected-access
-            x, kernel, strides, pads)[0])
   try:
-    yield
+    with patch:
+      yield
   finally:
-    layers._depthwise_taps = custom  # pylint: disable=protected-access
     jax.clear_caches()
 
 
-@contextlib.contextmanager
+def depthwise_backward(variant: str):
+  """Within the block, models traced use the hand-written ("custom") or autodiff's backward."""
+  from fedjax_het.models import layers  # noqa: PLC0415
+  if variant == "custom":
+    return _traced_under(contextlib.nullcontext())
+  autodiff = lambda x, kernel, strides, pads: layers._depthwise_taps_fwd(  # noqa: E731 pylint: disable=protected-access
+      x, kernel, strides, pads)[0]
+  return _traced_under(mock.patch.object(layers, "_depthwise_taps", autodiff))
+
+
 def custom_vjp_depthwise(variant: str):
   """Within the block, `conv_impl="custom_vjp"` computes a depthwise convolution as the sum of
   taps ("taps", the library's) or as the stock grouped convolution ("stock")."""
-  import jax  # noqa: PLC0415
-
   from fedjax_het.models import layers  # noqa: PLC0415
-  functions = layers._CONV_FUNCTIONS  # pylint: disable=protected-access
-  library = functions["custom_vjp"]
-  jax.clear_caches()
-  if variant == "stock":
-    functions["custom_vjp"] = layers._conv_custom_vjp  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    functions["custom_vjp"] = library
-    jax.clear_caches()
+  if variant == "taps":
+    return _traced_under(contextlib.nullcontext())
+  return _traced_under(mock.patch.dict(
+      layers._CONV_FUNCTIONS,  # pylint: disable=protected-access
+      {"custom_vjp": layers._conv_custom_vjp}))  # pylint: disable=protected-access
 
 
 def _alternate(runs: dict, repeats: int) -> dict:

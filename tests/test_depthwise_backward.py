@@ -53,3 +53,17 @@ def test_the_benchmark_writes_both_variants(tmp_path):
   assert row == result["steps_rows"][0]
   assert row["custom_step_ms"] > 0 and row["autodiff_step_ms"] > 0
   assert row["speedup"] == pytest.approx(row["autodiff_step_ms"] / row["custom_step_ms"])
+
+
+def test_the_custom_vjp_switch_gives_the_stock_grouped_convolution_and_restores_it():
+  x, w = np.ones((2, 9, 9, 4), np.float32), np.ones((3, 3, 1, 4), np.float32)
+
+  def primitives():
+    fn = lambda x, w: layers.conv2d(x, w, strides=2, padding=1, feature_group_count=4,  # noqa: E731
+                                    impl="custom_vjp")
+    return str(jax.make_jaxpr(fn)(x, w))
+
+  assert "conv_general_dilated" not in primitives()  # the library's sum of taps
+  with bench.custom_vjp_depthwise("stock"):
+    assert "conv_general_dilated" in primitives()
+  assert "conv_general_dilated" not in primitives()
