@@ -82,6 +82,12 @@ def build_table(first_round: dict, pytorch: dict, num_rounds: int,
           f"first_round's {name} run timed config {row['config']!r} with overrides "
           f"{row['overrides']}, pytorch_reference timed {pytorch['config']!r} with "
           f"{pytorch['overrides']}: both halves must time the same config")
+  torch_device = pytorch.get("machine", {}).get("torch_device")
+  if torch_device is not None:
+    torch_backend = "gpu" if torch_device.startswith("cuda") else torch_device.split(":")[0]
+    if torch_backend != cold["backend"]:
+      raise ValueError(f"torch ran on {torch_device!r} and the engine on {cold['backend']!r}: "
+                       "both halves must run on the same kind of device")
   if pytorch.get("num_rounds") not in (None, num_rounds):
     raise ValueError(f"num_rounds: the table is for {num_rounds}, pytorch_reference's "
                      f"end to end for {pytorch['num_rounds']}")

@@ -93,6 +93,12 @@ def test_halves_of_different_configs_are_refused():
   pytorch["overrides"] = ["local.epochs=1"]
   with pytest.raises(ValueError, match="both halves must time the same config"):
     speed_table.build_table(first_round, pytorch, num_rounds=5)
+  first_round, pytorch = _reports()
+  pytorch["machine"] = {"torch_device": "cuda"}  # an engine on the CPU beside torch on a GPU
+  with pytest.raises(ValueError, match="same kind of device"):
+    speed_table.build_table(first_round, pytorch, num_rounds=5)
+  pytorch["machine"] = {"torch_device": "cpu"}
+  assert speed_table.build_table(first_round, pytorch, num_rounds=5)["backend"] == "cpu"
   first_round, pytorch = _reports(num_rounds=40)
   with pytest.raises(ValueError, match="num_rounds"):
     speed_table.build_table(first_round, pytorch, num_rounds=5)
@@ -109,3 +115,23 @@ def test_main_builds_the_table_from_files(tmp_path):
   assert saved["table"]["num_rounds"] == 5  # digits_fcclplus_quick's num_rounds, from the config
   assert saved["markdown"] == report["markdown"]
   assert saved["first_round"] == first_round and saved["pytorch_reference"] == pytorch
+
+
+@pytest.mark.slow
+def test_one_command_runs_both_halves(tmp_path):
+  """The whole run on a tiny FCCL+ config: first_round.py cold and warm, then the torch loops."""
+  pytest.importorskip("torch", reason="torch is not installed (pip install '.[bench]')")
+  tiny = ["scenario.private_sizes.mnist=12", "scenario.private_sizes.usps=9",
+          "scenario.private_sizes.svhn=20", "scenario.private_sizes.syn=16",
+          "scenario.public_size=24", "collaborative.batch_size=16", "local.batch_size=8",
+          "local.epochs=1", "num_rounds=2"]
+  report = speed_table.main(["--config=digits_fcclplus_quick", *[f"--set={s}" for s in tiny],
+                             "--rounds", "1", "--flavours=tuned",
+                             "--out", str(tmp_path / "table.json")])
+  table = report["table"]
+  assert table["num_rounds"] == 2 and list(table["torch"]) == ["tuned"]
+  assert report["first_round"]["warm"]["trace_cache"] == "hit"  # the warm process used the cache
+  assert report["pytorch_reference"]["sizes"]["private_sizes"] == [12, 9, 20, 16]
+  speedup = table["torch"]["tuned"]["engine_vs_pytorch_speedup"]["steady_state"]
+  assert speedup == pytest.approx(table["torch"]["tuned"]["steady_round_secs"]
+                                  / table["engine"]["steady_round_secs"])
