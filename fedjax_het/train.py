@@ -147,6 +147,40 @@ def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict
   return impls
 
 
+def resident_bytes() -> int | None:
+  """This process's resident memory (Linux VmRSS), or None where /proc is missing."""
+  try:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) * 1024
+  except OSError:
+    return None
+  return None
+
+
+def release_freed_host_memory() -> int | None:
+  """Hands the C heap's free pages back to the system (glibc's `malloc_trim(0)`); returns the
+  resident bytes this released, or None where there is no glibc or no /proc.
+
+  XLA's compiler (its HLO passes and LLVM) allocates gigabytes while it compiles a
+  paper-size round and frees them when done, but glibc keeps freed pages in its
+  arenas (one per compiling thread), where they still count as the process's
+  resident memory. Measured on a 2-core, 23 GiB CPU with `digits_fcclplus`: after
+  its compiles the process held 7.1 GiB resident, 2.7 GiB after the trim, and the
+  round then peaked at 15.8 GiB resident instead of 19.9 GiB (XLA's estimate of
+  the round: 11.0 GiB). The values computed are unchanged.
+  """
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    trim = ctypes.CDLL(None).malloc_trim
+  except (OSError, AttributeError):  # not glibc (macOS, musl)
+    return None
+  before = resident_bytes()
+  trim(0)
+  after = resident_bytes()
+  return None if before is None or after is None else max(before - after, 0)
+
+
 def available_memory_bytes(device: Any) -> int | None:
   """Memory a jitted round may use on `device`: the accelerator's limit, else Linux MemAvailable."""
   try:
@@ -389,14 +423,21 @@ class Experiment:
     GPU compiler is itself multi-threaded and autotunes on the device). The
     round is lowered by `lower_rounds`, through the trace cache when it is on;
     a round in stage programs compiles them side by side on a CPU, in turn on
-    an accelerator.
+    an accelerator. Then the memory the compiler freed is handed back to the
+    system (`release_freed_host_memory`), so that the memory check and the
+    round see it.
     """
     with concurrent.futures.ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="fedjax_het_compile") as pool:
       side = pool.submit(self._compile_evaluation, state, with_diagnostics)
       lowered = self.lower_rounds(state)
       side.result()  # raises what the worker raised
-    return lowered.compile()
+    compiled = lowered.compile()
+    released = release_freed_host_memory()  # the compiler's freed heap, before the round runs
+    if released:
+      logging.info("returned %.2f GiB of memory the compiler had freed to the system",
+                   released / 2.0 ** 30)
+    return compiled
 
   def trace_cache_directory(self) -> pathlib.Path | None:
     """Where `lower_rounds` keeps exported rounds (`fedjax_het.trace_cache`), or None.
