@@ -147,15 +147,20 @@ def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict
   return impls
 
 
-def resident_bytes() -> int | None:
-  """This process's resident memory (Linux VmRSS), or None where /proc is missing."""
+def _proc_bytes(path: str, field: str) -> int | None:
+  """A "Field:   N kB" line of a Linux /proc file, in bytes; None where it is missing."""
   try:
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-      if line.startswith("VmRSS:"):
+    for line in pathlib.Path(path).read_text().splitlines():
+      if line.startswith(f"{field}:"):
         return int(line.split()[1]) * 1024
   except OSError:
     return None
   return None
+
+
+def resident_bytes() -> int | None:
+  """This process's resident memory (Linux VmRSS), or None where /proc is missing."""
+  return _proc_bytes("/proc/self/status", "VmRSS")
 
 
 def release_freed_host_memory() -> int | None:
@@ -190,12 +195,7 @@ def available_memory_bytes(device: Any) -> int | None:
   if stats and "bytes_limit" in stats:
     return int(stats["bytes_limit"])
   if device.platform == "cpu":
-    try:
-      for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-    except OSError:
-      return None
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
   return None
 
 
