@@ -366,7 +366,8 @@ class Experiment:
         max_sizes={name: d.images.shape[1] for name, d in group_data.items()},
         private_mean=tuple(scenario.private_mean), private_std=tuple(scenario.private_std),
         public_mean=tuple(scenario.public_mean), public_std=tuple(scenario.public_std),
-        max_test_size=int(test.images.shape[1]))
+        max_test_size=int(test.images.shape[1]),
+        test_sizes=tuple(int(n) for n in test.sizes))
     self.algorithm = get_method(config.algorithm).make(config, self.setup)
     arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test)
     if mesh is not None:

@@ -177,7 +177,8 @@ def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
   """The shared evaluator: top-k accuracy of every slot's `variables` on every test domain."""
   return evaluation.make_evaluator(
       setup.groups, batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
-      top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std))
+      top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std),
+      sizes=setup.test_sizes or None)
 
 
 def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:

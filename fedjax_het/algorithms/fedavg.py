@@ -230,7 +230,8 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   active = jnp.asarray(slot_active(group))
   evaluator = evaluation.make_evaluator(
       (group,), batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
-      top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std))
+      top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std),
+      sizes=setup.test_sizes or None)
   if server_state is not None and server_state.name in ("server", "server_opt", "groups"):
     raise ValueError(f"make_family: ServerState.name {server_state.name!r} is taken by the "
                      "family's own state; choose another name.")

@@ -70,6 +70,8 @@ class Setup:
     private_mean, private_std: normalisation of private images.
     public_mean, public_std: normalisation of public images.
     max_test_size: padded rows of the stacked test sets.
+    test_sizes: the real rows of each domain's test set, in the stacked order
+      (empty when unknown: the evaluator then runs every domain's padded rows).
   """
   groups: tuple[ClientGroup, ...]
   num_participants: int
@@ -81,6 +83,7 @@ class Setup:
   public_mean: tuple[float, float, float]
   public_std: tuple[float, float, float]
   max_test_size: int
+  test_sizes: tuple[int, ...] = ()
 
   @property
   def homogeneous(self) -> bool:
