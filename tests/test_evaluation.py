@@ -82,11 +82,22 @@ def test_bad_sizes_are_refused():
   with pytest.raises(ValueError, match="sizes must lie in"):
     evaluation.make_evaluator((cnn,), batch_size=4, max_size=5, top_k=1,
                               preprocess=_preprocess, sizes=[3, 6])
+
+
+def test_other_test_data_take_the_padded_path_or_give_nan():
+  (cnn, _) = _groups()
+  state = _state((cnn,))
   test, _, _ = _test_data()
-  evaluate = evaluation.make_evaluator((cnn,), batch_size=4, max_size=max(SIZES), top_k=1,
-                                       preprocess=_preprocess, sizes=SIZES[:3])
-  with pytest.raises(ValueError, match="evaluator was built for 3"):
-    evaluate(_state((cnn,)), test)
+  kwargs = dict(batch_size=4, max_size=max(SIZES), top_k=1, preprocess=_preprocess)
+  padded = jax.jit(evaluation.make_evaluator((cnn,), **kwargs))(state, test)["cnn"]
+  # Built for 3 domains, given 4: the padded path, right numbers.
+  other = jax.jit(evaluation.make_evaluator((cnn,), sizes=SIZES[:3], **kwargs))(state, test)
+  other = other["cnn"]
+  np.testing.assert_array_equal(np.asarray(other), np.asarray(padded))
+  # The shape it was built for, other sizes: NaN, not wrong numbers.
+  shrunk = test._replace(sizes=np.asarray([6, 0, 13, 5], np.int32))
+  nan = jax.jit(evaluation.make_evaluator((cnn,), sizes=SIZES, **kwargs))(state, shrunk)["cnn"]
+  assert np.all(np.isnan(np.asarray(nan)))
 
 
 def test_experiment_streams_its_real_test_rows():
