@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import time
 from typing import Any
 
 import jax
@@ -29,10 +30,20 @@ class Checkpointer:
   """Saves and restores training states under `<directory>/<round>/`."""
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 2):
-    self._manager = ocp.CheckpointManager(
-        pathlib.Path(directory).absolute(),
-        options=ocp.CheckpointManagerOptions(
-            preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True))
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True)
+    for attempt in range(3):
+      try:
+        self._manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(),
+                                              options=options)
+        break
+      except FileNotFoundError:
+        # A step directory vanished while the manager listed them: an earlier manager of this
+        # process (a run that crashed before closing it) was still removing old checkpoints in
+        # its background thread. List again once it is gone.
+        if attempt == 2:
+          raise
+        time.sleep(0.5)
 
   def latest_round(self) -> int | None:
     """The round of the newest complete checkpoint, or None."""
