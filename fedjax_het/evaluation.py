@@ -58,8 +58,8 @@ def make_evaluator(groups: Sequence[ClientGroup], *, batch_size: int, max_size: 
   evaluation on a 2-core CPU: 327.8 s padded, 124.1 s as a stream. Test data of
   another shape than (len(sizes), max_size) take the padded path; test data of
   that shape whose `test.sizes` differ from `sizes` give NaN accuracies (build
-  an evaluator for them) rather than wrong ones. Without `sizes`, every domain's padded rows
-  run (vmapped over domains) and `test.sizes` masks them.
+  an evaluator for them) rather than wrong ones. Without `sizes`, every
+  domain's padded rows run (vmapped over domains) and `test.sizes` masks them.
   """
   if sizes is not None:
     padded = make_evaluator(groups, batch_size=batch_size, max_size=max_size, top_k=top_k,
