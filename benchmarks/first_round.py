@@ -103,6 +103,12 @@ def memory_gib(compiled) -> float | None:
           + analysis.output_size_in_bytes) / 2.0 ** 30
 
 
+def _progress(name: str, seconds: float) -> float:
+  """Prints one measured figure as it lands (a run cut short still shows it); returns it."""
+  print(f"[first_round {time.perf_counter() - START:7.1f} s] {name} {seconds:.2f}", flush=True)
+  return seconds
+
+
 def _measure(config_name: str, overrides: list[str], rounds: int, *,
              compile_profile: bool = False, trace_cache: str = "auto",
              round_trace: str = "") -> dict:
@@ -119,10 +125,10 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
 
   tick = time.perf_counter()
   experiment = Experiment(config)
-  row["data_secs"] = time.perf_counter() - tick
+  row["data_secs"] = _progress("data_secs", time.perf_counter() - tick)
   tick = time.perf_counter()
   state = jax.block_until_ready(experiment.init_state())
-  row["init_secs"] = time.perf_counter() - tick
+  row["init_secs"] = _progress("init_secs", time.perf_counter() - tick)
   tick = time.perf_counter()
   row["round_programs"] = experiment.round_programs
   if experiment.trace_cache_directory() is not None:  # as train.py: export, or read the export
@@ -135,7 +141,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     row["trace_secs"] = time.perf_counter() - tick
     lowered = traced.lower()
     row["lower_secs"] = time.perf_counter() - tick - row["trace_secs"]
-  row["trace_lower_secs"] = time.perf_counter() - tick
+  row["trace_lower_secs"] = _progress("trace_lower_secs", time.perf_counter() - tick)
   text = lowered.as_text()
   row["stablehlo_chars"], row["stablehlo_lines"] = len(text), text.count("\n")
   tick = time.perf_counter()
@@ -144,23 +150,23 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     compiled, row["compile_profile"] = profiling.profile_compile(lowered.compile)
   else:
     compiled = lowered.compile()
-  row["compile_secs"] = time.perf_counter() - tick
+  row["compile_secs"] = _progress("compile_secs", time.perf_counter() - tick)
   if hasattr(compiled, "compile_secs"):  # stage programs (compiled side by side on a CPU)
     row["compile_secs_by_stage"] = compiled.compile_secs
   tick = time.perf_counter()
   state, _ = compiled(state, experiment.data)
   jax.block_until_ready(state)
-  row["first_round_secs"] = time.perf_counter() - tick
+  row["first_round_secs"] = _progress("first_round_secs", time.perf_counter() - tick)
   row["start_to_round1_end_secs"] = time.perf_counter() - START
   tick = time.perf_counter()
   jax.block_until_ready(experiment.evaluate(state, experiment.data.test))
-  row["eval_first_secs"] = time.perf_counter() - tick
+  row["eval_first_secs"] = _progress("eval_first_secs", time.perf_counter() - tick)
   times = []
   for _ in range(rounds):
     tick = time.perf_counter()
     state, _ = compiled(state, experiment.data)
     jax.block_until_ready(state)
-    times.append(time.perf_counter() - tick)
+    times.append(_progress("round_secs", time.perf_counter() - tick))
   row["steady_round_secs"] = statistics.median(times) if times else None
   row["steady_round_all"] = times
   if rounds and hasattr(compiled, "names"):  # one more round, each stage timed on its own

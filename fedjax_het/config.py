@@ -25,7 +25,7 @@ from fedjax_het.engine import programs, xla_cpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
-CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
+CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
 PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")

@@ -11,7 +11,7 @@ import pytest
 from fedjax_het import models
 from fedjax_het.models import layers
 
-IMPLS = ("im2col", "custom_vjp")
+IMPLS = ("im2col", "custom_vjp", "gemm_taps")
 
 # (height, width, c_in, c_out, kernel, stride, padding, groups)
 CONV_CASES = [

@@ -93,7 +93,7 @@ from fedjax_het.engine.optim import OPTIMIZERS, make_optimizer
 SCENARIO = "class_incremental"
 METHODS = ("fedavg_cil", "glfc", "icarl_fl")
 CLIENT_LOOPS = ("auto", "vmap", "map")
-CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp")
+CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 #: `local.lr_schedule`: the learning rate over the local epochs of a round (`epoch_learning_rates`).
 LR_SCHEDULES = ("constant", "glfc_code")
 #: The GLFC code's step decays: (fraction of a task's local epochs, divisor of the base lr).

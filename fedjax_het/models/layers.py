@@ -1,6 +1,6 @@
 """Layers shared by every model of the zoo.
 
-* `conv2d` / `Conv`: the ONE convolution all models use, with three
+* `conv2d` / `Conv`: the ONE convolution all models use, with four
   interchangeable implementations (same parameters, same values, same
   gradients up to float rounding):
 
@@ -28,6 +28,13 @@
     well: the stock depthwise convolution is a grouped convolution, slow on
     XLA:CPU (the full Digits FCCL+ public step with "custom_vjp" took 57.0 s
     with it and 28.5 s with the sum of taps on a 2-core CPU).
+  - "gemm_taps": the stock convolution for spatial (k > 1) ungrouped
+    convolutions, a plain matmul for pointwise (1x1, unpadded) ones and
+    im2col's sum of taps (`_depthwise_taps`) for depthwise ones. Meant for a
+    GPU: the pointwise and depthwise layers of MobileNetV2 and EfficientNet-B0
+    then need no cuDNN convolution (each of which XLA autotunes when it
+    compiles, three times with the backward pass), only matmuls and
+    elementwise fusions, while ResNets keep their cuDNN convolutions.
 
   Padding follows PyTorch by default: an int or pair of ints pads
   symmetrically (torch `padding=p`); "SAME"/"VALID" and explicit
@@ -67,7 +74,7 @@ import jax.numpy as jnp
 from jax import lax
 
 #: Convolution implementations accepted by `conv2d`, `Conv` and `get_model`.
-CONV_IMPLS = ("xla", "im2col", "custom_vjp")
+CONV_IMPLS = ("xla", "im2col", "custom_vjp", "gemm_taps")
 
 #: Dtypes a model may compute in (`get_model(..., compute_dtype=...)`). Parameters,
 #: optimiser state, BatchNorm statistics and losses stay float32 in every case.
@@ -455,7 +462,21 @@ def _conv_lean(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads: 
   return _conv_custom_vjp(x, kernel, strides, pads, groups)
 
 
-_CONV_FUNCTIONS = {"xla": _conv_xla, "im2col": _conv_im2col, "custom_vjp": _conv_lean}
+def _conv_gemm_taps(x: jax.Array, kernel: jax.Array, strides: tuple[int, int], pads: Pads,
+                    groups: int) -> jax.Array:
+  """`impl="gemm_taps"`: a depthwise convolution (multiplier 1) as the sum of taps, an
+  unpadded ungrouped 1x1 convolution as a matmul over channels (after the stride's
+  subsampling), any other convolution as the stock one."""
+  if _is_depthwise(x, kernel, groups):
+    return _depthwise_taps(x, kernel, strides, pads)
+  if groups == 1 and kernel.shape[:2] == (1, 1) and pads == ((0, 0), (0, 0)):
+    x = x[:, ::strides[0], ::strides[1], :]
+    return jnp.einsum("bhwc,co->bhwo", x, kernel[0, 0])
+  return _conv_xla(x, kernel, strides, pads, groups)
+
+
+_CONV_FUNCTIONS = {"xla": _conv_xla, "im2col": _conv_im2col, "custom_vjp": _conv_lean,
+                   "gemm_taps": _conv_gemm_taps}
 
 
 def conv2d(x: jax.Array, kernel: jax.Array, *, strides: int | Sequence[int] = 1,
@@ -469,7 +490,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, strides: int | Sequence[int] = 1,
     strides: int or (sh, sw).
     padding: see `explicit_padding`; default 0 (torch default).
     feature_group_count: number of groups; C_in for a depthwise convolution.
-    impl: one of `CONV_IMPLS` ("xla", "im2col", "custom_vjp").
+    impl: one of `CONV_IMPLS` ("xla", "im2col", "custom_vjp", "gemm_taps").
 
   Returns:
     (B, H_out, W_out, C_out).
@@ -508,7 +529,7 @@ def max_pool(x: jax.Array, window: int | Sequence[int], *, strides: int | Sequen
     window: int or (wh, ww).
     strides: int or (sh, sw).
     padding: as `conv2d` (padded positions never win the max).
-    impl: "xla" uses `lax.reduce_window`; the other conv impls a max over window
+    impl: "xla" and "gemm_taps" use `lax.reduce_window`; the others a max over window
       slices, whose gradient stays fast inside `lax.scan` on XLA:CPU. Ties
       route the gradient differently (reduce_window: the first maximum; the
       slice form: every tied position shares it), a measure-zero event for
@@ -520,7 +541,7 @@ def max_pool(x: jax.Array, window: int | Sequence[int], *, strides: int | Sequen
   check_conv_impl(impl, "impl")
   window, strides = _pair(window, "window"), _pair(strides, "strides")
   pads = explicit_padding(padding, x.shape[1:3], window, strides)
-  if impl == "xla":
+  if impl in ("xla", "gemm_taps"):
     return nn.max_pool(x, window, strides=strides, padding=pads)
   ho = _output_size(x.shape[1], pads[0], window[0], strides[0])
   wo = _output_size(x.shape[2], pads[1], window[1], strides[1])
