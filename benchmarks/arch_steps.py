@@ -1,7 +1,7 @@
 """Training-step speed of each backbone: float32 vs bfloat16, and a cohort vs one big batch.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/arch_steps.py \
-        --out benchmarks/results/arch_steps_<machine>.json
+        --out benchmarks/results/arch_steps__digits_backbones__<device>.json
 
 Two questions the round benchmarks cannot answer on their own, measured side by
 side in one process:
@@ -43,6 +43,7 @@ import optax
 
 from fedjax_het import models
 from fedjax_het.train import resolve_conv_impl
+import timing
 from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -174,8 +175,7 @@ def main() -> None:
     print(json.dumps(row), flush=True)
     result["cohort_rows"].append(row)
   if args.out:
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    timing.write_result(args.out, result)
 
 
 if __name__ == "__main__":

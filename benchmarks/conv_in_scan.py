@@ -37,6 +37,8 @@ import numpy as np
 
 from fedjax_het import models
 
+import timing  # benchmarks/timing.py, beside this script
+
 
 def _make_epoch(model, lr):
   """Returns (step, epoch): one SGD step and a scan over a stack of batches."""
@@ -159,12 +161,10 @@ def main(argv=None) -> None:
     cells = "  ".join(f"{f}: {v:8.2f} ({report['ratio_to_xla'].get(impl, {}).get(f, 1):5.2f}x)"
                       for f, v in row.items())
     print(f"  {impl:>10s}  {cells}")
-  text = json.dumps(report, indent=2)
   if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+    timing.write_result(args.out, report, indent=2)
   else:
-    print(text)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

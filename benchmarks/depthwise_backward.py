@@ -2,7 +2,7 @@
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/depthwise_backward.py \
         --width 0.125 --batch 64 --round digits_fcclplus_quick \
-        --out benchmarks/results/depthwise_backward_<machine>.json
+        --out benchmarks/results/depthwise_backward__digits_fcclplus_quick__<device>.json
 
 `conv_impl="im2col"` (the CPU default) computes a depthwise convolution as the
 sum over the kernel's taps of each window slice of the padded input times its
@@ -48,6 +48,7 @@ from unittest import mock
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from fedjax_het.engine import xla_cpu  # noqa: E402 (starts no JAX backend)
+import timing  # noqa: E402 (benchmarks/timing.py; imports jax, starts no backend)
 
 DEPTHWISE_BACKBONES = ("mobilenet_v2", "efficientnet_b0")
 VARIANTS = ("custom", "autodiff")
@@ -240,8 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["public_step"] = time_public_step(args.public_step, repeats=args.public_repeats)
     print(json.dumps(result["public_step"]), flush=True)
   if args.out:
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    timing.write_result(args.out, result)
   return result
 
 

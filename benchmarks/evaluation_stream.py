@@ -2,7 +2,7 @@
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 FEDJAX_HET_DATA_DIR=<data> \
         python benchmarks/evaluation_stream.py --config=digits_fcclplus \
-        --out benchmarks/results/evaluation_stream_cpu2.json
+        --out benchmarks/results/evaluation_stream__digits_fcclplus__<device>.json
 
 For one config (any name `experiments/train.py` takes, with `--set field=value`
 overrides) the script builds the Experiment, its initial state, and two
@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import timing  # noqa: E402
 from first_round import load_config  # noqa: E402
 
 
@@ -76,8 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
       for g in accuracies["padded"])
   print(json.dumps(report, indent=1))
   if args.out:
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    timing.write_result(args.out, report)
   return report
 
 

@@ -2,7 +2,7 @@
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/fcclplus_phases.py \
         --config=digits_fcclplus --conv-impls custom_vjp,im2col \
-        --out benchmarks/results/fcclplus_phases_cpu2.json
+        --out benchmarks/results/fcclplus_phases__digits_fcclplus__<device>.json
 
 A full-size FCCL+ round on a 2-core CPU takes hours, too long to time whole
 in one sitting. Its cost is two phases repeated a fixed number of times
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     row["substituted"] = list(scenario.substituted)
     report["rows"].append(row)
     if args.out:
-      pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+      timing.write_result(args.out, report, indent=2)
     if "skipped" not in row:
       print(f"[{impl}] estimated round {row['estimated_round_secs']:.1f} s = "
             f"{row['public_steps']} x {row['public_step_secs']:.2f} s + "

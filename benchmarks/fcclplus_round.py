@@ -1,6 +1,7 @@
 """Speed of one FCCL+ Digits round: the engine vs a Python loop over clients, and scaling.
 
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/fcclplus_round.py --out bench.json
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/fcclplus_round.py \
+        --out benchmarks/results/fcclplus_round__digits_fcclplus_quick__<device>.json
 
 Measured side by side in one process (the machines are shared and noisy, so only
 ratios are meaningful):
@@ -38,6 +39,7 @@ from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, optim
 from fedjax_het.train import Experiment
+import timing
 from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -234,7 +236,7 @@ def main():
   report["scaling"] = {"arch": args.scaling_arch, "width": args.width, "rows": scaling}
   print(json.dumps(report, indent=2))
   if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    timing.write_result(args.out, report, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Speed of one FedAvg round at scale: the engine vs a fedjax-style Python loop, by cohort size.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/fedavg_scale.py \
-        --out benchmarks/results/fedavg_scale_cpu2.json
+        --out benchmarks/results/fedavg_scale__cifar10_fedavg__<device>.json
 
 Setting: `experiments/configs/cifar10.py:fedavg` (100 clients, Dirichlet(0.5), the FedAvg
 CIFAR CNN, batch 50, local SGD), with a cohort of 10, 50 and 100 clients per round. On a
@@ -43,6 +43,7 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort
 from fedjax_het.engine.clients import slot_active
 from fedjax_het.train import Experiment
+import timing
 from timing import median_seconds
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -175,7 +176,7 @@ def main():
                                                / (base["engine_secs"] / base["client_steps"]))
   print(json.dumps(report, indent=2))
   if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    timing.write_result(args.out, report, indent=2)
 
 
 if __name__ == "__main__":

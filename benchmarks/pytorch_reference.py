@@ -3,7 +3,7 @@
     pip install -e '.[bench]'   # torch
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/pytorch_reference.py \
         --config=digits_fcclplus_quick --rounds 3 \
-        --out benchmarks/results/pytorch_reference_<machine>.json
+        --out benchmarks/results/pytorch_reference__digits_fcclplus_quick__<device>.json
 
 In ONE process, on the same device (cuda if torch sees one, else the CPU) and
 the same models and sizes (any config name `experiments/train.py` takes, with
@@ -103,6 +103,9 @@ from fedjax_het.models.efficientnet import EFFICIENTNET_B0_STAGES, SE_RATIO  # n
 from fedjax_het.models.layers import divisible_width, scale_width  # noqa: E402
 from fedjax_het.models.mobilenet import LAST_CHANNELS, MOBILENET_V2_STAGES  # noqa: E402
 from fedjax_het.models.resnet import RESNET_STAGE_SIZES  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import timing  # noqa: E402 (benchmarks/timing.py, beside this script; starts no JAX backend)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAVOURS = ("authors", "tuned")
@@ -680,10 +683,12 @@ def main(argv: list[str] | None = None) -> dict:
             "num_rounds": sizes.num_rounds, "sizes": dataclasses.asdict(sizes),
             "machine": _machine(device), "data": "random tensors of the config's shapes"}
 
+  described = (torch.cuda.get_device_name(device) if device.type == "cuda"
+               else timing.cpu_description())
+
   def write():
     if args.out:
-      pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-      pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+      timing.write_result(args.out, report, device=described, indent=2)
 
   if not args.skip_engine:
     report["engine"] = time_engine(args.config, args.set, args.rounds, config)

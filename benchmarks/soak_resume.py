@@ -1,7 +1,7 @@
 """Soak test of resume: SIGKILL a training run at random points, resume it, compare bit for bit.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/soak_resume.py \
-        --trials 20 --seed 0 --out benchmarks/results/soak_resume_cpu2.json
+        --trials 20 --seed 0 --out benchmarks/results/soak_resume__digits_fcclplus_quick-tiny__<device>.json
 
 What it does (everything in a fresh temporary folder; no real data directory):
 1. The reference: `experiments/train.py --config=digits_fcclplus_quick` shrunk to small
@@ -491,9 +491,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   }
   print(f"kills by phase: {phase_counts} ({len(kills)} kills in {args.trials} trials)")
   print(f"identical: {identical}/{args.trials}")
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+  import timing  # noqa: PLC0415 (benchmarks/timing.py, beside this script)
   out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(summary, indent=2) + "\n")
+  timing.write_result(out, summary, indent=2)
   print(f"wrote {out}")
   if summary["all_identical"] and not args.keep:
     shutil.rmtree(root, ignore_errors=True)

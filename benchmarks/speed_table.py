@@ -4,7 +4,7 @@ with the engine's speedup over the authors' PyTorch loop, measured in one run.
     pip install -e '.[bench]'   # torch
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/speed_table.py \
         --config=digits_fcclplus_quick --rounds 2 \
-        --out benchmarks/results/speed_table_<machine>.json
+        --out benchmarks/results/speed_table__digits_fcclplus_quick__<device>.json
 
 One command runs, one after the other on the same machine:
 
@@ -18,7 +18,7 @@ One command runs, one after the other on the same machine:
    `.item()` at every step) and the same math without host syncs ("tuned"), on
    the same models and sizes, on the same device (cuda if torch sees one).
 
-and prints one Markdown table of what the engine's speed issue asks for:
+and prints one Markdown table of the engine's speed:
 
   * the XLA compile of the round, cold and warm (a warm one loads it);
   * the start of the process to the end of round 1, cold and warm;
@@ -33,12 +33,12 @@ and prints one Markdown table of what the engine's speed issue asks for:
   * memory: XLA's estimate of the round, torch's peak allocation (cuda only);
   * `engine_vs_pytorch_speedup` = torch seconds / engine seconds, steady state
     and end to end (the engine's cold and warm figures), per torch flavour;
-  * the issue's goals, which are set for `digits_fcclplus` on one GPU: the first
+  * the speed goals, which are set for `digits_fcclplus` on one GPU: the first
     round <= 60 s cold and <= 20 s warm, a steady round <= 4 s, the engine
     >= 5x the tuned loop, 40 rounds <= 240 s; `goals_met` is reported only for
     that config on a GPU.
 
-A GPU session whose calls are limited to minutes can run the two halves apart
+Where one command may run only minutes (a lent GPU), run the two halves apart
 (`first_round.py --out A`, `pytorch_reference.py --skip-engine --out B`) and
 build the table from their files: `speed_table.py --first-round A --pytorch B`.
 Both halves must have timed the same config with the same overrides.
@@ -55,7 +55,7 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-# The speed issue's goals (digits_fcclplus, one GPU).
+# The speed goals (digits_fcclplus, one GPU).
 GOAL_CONFIG = "digits_fcclplus"
 GOALS = {"start_to_round1_end_cold_secs": 60.0, "start_to_round1_end_warm_secs": 20.0,
          "steady_round_secs": 4.0, "tuned_steady_state_speedup": 5.0,
@@ -224,14 +224,15 @@ def main(argv: list[str] | None = None) -> dict:
                      pathlib.Path(scratch) / "pytorch_reference.json")
   sys.path.insert(0, str(HERE))
   import first_round as first_round_script  # noqa: PLC0415 (benchmarks/, beside this script)
+  import timing  # noqa: PLC0415
   config = first_round_script.load_config(pytorch["config"], pytorch["overrides"])
   table = build_table(first_round, pytorch, int(config.num_rounds), int(config.rounds_per_call))
   report = {"table": table, "markdown": markdown(table), "machine": pytorch.get("machine"),
             "first_round": first_round, "pytorch_reference": pytorch}
   print(report["markdown"])
   if args.out:
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    report = timing.write_result(args.out, report,
+                                 device=(pytorch.get("header") or {}).get("device"), indent=2)
   return report
 
 
