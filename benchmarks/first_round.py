@@ -195,7 +195,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
 
 def main():
   from fedjax_het import trace_cache  # noqa: PLC0415 (starts no JAX backend)
-  from fedjax_het.engine import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
+  from fedjax_het.engine import xla_cpu, xla_gpu  # noqa: PLC0415 (starts no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="digits_fcclplus_quick")
   parser.add_argument("--set", action="append", default=[], help="field=value override")
@@ -218,6 +218,8 @@ def main():
   args = parser.parse_args()
   if args.child:  # one measurement in this process, the cache dir given
     scheduler = xla_cpu.set_xla_cpu_scheduler(args.xla_cpu_scheduler)  # before JAX starts
+    xla_gpu.set_xla_gpu_triton_gemm(load_config(args.config, args.set).get(
+        "xla_gpu_triton_gemm", "auto"))  # as experiments/train.py
     import jax  # noqa: PLC0415
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

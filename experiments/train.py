@@ -76,7 +76,7 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   from fedjax_het.errors import ConfigError, UserError  # pylint: disable=g-import-not-at-top
-  from fedjax_het.engine import sharding, xla_cpu  # pylint: disable=g-import-not-at-top
+  from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
@@ -86,11 +86,16 @@ def main(argv):
     # fixed when the backend starts.
     choice = config.get("xla_cpu_scheduler", "auto")  # a user's older config may lack it
     scheduler = xla_cpu.set_xla_cpu_scheduler(choice)
+    triton_gemm = xla_gpu.set_xla_gpu_triton_gemm(config.get("xla_gpu_triton_gemm", "auto"))
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                     num_cpu_devices=_NUM_CPU_DEVICES.value)
     if jax.default_backend() == "cpu":
       logging.info("XLA:CPU scheduler: %s (config.xla_cpu_scheduler=%r; XLA_FLAGS=%r)", scheduler,
                    choice, os.environ.get("XLA_FLAGS", ""))
+    if jax.default_backend() == "gpu":
+      logging.info("XLA:GPU Triton GEMM: %s (config.xla_gpu_triton_gemm=%r; XLA_FLAGS=%r)",
+                   triton_gemm, config.get("xla_gpu_triton_gemm", "auto"),
+                   os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
                         "'class_incremental' (its trainer runs in one process).")

@@ -21,7 +21,7 @@ import ml_collections
 
 from fedjax_het import algorithms, trace_cache, validation
 from fedjax_het.data.scenarios import OFFICE_TESTS
-from fedjax_het.engine import programs, xla_cpu
+from fedjax_het.engine import programs, xla_cpu, xla_gpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
@@ -75,6 +75,10 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
   # machine), or concurrency (XLA's default). Same numbers either way. See engine/xla_cpu.py.
   c.xla_cpu_scheduler = "auto"
+  # XLA:GPU's Triton GEMM kernels, fixed when JAX starts (experiments/train.py sets it): auto =
+  # off (matrix products on cuBLAS: a far shorter GPU compile, the same step time within 2%),
+  # or on (XLA's default). No effect on a CPU or TPU. See engine/xla_gpu.py.
+  c.xla_gpu_triton_gemm = "auto"
   # Resuming a workdir refuses a changed config; fields named here may differ (comma-separated
   # names or section prefixes, e.g. "num_rounds" to extend a run). See fedjax_het.workdir.
   c.resume_allow_changes = ""
@@ -153,6 +157,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
   check(config, "xla_cpu_scheduler", choice(xla_cpu.SCHEDULERS), f"one of {xla_cpu.SCHEDULERS}")
+  if "xla_gpu_triton_gemm" in config:  # a user's older config file may lack it
+    check(config, "xla_gpu_triton_gemm", choice(xla_gpu.CHOICES), f"one of {xla_gpu.CHOICES}")
   if "trace_cache" in config:  # a user's config file written before the field existed may lack it
     check(config, "trace_cache", choice(trace_cache.MODES), f"one of {trace_cache.MODES}")
   if "round_programs" in config:  # as trace_cache: older config files may lack it

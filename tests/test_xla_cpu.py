@@ -220,7 +220,7 @@ def test_low_memory_conv_impls_switch_the_public_batch_first(conv_impl, public, 
 
 def test_public_conv_impl_is_validated_and_resolved():
   with pytest.raises(ConfigError, match=r"models.public_conv_impl.*one of \('auto', 'xla', "
-                                        r"'im2col', 'custom_vjp'\)"):
+                                        r"'im2col', 'custom_vjp', 'gemm_taps'\)"):
     train_lib.validate_config(tiny_config(**{"models.public_conv_impl": "fast"}))
   assert train_lib.resolve_public_conv_impl("auto", "im2col") == "im2col"
   assert train_lib.resolve_public_conv_impl("custom_vjp", "im2col") == "custom_vjp"

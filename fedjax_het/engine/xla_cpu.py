@@ -44,14 +44,23 @@ def resolve(choice: str) -> str:
   return "memory" if choice == "auto" else choice
 
 
-def flag_in_environment() -> str | None:
-  """The scheduler that `XLA_FLAGS` selects ("memory" / "concurrency"), or None if it is unset."""
+def environment_flag(flag: str) -> str | None:
+  """The value `XLA_FLAGS` gives `flag` ("" for a bare flag; the last setting wins, as in
+  XLA), or None when `XLA_FLAGS` does not name it."""
   value = None
   for token in shlex.split(os.environ.get("XLA_FLAGS", "")):
     name, _, setting = token.partition("=")
-    if name == FLAG:
-      value = "concurrency" if setting.lower() in ("", "true", "1") else "memory"
+    if name == flag:
+      value = setting
   return value
+
+
+def flag_in_environment() -> str | None:
+  """The scheduler that `XLA_FLAGS` selects ("memory" / "concurrency"), or None if it is unset."""
+  setting = environment_flag(FLAG)
+  if setting is None:
+    return None
+  return "concurrency" if setting.lower() in ("", "true", "1") else "memory"
 
 
 def backend_started() -> bool:
