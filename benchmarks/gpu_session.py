@@ -1,31 +1,35 @@
 """One prepared command for a lent GPU: the time-to-result measurements, under a deadline.
 
-    python benchmarks/gpu_session.py --data-dir DATA --out OUT --deadline-secs 530
+    python benchmarks/gpu_session.py --data-dir DATA --out OUT --deadline-secs 525 \
+        [--plan env,steps,quick,full,pytorch,table]
 
 Runs its steps one after another, each in its own process with its own time
 limit (never past the deadline), and rewrites `OUT/session.json` after every
-step, so a call cut short keeps what it measured. Every step's output goes to
-`OUT/session.log`. The steps:
+step, so a call cut short keeps what it measured; every step's output goes to
+`OUT/session.log`, each measurement's JSON to `OUT/<step>.json`. The steps:
 
-  1. `env`: the device (`nvidia-smi`), the JAX version and devices, and the
-     installed XLA's flags (`XLA_FLAGS=--help`, in `OUT/xla_flags.txt`).
-  2. `steps_default`: `gpu_compile.py` on the full-width EfficientNet-B0 local
-     step (batch 256; SVHN's participant, the longest chain of the Digits
-     round) with convolutions "gemm_taps" and "xla", XLA's default flags, the
-     compile profiled: compile, first run, steady step and the program's
-     cuDNN / GEMM counts of each.
-  3. `steps_no_triton_gemm`: EfficientNet-B0 "gemm_taps" again with
-     `--xla_gpu_enable_triton_gemm=false` (its matmuls on cuBLAS, whose
-     autotuning tries a few algorithms instead of compiling Triton tilings).
-  4. `full`: `first_round.py --config=digits_fcclplus --rounds 2` (cold, then
-     warm from the cache the cold process filled) with the convolutions and
-     flags that steps 2-3 found fastest to a result (`choose`), against the
-     remaining time.
+  * `env`: the device (`nvidia-smi`), the JAX version and devices, and the
+    installed XLA's flags (`XLA_FLAGS=--help`, in `OUT/xla_flags.txt`).
+  * `steps`: `gpu_compile.py` on the full-width EfficientNet-B0 and
+    MobileNetV2 local steps (batch 256) with the convolutions "gemm_taps" (the
+    GPU default) and "xla" (stock): compile, first run, steady step, cuDNN /
+    GEMM counts, under the library's XLA flags (Triton GEMM off).
+  * `quick`: `first_round.py --config=digits_fcclplus_quick` cold, its
+    compile profiled (`--compile-profile`: XLA's passes and autotuners).
+  * `full`: `first_round.py --config=digits_fcclplus`, cold then warm (the
+    persistent and trace caches the cold process filled).
+  * `pytorch`: `pytorch_reference.py --skip-engine` on the same config: the
+    authors' and the tuned torch loops.
+  * `table`: `speed_table.py --first-round OUT/full.json --pytorch
+    OUT/pytorch.json`, the engine/torch table from the two.
 
-`--plan` picks steps by name (comma-separated) for a shorter call; `--set`
-passes config overrides to the full-config step; the data come from
-`--data-dir` (`FEDJAX_HET_DATA_DIR`: digits.npz and public_cifar100_5000.npz;
-what is missing falls back to synthetic data, as in every run).
+`--plan` picks steps by name (comma-separated; the default is every step, more
+than one 9-minute call holds: pick what fits); `--set` passes config
+overrides to the first-round and torch steps; the data come from `--data-dir`
+(`FEDJAX_HET_DATA_DIR`: digits.npz and public_cifar100_5000.npz; what is
+missing falls back to synthetic data, as in every run). The library's GPU
+defaults apply (convolutions "gemm_taps", `config.xla_gpu_triton_gemm` off);
+`gpu_compile.py` rows get the same XLA flag explicitly.
 """
 
 from __future__ import annotations
@@ -39,34 +43,10 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-STEPS = ("env", "steps_default", "steps_no_triton_gemm", "full")
-NO_TRITON_GEMM = "--xla_gpu_enable_triton_gemm=false"
-
-
-def choose(rows: list[dict], *, local_steps_per_round: int = 400, rounds: int = 40,
-           slack: float = 1.1) -> dict:
-  """The (impl, XLA flags) of the fastest EfficientNet-B0 row to a 40-round result.
-
-  Each row (from `gpu_compile.py`, with its process's "XLA_FLAGS") is scored
-  compile + first run + rounds * local_steps_per_round * step time: the full
-  Digits round runs EfficientNet-B0's 400 local steps one after another, the
-  longest chain of the round. A row whose step is more than `slack` times the
-  fastest step is left out: the round's other phases scale with the step too.
-  """
-  candidates = [r for r in rows if r["backbone"] == "efficientnet_b0" and "step_ms" in r]
-  if not candidates:
-    return {"impl": "xla", "XLA_FLAGS": "", "why": "no EfficientNet-B0 row measured"}
-  fastest = min(r["step_ms"] for r in candidates)
-  kept = [r for r in candidates if r["step_ms"] <= slack * fastest]
-
-  def score(row):
-    return (row["compile_secs"] + row["first_run_secs"]
-            + rounds * local_steps_per_round * row["step_ms"] / 1e3)
-
-  best = min(kept, key=score)
-  return {"impl": best["impl"], "XLA_FLAGS": best.get("XLA_FLAGS", ""),
-          "score_secs": score(best),
-          "scores": {f"{r['impl']} [{r.get('XLA_FLAGS', '')}]": score(r) for r in candidates}}
+STEPS = ("env", "steps", "quick", "full", "pytorch", "table")
+#: Limits of each step, seconds (each is also cut at the deadline).
+LIMITS = {"steps": 240, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
+TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
 
 
 class Session:
@@ -113,78 +93,73 @@ class Session:
     return status
 
 
-def _read(path: pathlib.Path) -> dict:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError):
-    return {}
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
   parser.add_argument("--data-dir", default="")
-  parser.add_argument("--deadline-secs", type=float, default=530.0)
+  parser.add_argument("--deadline-secs", type=float, default=525.0)
   parser.add_argument("--plan", default=",".join(STEPS))
   parser.add_argument("--config", default="digits_fcclplus")
   parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--set", action="append", default=[], help="field=value (full step)")
+  parser.add_argument("--set", action="append", default=[], help="field=value override")
   parser.add_argument("--width", type=float, default=1.0, help="backbone width of the step rows")
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
+  parser.add_argument("--step-rows", default="efficientnet_b0:gemm_taps,efficientnet_b0:xla,"
+                      "mobilenet_v2:gemm_taps,mobilenet_v2:xla")
   args = parser.parse_args()
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  session = Session(out, args.deadline_secs)
   plan = [s for s in args.plan.split(",") if s]
   unknown = sorted(set(plan) - set(STEPS))
   if unknown:
     raise SystemExit(f"--plan: unknown steps {unknown}; the steps are {STEPS}")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  session = Session(out, args.deadline_secs)
   env = {"PYTHONUNBUFFERED": "1"}
   if args.data_dir:
     env["FEDJAX_HET_DATA_DIR"] = str(pathlib.Path(args.data_dir).resolve())
   python = sys.executable
-  session.report.update({"config": args.config, "plan": plan, "data_dir": args.data_dir})
-  rows: list[dict] = []
+  session.report.update({"config": args.config, "plan": plan, "data_dir": args.data_dir,
+                         "overrides": args.set})
+  overrides = [item for pair in (("--set", item) for item in args.set) for item in pair]
 
   if "env" in plan:
     session.run("env_nvidia_smi", ["nvidia-smi"], limit=20, env=env)
     with (out / "xla_flags.txt").open("w") as handle:
       try:
         subprocess.run([python, "-c", "import jax; print(jax.__version__, jax.devices())"],
-                       stdout=handle, stderr=subprocess.STDOUT, timeout=min(60, session.remaining()),
+                       stdout=handle, stderr=subprocess.STDOUT,
+                       timeout=max(1.0, min(60, session.remaining())),
                        env={**os.environ, **env, "XLA_FLAGS": "--help"}, check=False)
       except subprocess.TimeoutExpired:
         handle.write("timed out\n")
     session.run("env_jax", [python, "-c", "import jax, jaxlib; print(jax.__version__, "
                             "jaxlib.__version__, jax.devices(), jax.devices()[0].device_kind)"],
                 limit=60, env=env)
-
-  def steps(name: str, rows_arg: str, flags: str, limit: float, profile: bool) -> None:
-    path = out / f"{name}.json"
-    command = [python, str(HERE / "gpu_compile.py"), "--rows", rows_arg, "--label", name,
-               "--width", str(args.width), "--batch", str(args.batch), "--out", str(path)]
-    if profile:
-      command.append("--compile-profile")
-    session.run(name, command, limit=limit, env={**env, "XLA_FLAGS": flags})
-    for row in _read(path).get("rows", []):
-      rows.append({**row, "XLA_FLAGS": flags})
-
-  if "steps_default" in plan:
-    steps("steps_default", "efficientnet_b0:gemm_taps,efficientnet_b0:xla", "", 150, True)
-  if "steps_no_triton_gemm" in plan:
-    steps("steps_no_triton_gemm", "efficientnet_b0:gemm_taps", NO_TRITON_GEMM, 60, False)
-  choice = choose(rows)
-  session.report["choice"] = choice
-  session.save()
-
+  if "steps" in plan:
+    session.run("steps", [python, str(HERE / "gpu_compile.py"), "--rows", args.step_rows,
+                          "--width", str(args.width), "--batch", str(args.batch),
+                          "--out", str(out / "steps.json")],
+                limit=LIMITS["steps"], env={**env, "XLA_FLAGS": TRITON_GEMM_OFF})
+  if "quick" in plan:
+    session.run("quick", [python, str(HERE / "first_round.py"), "--config",
+                          f"{args.config}_quick", "--rounds", str(args.rounds), "--skip-warm",
+                          "--compile-profile", "--out", str(out / "quick.json"), *overrides],
+                limit=LIMITS["quick"], env=env)
   if "full" in plan:
-    command = [python, str(HERE / "first_round.py"), "--config", args.config,
-               "--rounds", str(args.rounds), "--out", str(out / "first_round_full.json"),
-               "--set", f"models.conv_impl={choice['impl']}"]
-    for item in args.set:
-      command += ["--set", item]
-    session.run("full", command, limit=session.remaining(),
-                env={**env, "XLA_FLAGS": choice["XLA_FLAGS"]})
+    session.run("full", [python, str(HERE / "first_round.py"), "--config", args.config,
+                         "--rounds", str(args.rounds), "--out", str(out / "full.json"),
+                         *overrides], limit=LIMITS["full"], env=env)
+  if "pytorch" in plan:
+    session.run("pytorch", [python, str(HERE / "pytorch_reference.py"), "--config", args.config,
+                            "--rounds", str(args.rounds), "--skip-engine",
+                            "--out", str(out / "pytorch.json"), *overrides],
+                limit=LIMITS["pytorch"], env=env)
+  if "table" in plan:
+    session.run("table", [python, str(HERE / "speed_table.py"), "--config", args.config,
+                          "--first-round", str(out / "full.json"),
+                          "--pytorch", str(out / "pytorch.json"),
+                          "--out", str(out / "table.json"), *overrides],
+                limit=LIMITS["table"], env=env)
   session.report["total_secs"] = time.monotonic() - session.start
   session.save()
   print(json.dumps(session.report, indent=1))

@@ -1,0 +1,42 @@
+"""benchmarks/gpu_session.py: the prepared GPU command keeps its record under a deadline."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_session.py"
+
+
+def _run(tmp_path, *args):
+  return subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args],
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_env_step_records_the_device_and_the_xla_flags(tmp_path):
+  done = _run(tmp_path, "--plan", "env")
+  assert done.returncode == 0, done.stderr
+  report = json.loads((tmp_path / "session.json").read_text())
+  assert report["plan"] == ["env"]
+  assert report["steps"]["env_jax"]["status"] == 0
+  # No nvidia-smi on a CPU machine: the step records why instead of failing the session.
+  assert report["steps"]["env_nvidia_smi"]["status"] in (0, "FileNotFoundError: [Errno 2] No "
+                                                         "such file or directory: 'nvidia-smi'")
+  assert "--xla_gpu_autotune_level" in (tmp_path / "xla_flags.txt").read_text()
+  assert "env_jax" in (tmp_path / "session.log").read_text()
+
+
+def test_a_step_past_the_deadline_is_skipped_and_recorded(tmp_path):
+  done = _run(tmp_path, "--plan", "steps,full", "--deadline-secs", "0")
+  assert done.returncode == 0, done.stderr
+  report = json.loads((tmp_path / "session.json").read_text())
+  assert report["steps"]["steps"]["status"] == "skipped: no time left"
+  assert report["steps"]["full"]["status"] == "skipped: no time left"
+  assert not (tmp_path / "full.json").exists()
+
+
+def test_an_unknown_step_is_named_with_the_choices(tmp_path):
+  done = _run(tmp_path, "--plan", "env,warmup")
+  assert done.returncode != 0
+  assert "unknown steps ['warmup']" in done.stderr and "'quick'" in done.stderr
