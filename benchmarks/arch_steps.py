@@ -14,7 +14,7 @@ side in one process:
    inside the step, float32 master weights, optimiser state, BatchNorm
    statistics and loss). Reported: milliseconds per step, `bf16_speedup`
    (= float32 time / bfloat16 time).
-2. "cohort": the ceiling of vmapping clients (issue "FedAvg at scale"). With
+2. "cohort": the ceiling of vmapping clients (FedAvg at scale). With
    the FedAvg CIFAR CNN at batch 50, one step of K clients vmapped (K different
    models, grouped convolutions) against one model at batch 50 * K (the same
    images through one set of weights: the most any formulation of K clients can

@@ -1,6 +1,6 @@
 """GLFC privacy report: does the prototype perturbation protect, and keep usefulness?
 
-  FEDJAX_HET_DATA_DIR=/work/shared/data python experiments/glfc_privacy.py \\
+  FEDJAX_HET_DATA_DIR=<bundle> python experiments/glfc_privacy.py \\
       [--samples=8] [--steps=2000] [--model=simple_cnn] [--epochs=30] [--out=runs/glfc_privacy]
 
 GLFC (Dong et al., CVPR 2022, Sec. 4.2, Eq. 8-11) has each client send the

@@ -2,11 +2,11 @@
 
 JAX's persistent compilation cache skips XLA's compile on a later run of the
 same program, but its key is the lowered program, so every run still traces
-and lowers the round first: 18-22 s of Python for the quick heterogeneous
-FCCL+ round on a 2-core CPU, about 27 s for the full one on an H100, every
-time. This module keeps that work too. The first run exports the round
-(`jax.export`: trace + lower, as before) and writes the serialized program to
-`<compilation_cache_dir>/fedjax_het_traces/<key>.jax_exported`; a later run
+and lowers the round first: about 22 s of Python for the quick heterogeneous
+FCCL+ round on a 2-core CPU, and for the full one on an H200, every time.
+This module keeps that work too. The first run exports the round
+(`jax.export`: the same trace + lower) and writes the serialized program to
+`<compilation_cache_dir>/fedjax_het_traces/<key>.jax_exported`; the next run
 with the same key deserializes it (well under a second) and compiles it, which
 the persistent cache then answers. Cold and warm runs compile the same
 exported program, so they hit the same compilation-cache entry and compute

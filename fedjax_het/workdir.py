@@ -168,7 +168,7 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
   """Raises `WorkdirError` if resuming `workdir` at `resume_round` would mix two runs."""
   path = workdir / RUN_FILE
   if not path.exists():
-    logging.warning("%s has checkpoints but no %s (written by an older version): cannot check "
+    logging.warning("%s has checkpoints but no %s: cannot check "
                     "that the config and the data are those it was started with.", workdir,
                     RUN_FILE)
     return

@@ -1,12 +1,12 @@
-"""Round API v2: a method is one module; the trainer, config and engine know no method.
+"""The round API: a method is one module; the trainer, config and engine know no method.
 
 * the dependency direction (engine imports no algorithm; no method name in the
   trainer, the run-wide config or the engine);
 * a toy FedAvg with client sampling, defined in this file alone, trains end to
   end through the public trainer;
 * the traced-once guard for it;
-* regression: FCCL+, FCCL and SOLO give the numbers the pre-v2 code gave
-  (recorded from commit 9313f46 with the same seed and configs).
+* regression: FCCL+, FCCL and SOLO give pinned round-2 numbers (`TINY_ROUND_2`,
+  `QUICK_ROUND_2`, same seed and configs).
 """
 
 import ast
@@ -307,21 +307,21 @@ def _check_against(recorded, variant, tiny, tmp_path):
 # their public phase with the default fresh Adam per public batch, i.e. sign-SGD, which turns
 # float32 rounding into +-lr steps: their numbers hold only for the x86 CPU model they were
 # recorded on (same jax, a CPU with AVX-512 FP16: up to 4% apart, e.g. FCCL's local dual loss of
-# SYN; SOLO's identical). SOLO's pin checks the v2 engine blocks (groups, masked batches, the
+# SYN; SOLO's identical). SOLO's pin checks the engine blocks (groups, masked batches, the
 # local scan, evaluation) to the last bit on any of them.
 @pytest.mark.parametrize("variant", [pytest.param("fcclplus", marks=pytest.mark.slow),
                                      pytest.param("fccl", marks=pytest.mark.slow), "solo"])
-def test_round_api_v2_reproduces_the_pre_v2_numbers_tiny(variant, tmp_path):
+def test_round_reproduces_the_pinned_numbers_tiny(variant, tmp_path):
   _check_against(TINY_ROUND_2[variant], variant, True, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["fcclplus", "fccl", "solo"])
-def test_round_api_v2_reproduces_the_pre_v2_numbers_quick(variant, tmp_path):
+def test_round_reproduces_the_pinned_numbers_quick(variant, tmp_path):
   _check_against(QUICK_ROUND_2[variant], variant, False, tmp_path)
 
 
-# Round-2 records of the pre-v2 code (commit 9313f46), seed 0, synthetic data, 2 rounds, under
+# Pinned round-2 records, seed 0, synthetic data, 2 rounds, under
 # this suite's conftest (4 simulated CPU devices), jax/jaxlib 0.10.2 on x86-64.
 RECORDED_WITH_JAX = "0.10.2"
 TINY_ROUND_2 = {

@@ -1,4 +1,4 @@
-"""benchmarks/speed_table.py: the speed issue's table from first_round.py's and
+"""benchmarks/speed_table.py: the speed table from first_round.py's and
 pytorch_reference.py's reports, its ratios checked by hand."""
 
 import importlib.util

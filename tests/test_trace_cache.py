@@ -1,4 +1,4 @@
-"""The trace cache: a later run reads the exported round instead of tracing it, same bits."""
+"""The trace cache: the next run reads the exported round instead of tracing it, same bits."""
 
 import json
 import pathlib

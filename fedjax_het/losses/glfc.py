@@ -80,7 +80,7 @@ def class_aware_gradient_compensation_loss(*, logits: jax.Array, labels: jax.Arr
   1 - sigmoid(z_y) is sigmoid(-z_y), computed without the cancellation of
   the code's |sigmoid(z_y) - 1|, which is exactly 0 in float32 once z_y >
   ~17; a group whose samples are all that confident then gets 0 / 0 (NaN in
-  the authors' torch code; weight 0 in an earlier version here) instead of
+  the authors' torch code) instead of
   g_b / G. The ratio is formed in log space, log g_b = log_sigmoid(-z_y) and
   log G = logsumexp(log g over the group) - log(count), so it stays exact
   even where sigmoid(-z_y) itself underflows float32 (z_y > ~88).
