@@ -194,6 +194,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
 
 
 def main():
+  import timing  # noqa: PLC0415 (benchmarks/, beside this script; starts no JAX backend)
   from fedjax_het import trace_cache  # noqa: PLC0415 (starts no JAX backend)
   from fedjax_het.engine import xla_cpu, xla_gpu  # noqa: PLC0415 (starts no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -256,13 +257,13 @@ def main():
           f"{k} {v:.1f}" for k, v in report[phase]["compile_profile"]["phases"].items()),
           flush=True)
     if args.out:  # after each phase: a run killed in the warm phase keeps the cold figures
-      pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+      timing.write_result(args.out, report, indent=2)
   if "warm" in report:
     report["warm_vs_cold_start_to_round1"] = (report["warm"]["start_to_round1_end_secs"]
                                               / report["cold"]["start_to_round1_end_secs"])
   print(json.dumps(report, indent=2))
   if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    timing.write_result(args.out, report, indent=2)
 
 
 if __name__ == "__main__":

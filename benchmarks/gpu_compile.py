@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import timing  # benchmarks/, beside this script
 from fedjax_het import models
 
 #: Markers counted in the optimised HLO text (name -> regular expression).
@@ -149,7 +150,7 @@ def main() -> None:
     report["rows"].append(row)
     print(json.dumps({k: v for k, v in row.items() if k != "compile_profile"}), flush=True)
     if args.out:
-      pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+      timing.write_result(args.out, report)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 
+import timing  # benchmarks/, beside this script
+
 HERE = pathlib.Path(__file__).resolve().parent
 STEPS = ("env", "steps", "quick", "full", "pytorch", "table")
 #: Limits of each step, seconds (each is also cut at the deadline).
@@ -62,7 +64,7 @@ class Session:
     return self.deadline - time.monotonic()
 
   def save(self) -> None:
-    (self.out / "session.json").write_text(json.dumps(self.report, indent=1) + "\n")
+    timing.write_result(self.out / "session.json", self.report)
 
   def run(self, name: str, command: list[str], *, limit: float, env: dict | None = None) -> int:
     """Runs `command` for at most min(limit, the time left); records its status and time."""
