@@ -1,7 +1,8 @@
 """Soak test of resume: SIGKILL a training run at random points, resume it, compare bit for bit.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/soak_resume.py \
-        --trials 20 --seed 0 --out benchmarks/results/soak_resume__digits_fcclplus_quick-tiny__<device>.json
+        --trials 20 --seed 0 \
+        --out benchmarks/results/soak_resume__digits_fcclplus_quick-tiny__<device>.json
 
 What it does (everything in a fresh temporary folder; no real data directory):
 1. The reference: `experiments/train.py --config=digits_fcclplus_quick` shrunk to small
@@ -64,7 +65,8 @@ from typing import Any
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "soak_resume_cpu2.json"
+DEFAULT_OUT = (REPO / "benchmarks" / "results"
+               / "soak_resume__digits_fcclplus_quick-tiny__cpu2.json")
 
 #: tests/test_train.py `tiny_config()` as command-line overrides of digits_fcclplus_quick.
 TINY_FLAGS = (

@@ -1,5 +1,6 @@
-"""The README's set-up commands and CI stay in sync."""
+"""The README's set-up commands and CI stay in sync; the docs' generated parts stay current."""
 
+import json
 import pathlib
 import re
 
@@ -33,9 +34,9 @@ def test_ci_runs_the_readme_install_and_test_command():
   assert "-eq 5" in ci  # "no tests collected" is a failure
 
 
-def test_readme_model_table_matches_model_summary():
+def test_model_table_matches_model_summary():
   from fedjax_het import models  # pylint: disable=import-outside-toplevel
-  text = (ROOT / "README.md").read_text()
+  text = (ROOT / "docs" / "methods.md").read_text()
   rows = re.findall(r"^\| `(\w+)`[^|]*\| (\d+) \| ([\d,]+) \| ([\d,.]+) \|$", text, flags=re.M)
   assert {name for name, *_ in rows} == set(models.MODEL_NAMES)
   for name, feature_dim, params, mflops in rows:
@@ -56,14 +57,28 @@ def _readme_results_script():
   return module
 
 
-def test_readme_result_tables_are_the_recorded_runs():
-  """Every measured block of the README is rendered from benchmarks/results/readme_runs.json."""
+def test_generated_result_blocks_are_the_recorded_runs():
+  """Every generated block of README.md and docs/results.md is rendered from the record."""
   script = _readme_results_script()
-  text = (ROOT / "README.md").read_text()
-  blocks = re.findall(r"<!-- readme_results:(\w+) -->", text)
-  assert set(blocks) == set(script.BLOCKS), blocks
   runs = script.load_runs()
-  assert script.rewrite(text, runs) == text, "stale: run python experiments/readme_results.py"
+  assert set(runs) >= {name for names in script.BLOCKS.values() for name in names}
+  for relative in sorted(set(script.FILES.values())):
+    text = (ROOT / relative).read_text()
+    blocks = re.findall(r"<!-- readme_results:(\w+) -->", text)
+    assert sorted(blocks) == sorted(b for b, f in script.FILES.items() if f == relative), (
+        relative, blocks)
+    assert script.rewrite(text, runs) == text, (
+        f"{relative} is stale: run python experiments/readme_results.py")
+
+
+def test_result_record_has_a_header():
+  script = _readme_results_script()
+  record = json.loads(script.RECORD.read_text())
+  assert set(record["header"]) == {"commit", "date", "device", "jax"}
+  latest = max(record["runs"].values(), key=lambda run: run["date"])
+  header = record["header"]
+  assert (header["date"], header["device"], header["jax"]) == (
+      latest["date"], latest["machine"], latest["jax"])
 
 
 def test_readme_results_rewrite_replaces_a_stale_block():

@@ -57,7 +57,7 @@ FCCL+ Table XV (homogeneous ResNet12), Digits AVG inter -> / intra <-:
   FedAvg 75.54 / 90.05,  FedProx 86.80 / 92.77,  MOON 77.85 / 87.20 (row tau = 1;
   66.16 / 82.50 for tau = 5),  FedProc 71.77 / 83.76,  FedRS 63.97 / 81.65.
 The quick configs show the mechanics, not those numbers; measured figures for them are in
-the README.
+docs/results.md.
 """
 
 from __future__ import annotations

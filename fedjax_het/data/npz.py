@@ -1,6 +1,6 @@
 """Loaders of the offline `.npz` bundle (real MNIST, USPS, Office31, Office-Caltech, CIFAR).
 
-The bundle is a directory of `.npz` files (see shared/data/README.md): uint8
+The bundle is a directory of `.npz` files (docs/data.md lists them): uint8
 images (N, 32, 32, 3) RGB under `*_x` / `x` keys, integer labels under
 `*_y` / `y` keys, read with `np.load(allow_pickle=False)`. The directory
 comes from the `data_dir` argument or the FEDJAX_HET_DATA_DIR environment
@@ -267,7 +267,7 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> tuple[Split, Spli
 def load_cifar100_glfc(data_dir: str | os.PathLike | None = None) -> tuple[Split, Split]:
   """CIFAR-100 (train, test) from cifar100_glfc.npz (120 / 50 per class).
 
-  Not the official split (see the bundle README): fine for development, but
+  Not the official split (docs/data.md): fine for development, but
   paper-exact GLFC numbers need the official CIFAR-100 (e.g. via TFDS).
   """
   with open_bundle("cifar100_glfc", data_dir) as reader:

@@ -35,9 +35,9 @@ def resolve(choice: str) -> str:
   """"auto" -> "memory"; the others are themselves.
 
   "memory" is the default because it makes the paper-size configs fit on a
-  24 GiB CPU machine and did not slow the quick configs down on the 2-core CPU
-  (their round and compile times under both schedulers are in the README's
-  performance section).
+  24 GiB CPU machine and does not slow the quick configs down on a 2-core CPU
+  (their round and compile times under both schedulers are in
+  docs/performance.md).
   """
   if choice not in SCHEDULERS:
     raise ConfigError(f"config.xla_cpu_scheduler must be one of {SCHEDULERS}, got {choice!r}.")
