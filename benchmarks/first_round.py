@@ -1,7 +1,8 @@
 """Where the first round's time goes: data, trace, lower, XLA compile, first run, steady state.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/first_round.py \
-        --config=digits_fcclplus_quick --out benchmarks/results/first_round_cpu2.json
+        --config=digits_fcclplus_quick \
+        --out benchmarks/results/first_round__digits_fcclplus_quick__<device>.json
 
 For one config (any name `experiments/train.py` takes, with `--set field=value`
 overrides), the script times in one process, cold (an empty persistent

@@ -70,11 +70,11 @@ def resolve_conv_impl(conv_impl: str) -> str:
   im2col avoids the conv-gradient-in-scan slowdown of XLA:CPU. On a GPU,
   gemm_taps keeps cuDNN for the spatial convolutions and makes the pointwise
   and depthwise ones matmuls and elementwise fusions, which XLA compiles
-  without autotuning a cuDNN convolution each: on one NVIDIA H200 the
-  full-width EfficientNet-B0 local step compiled in 11.4 s against more than
-  100 s with stock convolutions, and the full Digits FCCL+ round reached the
-  end of round 1 in 288 s cold where stock convolutions had not in 480 s
-  (`benchmarks/results/*__h200.json`).
+  without autotuning a cuDNN convolution each. On one NVIDIA H200 the
+  full-width EfficientNet-B0 local step compiles in 11.4 s with gemm_taps and
+  in more than 100 s with stock convolutions; the full Digits FCCL+ round
+  reaches the end of round 1 in 288 s cold with gemm_taps, in more than 480 s
+  with stock convolutions (`benchmarks/results/*__h200.json`).
 
   On a CPU, `train_and_evaluate` switches an 'auto' run to leaner
   convolutions when the im2col round needs more than `LOW_MEMORY_FRACTION` of
@@ -92,8 +92,9 @@ def resolve_public_conv_impl(public_conv_impl: str, conv_impl: str) -> str:
 
 #: Share of the available memory above which an "auto" CPU run trades im2col convolutions for
 #: custom-VJP ones (same parameters, same values to float32 rounding, about half the memory of
-#: the full FCCL+ Digits round). Below 1 because XLA's estimate is not the process's peak: a run
-#: whose im2col round was estimated at 19.9 GiB was killed at 22.3 GiB resident on a 23 GiB machine.
+#: the full FCCL+ Digits round). Below 1 because XLA's estimate is not the process's peak: the
+#: full FCCL+ Digits round with im2col, estimated at 19.9 GiB, exceeds 22.3 GiB resident on a
+#: 23 GiB machine and is killed there.
 LOW_MEMORY_FRACTION = 0.75
 
 
@@ -428,9 +429,9 @@ class Experiment:
     `evaluation_record` / `diagnostics` from then on. They are traced and
     compiled in a worker thread while this thread traces and lowers the round
     (pure Python, one core busy), and the round's XLA compile starts only once
-    they are done: compiling the evaluation beside the round's compile was
-    measured slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's
-    GPU compiler is itself multi-threaded and autotunes on the device). The
+    they are done: compiling the evaluation beside the round's compile is
+    slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's GPU
+    compiler is itself multi-threaded and autotunes on the device). The
     round is lowered by `lower_rounds`, through the trace cache when it is on;
     a round in stage programs compiles them side by side on a CPU, in turn on
     an accelerator. Then the memory the compiler freed is handed back to the
