@@ -1,4 +1,5 @@
-"""Run artefacts: metrics.jsonl, optional TensorBoard, a progress bar, the results table."""
+"""Run artefacts: metrics.jsonl, optional TensorBoard, a progress bar; the results table is
+`fedjax_het.reports.common.results_table` (re-exported here for the trainers)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import math
 import pathlib
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import tqdm
 
 from fedjax_het import workdir as workdir_lib
+from fedjax_het.reports import common
 
 
 class MetricsWriter:
@@ -106,39 +107,5 @@ class Progress:
       self._bar.close()
 
 
-KIND_LABELS = {"inter": "inter →", "intra": "intra ↩", "accuracy": "accuracy"}
-
-
-MAX_TABLE_COLUMNS = 10  # more participants than this: the table shows AVG / min / max only
-
-
-def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[str], *,
-                  last_rounds: int, method: str,
-                  kinds: Sequence[str] = ("inter", "intra")) -> tuple[str, dict[str, Any]]:
-  """Accuracy per participant and AVG, each the mean over the last evaluated rounds.
-
-  With kinds ("inter", "intra") this is the FCCL+ Table VIII/IX layout
-  (multi-domain scenarios); ("accuracy",) is one row of test accuracy (a
-  single-domain partition). With more than `MAX_TABLE_COLUMNS` participants
-  the markdown table shows AVG, min and max over participants (the dict keeps
-  every participant).
-
-  Returns:
-    (markdown table, the same numbers as a dict).
-  """
-  evaluated = [r for r in records if f"eval/{kinds[0]}/{client_names[0]}" in r][-last_rounds:]
-  if not evaluated:
-    return "(no evaluated rounds)", {}
-  numbers: dict[str, Any] = {"method": method, "rounds": [r["round"] for r in evaluated]}
-  wide = len(client_names) > MAX_TABLE_COLUMNS
-  columns = ["AVG", "min", "max"] if wide else [*client_names, "AVG"]
-  lines = [f"| {method}{f' ({len(client_names)} participants)' if wide else ''} | "
-           + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-  for kind in kinds:
-    values = [float(np.mean([r[f"eval/{kind}/{c}"] for r in evaluated])) for c in client_names]
-    average = float(np.mean(values))
-    numbers[kind] = dict(zip(client_names, values), AVG=average)
-    shown = [average, min(values), max(values)] if wide else [*values, average]
-    lines.append(f"| {KIND_LABELS.get(kind, kind)} | " + " | ".join(f"{v:.2f}" for v in shown)
-                 + " |")
-  return "\n".join(lines), numbers
+# One run's per-participant table (results.md): the reports' (fedjax_het.reports).
+results_table = common.results_table

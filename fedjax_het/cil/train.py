@@ -82,13 +82,14 @@ import numpy as np
 from fedjax_het import losses, models, reporting
 from fedjax_het import validation as v
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.cil import glfc as glfc_lib, icarl as icarl_lib, masking, metrics as cil_metrics
+from fedjax_het.cil import glfc as glfc_lib, icarl as icarl_lib, masking
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local, rounds, xla_cpu
 from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import OPTIMIZERS, make_optimizer
+from fedjax_het.reports import class_incremental as cil_report
 
 SCENARIO = "class_incremental"
 METHODS = ("fedavg_cil", "glfc", "icarl_fl")
@@ -532,63 +533,9 @@ def _eval_record(correct, total, predicted, task: int, k: int) -> dict[str, Any]
   return record
 
 
-def table1(records: list[dict[str, Any]], num_tasks: int, k: int,
-           label: str) -> tuple[str, dict[str, Any]]:
-  """GLFC Table 1 (markdown) and the numbers, from the task-end records' class counts."""
-  ends = {int(r["task"]): r for r in records if "eval/class_correct" in r}
-  done = [t for t in range(num_tasks) if t in ends]
-  if done != list(range(len(done))) or not done:
-    return "(no task finished)", {"tasks_done": len(done)}
-  correct = np.array([ends[t]["eval/class_correct"] for t in done], np.int64)
-  total = np.array([ends[t]["eval/class_total"] for t in done], np.int64)
-  matrix = cil_metrics.accuracy_matrix(correct, total, k)
-  numbers: dict[str, Any] = {
-      "method": label, "tasks_done": len(done), "classes_per_task": k,
-      "seen_accuracy": [float(a) for a in matrix.seen],
-      "average_incremental_accuracy": cil_metrics.average_incremental_accuracy(matrix.seen),
-      "forgetting": cil_metrics.forgetting(matrix.per_task) if len(done) >= 2 else None,
-      "per_task_accuracy": [[None if np.isnan(a) else float(a) for a in row]
-                            for row in matrix.per_task],
-      "class_correct": correct.tolist(), "class_total": total.tolist(),
-      "rounds": [int(ends[t]["round"]) for t in done]}
-  header = cil_metrics.table1_header(len(done), k)
-  row = cil_metrics.table1_row(label, matrix.seen, k)
-  table = f"{header}\n{row}"
-  if numbers["forgetting"] is not None:
-    table += f"\n\nAverage forgetting: {100 * numbers['forgetting']:.1f} (percentage points)."
-  return table, numbers
-
-
-def plot_seen_accuracy(curves: Any, path: pathlib.Path, title: str) -> bool:
-  """Accuracy on the seen classes vs classes seen: one line per (label, x, per_seed).
-
-  `per_seed` is (seeds, tasks) in percent: the mean is drawn, with the
-  min-max band when there are several seeds. Returns False (nothing written)
-  without matplotlib.
-  """
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  fig, ax = plt.subplots(figsize=(6, 4.4), layout="constrained")
-  for label, x, per_seed in curves:
-    per_seed = np.atleast_2d(np.asarray(per_seed, np.float64))
-    line, = ax.plot(x, per_seed.mean(axis=0), "o-", label=label)
-    if len(per_seed) > 1:
-      ax.fill_between(x, per_seed.min(axis=0), per_seed.max(axis=0), alpha=0.2,
-                      color=line.get_color())
-    ax.set_xticks(x)
-  ax.set_xlabel("number of classes seen")
-  ax.set_ylabel("test accuracy on seen classes (%)")
-  ax.set_ylim(bottom=0)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  ax.set_title(title, fontsize=9)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return True
+# GLFC Table 1 of one run and the accuracy-vs-classes figure: the class-incremental report's.
+table1 = cil_report.run_table
+plot_seen_accuracy = cil_report.plot_seen_accuracy
 
 
 def _plot(numbers: dict[str, Any], path: pathlib.Path, title: str) -> bool:

@@ -1,0 +1,209 @@
+"""Reproduces a paper's table: every cell (row x seed x setting) one resumable run.
+
+  python experiments/reproduce.py --list [--table=<id>]
+  python experiments/reproduce.py --table=<id> [--scale=quick|paper] [--seeds=0,1,2] \\
+      [--methods=<row>,...] [--settings=<setting>,...] [--set field=value ...] \\
+      [--results-dir=results] [--dry-run]
+  python experiments/reproduce.py --table=<id> [--scale=...] --report
+  python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=$OUT
+
+Table ids (`--list` prints them all with their cells): FCCL+ Tables VIII/IX per scenario
+(fcclplus_digits, fcclplus_office31, fcclplus_office_caltech, fcclplus_office_home), the
+FCCL+ ablations fcclplus_table10, fcclplus_table13, fcclplus_table14, fcclplus_table17,
+FCCL+ Table XV (fcclplus_table15, homogeneous), FCCL Tables 1-3 (fccl_tables1_2,
+fccl_table3), FedFusion Tables 1 and 2 (fedfusion_table1, fedfusion_table2), FedMMD's
+rounds in the text (fedmmd_cifar10_binary, fedmmd_mnist_shards), GLFC Table 1 and its
+layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20). The registry is
+`fedjax_het/reports/tables.py`.
+
+Each cell trains into results/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
+<setting>__ in front in a table of several settings) through the ordinary trainers, with
+the row's config at the scale (--scale=quick: the `_quick` configs, minutes on a CPU;
+paper: the paper's configs), config.seed = s and the --set overrides. A rerun skips
+finished cells and resumes an interrupted one from its checkpoints. After every cell,
+results/<table>/<scale>/table.md and table.json hold the table over the seeds that
+finished (mean ± sample std, n, the paper's number and source beside each cell, Δ vs BASE,
+the data provenance and sizes, the scale, the devices, commits and wall time of the runs),
+with the figures beside them. --report writes the table's block of docs/results.md from
+what results/ holds.
+
+--deadline-secs=N (the GPU command): each cell trains in its own process; no cell starts
+with less than --min-cell-secs left and the running one stops at N seconds, keeping its
+checkpoints (the next invocation resumes it). --queue=gpu runs the prepared priority
+order: fcclplus_office31 FCCL+ and BASE, fcclplus_digits FCCL+ and BASE, FedFusion
+Table 2, GLFC Table 1 (T = 10); --copy-to=DIR mirrors every cell's files (and an
+interrupted cell's checkpoints) and the tables into DIR/results/ as they are written.
+Every invocation appends what it ran to results/invocations.jsonl.
+
+Errors in the arguments, the configs, the data or a workdir print one line and exit with
+status 1 (the traceback with --verbose or FEDJAX_HET_TRACEBACK=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python experiments/reproduce.py` from a source checkout
+  sys.path.insert(0, str(REPO))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from fedjax_het import grid
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.errors import ConfigError
+from fedjax_het.reports import document
+from fedjax_het.reports import tables as tables_lib
+
+DEFAULT_DOC = REPO / "docs" / "results.md"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="experiments/reproduce.py",
+      description="Reproduces a paper's table: one resumable run per cell (row x seed).")
+  parser.add_argument("--list", action="store_true",
+                      help="print the table ids, their cells and which are finished")
+  parser.add_argument("--table", default=None, help="table id(s), comma-separated")
+  parser.add_argument("--queue", default=None,
+                      help=f"a prepared order of cells: {', '.join(tables_lib.QUEUES)}")
+  parser.add_argument("--scale", default="quick", help="quick (default) or paper")
+  parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
+  parser.add_argument("--methods", default=None, help="the rows to run (default: all)")
+  parser.add_argument("--settings", default=None,
+                      help="the settings to run, in a table of several (default: all)")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="FIELD=VALUE", help="config override for every cell, repeatable")
+  parser.add_argument("--results-dir", default=str(grid.DEFAULT_RESULTS),
+                      help="default: results/ of the repository")
+  parser.add_argument("--report", action="store_true",
+                      help="rewrite the table's block of docs/results.md from the results")
+  parser.add_argument("--doc", default=str(DEFAULT_DOC), help=argparse.SUPPRESS)
+  parser.add_argument("--deadline-secs", type=float, default=None,
+                      help="stop at this many seconds (each cell in its own process)")
+  parser.add_argument("--min-cell-secs", type=float, default=60.0,
+                      help="with a deadline: start no cell with less time left (default 60)")
+  parser.add_argument("--copy-to", default=None,
+                      help="mirror the cells' files and the tables into DIR/<results>/")
+  parser.add_argument("--dry-run", action="store_true", help="print the cells it would run")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show the traceback of configuration, data and workdir errors")
+  return parser
+
+
+def _tables(args: argparse.Namespace) -> list[tables_lib.Table]:
+  if args.table is None:
+    return list(tables_lib.TABLES.values())
+  return [tables_lib.get_table(t) for t in grid.parse_list(args.table, "table")]
+
+
+def _cells(args: argparse.Namespace) -> list[grid.Cell]:
+  seeds = grid.parse_seeds(args.seeds)
+  if args.queue and args.table:
+    raise ConfigError("--queue and --table exclude each other: pass one.")
+  if args.queue:
+    if args.methods or args.settings:
+      raise ConfigError("--methods and --settings do not apply to --queue (its rows are "
+                        "fixed in fedjax_het/reports/tables.py QUEUES).")
+    return grid.queue_plan(args.queue, args.scale, seeds)
+  if not args.table:
+    raise ConfigError("pass --table=<id> (or --queue=<name>, --list); table ids: "
+                      f"{', '.join(tables_lib.TABLES)}.")
+  methods = grid.parse_list(args.methods, "methods") if args.methods else None
+  settings = grid.parse_list(args.settings, "settings") if args.settings else None
+  return [c for table in _tables(args)
+          for c in grid.plan(table, args.scale, seeds, methods, settings)]
+
+
+def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
+                results_dir: pathlib.Path, echo: Callable[[str], None]) -> None:
+  """Every table id, its rows' configs and each cell's status at both scales."""
+  for table in tables:
+    echo(f"{table.id}: {table.title} [{table.family}]")
+    echo(f"  paper: {table.paper}, {table.source}")
+    rows = []
+    for setting in table.settings:
+      for row in setting.rows:
+        found = set()
+        for scale in tables_lib.SCALES:
+          probe = tables_lib.cell_dir(results_dir, table, setting, row, 0, scale)
+          prefix = probe.name.rsplit("seed", 1)[0] + "seed"
+          if probe.parent.is_dir():
+            found |= {int(p.name[len(prefix):]) for p in probe.parent.iterdir()
+                      if p.name.startswith(prefix) and p.name[len(prefix):].isdigit()}
+        for seed in sorted(set(seeds) | found):
+          statuses = []
+          for scale in tables_lib.SCALES:
+            cell = grid.Cell(table, setting, row, seed, scale)
+            path = cell.directory(results_dir)
+            statuses.append(grid.cell_status(path, grid.cell_config(cell))
+                            if path.exists() else "-")
+          config = f"{pathlib.PurePath(setting.config).name}:{row.variant}" + (
+              " +" + ",".join(f"{k}={v!r}" for k, v in row.overrides) if row.overrides else "")
+          rows.append((tables_lib.cell_name(table, setting, row, seed), *statuses, config))
+    width = max(len(r[0]) for r in rows)
+    echo(f"  {'cell':<{width}}  {'quick':<24}  {'paper':<24}  config (paper scale)")
+    for name, quick, paper, config in rows:
+      echo(f"  {name:<{width}}  {quick:<24}  {paper:<24}  {config}")
+
+
+def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,
+           doc: pathlib.Path, echo: Callable[[str], None]) -> None:
+  """Rewrites each table's table.md / table.json and its docs/results.md block."""
+  text = doc.read_text() if doc.exists() else ""
+  for table in tables:
+    markdown, _ = document.render(table, scale, results_dir)
+    grid.write_outputs(table, scale, results_dir, figures=False)
+    text = document.rewrite(text, table.id, scale, markdown)
+    echo(f"report: {doc} block {table.id}:{scale} rewritten from {results_dir / table.id / scale}")
+  doc.parent.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_atomic(doc, text)
+
+
+def dry_run(cells: Sequence[grid.Cell], results_dir: pathlib.Path, overrides: Sequence[str],
+            echo: Callable[[str], None]) -> None:
+  for index, cell in enumerate(cells, start=1):
+    config = grid.cell_config(cell, overrides)
+    path = cell.directory(results_dir)
+    status = grid.cell_status(path, config) if path.exists() else "-"
+    action = {"finished": "skip (finished)", "-": "train"}.get(
+        status, "retrain? (finished with a different config: stops the run)"
+        if status == "different config" else f"resume ({status})")
+    echo(f"[{index}/{len(cells)}] {cell.label}: {action}; "
+         f"{cell.setting.config}:{cell.row.config_variant(cell.scale)} -> {path}")
+
+
+def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
+  results_dir = pathlib.Path(args.results_dir)
+  if args.scale not in tables_lib.SCALES:
+    raise ConfigError(f"--scale={args.scale!r} is not allowed; allowed scales: "
+                      f"{', '.join(tables_lib.SCALES)}.")
+  if args.list:
+    list_tables(_tables(args), grid.parse_seeds(args.seeds), results_dir, echo)
+    return
+  if args.report:
+    if not args.table:
+      raise ConfigError("--report needs --table=<id>[,<id>...].")
+    report(_tables(args), args.scale, results_dir, pathlib.Path(args.doc), echo)
+    return
+  cells = _cells(args)
+  if args.dry_run:
+    dry_run(cells, results_dir, args.overrides, echo)
+    return
+  if args.deadline_secs is None:
+    # This process trains: XLA:CPU's scheduler is fixed when JAX starts (as experiments/train.py).
+    from fedjax_het.engine import xla_cpu
+    xla_cpu.set_xla_cpu_scheduler("auto")
+  grid.run(cells, results_dir=results_dir, overrides=args.overrides,
+           deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
+           copy_to=args.copy_to, echo=echo)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  return grid.run_cli(build_parser(), argv, run)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,286 @@
+"""What every family's report shares: statistics over seeds, number formats, data provenance,
+the per-participant table of one run, and the accuracy-per-round figure.
+
+Conventions: accuracies in percent; over seeds a cell is the mean and the sample standard
+deviation (ddof=1) of the seeds that finished, the mean alone with one seed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+STD_CONVENTION = "sample standard deviation (ddof=1)"
+
+KIND_LABELS = {"inter": "inter →", "intra": "intra ↩", "accuracy": "accuracy"}
+
+#: More participants than this: a run's table shows AVG / min / max only.
+MAX_TABLE_COLUMNS = 10
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+  """(mean, sample std with ddof=1), the std None for a single value."""
+  if not len(values):
+    raise ValueError("mean_std needs at least one value.")
+  mean = float(np.mean(values))
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else None
+  return mean, std
+
+
+def seed_stat(per_seed: Mapping[int, float]) -> dict[str, Any]:
+  """{"mean", "std" (ddof=1, None with one seed), "n", "per_seed"} of {seed: value}."""
+  mean, std = mean_std([float(v) for v in per_seed.values()])
+  return {"mean": mean, "std": std, "n": len(per_seed),
+          "per_seed": {int(s): float(v) for s, v in per_seed.items()}}
+
+
+def std_line(num_seeds: int) -> str:
+  """How the cells are summarised over `num_seeds` seeds, for a table's header."""
+  if num_seeds > 1:
+    return f"mean ± {STD_CONVENTION} over the seeds that finished"
+  return "one seed: the mean alone, no standard deviation"
+
+
+# --- formats ------------------------------------------------------------------------------
+
+
+def format_cell(mean: float, std: float | None, paper: float | None = None, *,
+                digits: int = 2) -> str:
+  """"45.31 ± 1.20 (paper 50.49)"; no "±" without a std, no "(paper)" without a number.
+
+  `digits` decimals for all three (rounds to a target use 1).
+  """
+  text = (f"{mean:.{digits}f}" if std is None or math.isnan(std)
+          else f"{mean:.{digits}f} ± {std:.{digits}f}")
+  return text if paper is None else f"{text} (paper {paper:.{digits}f})"
+
+
+def format_delta(delta: float, paper: float | None = None) -> str:
+  """"+4.75", or "+4.75 (paper +4.75)" with the paper's delta."""
+  text = f"{delta:+.2f}"
+  return text if paper is None else f"{text} (paper {paper:+.2f})"
+
+
+def markdown_row(cells: Sequence[str]) -> str:
+  return "| " + " | ".join(cells) + " |"
+
+
+def markdown_rule(columns: int) -> str:
+  return "|---" * columns + "|"
+
+
+# --- data provenance ----------------------------------------------------------------------
+
+
+def source_kind(source: str) -> str:
+  """"real", "synthetic" (asked for), "substituted" (synthetic in place of an unavailable
+  source) or "none" (an empty public set), from a `metadata.json` source string."""
+  if source == "none":
+    return "none"
+  if source.startswith("synthetic"):
+    return "substituted" if "substituted for" in source else "synthetic"
+  return "real"
+
+
+def provenance(metadatas: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+  """{domain or "public": distinct sources over the cells} from their `metadata.json`s.
+
+  A synthetic source's seed (the cell's seed) is written "seed=<cell seed>", so the
+  cells of one row over seeds count once.
+  """
+  sources: dict[str, list[str]] = {}
+  for metadata in metadatas:
+    for name, source in metadata.get("sources", {}).items():
+      if source.startswith("synthetic"):
+        source = re.sub(r"seed=\d+", "seed=<cell seed>", source)
+      seen = sources.setdefault(name, [])
+      if source not in seen:
+        seen.append(source)
+  return sources
+
+
+def provenance_line(sources: Mapping[str, Sequence[str]]) -> str:
+  """"mnist real (...), svhn SYNTHETIC (substituted for 'tfds'), ..." for a header."""
+  if not sources:
+    return "unknown (no cell has a metadata.json yet)"
+  parts = []
+  for name, values in sources.items():
+    kinds = {source_kind(v) for v in values}
+    shown = "; ".join(values)
+    if kinds == {"real"}:
+      parts.append(f"{name} real ({shown})")
+    elif kinds == {"none"}:
+      parts.append(f"{name} none")
+    else:
+      parts.append(f"{name} SYNTHETIC ({shown})")
+  return ", ".join(parts)
+
+
+def all_real(sources: Mapping[str, Sequence[str]]) -> bool:
+  """True when every source of every cell is real data (an absent public set, "none", is
+  fine: the partitioned and class-incremental settings have none)."""
+  kinds = {source_kind(v) for vs in sources.values() for v in vs}
+  return bool(kinds) and kinds <= {"real", "none"} and "real" in kinds
+
+
+def _sizes_of(metadata: Mapping[str, Any]) -> str:
+  parts = []
+  train = metadata.get("train_sizes") or {}
+  if train:
+    if len(train) <= MAX_TABLE_COLUMNS:
+      parts.append("train " + ", ".join(f"{k} {v}" for k, v in train.items()))
+    else:
+      parts.append(f"train {sum(train.values())} images over {len(train)} clients")
+  test = metadata.get("test_sizes") or {}
+  if test:
+    parts.append("test " + ", ".join(f"{k} {v}" for k, v in test.items()))
+  if metadata.get("public_size"):
+    parts.append(f"public {metadata['public_size']}")
+  if metadata.get("pool_size"):
+    parts.append(f"training pool {metadata['pool_size']} images")
+  if metadata.get("test_size"):
+    parts.append(f"test {metadata['test_size']} images")
+  return "; ".join(parts)
+
+
+def sizes_line(metadatas: Sequence[Mapping[str, Any]]) -> str:
+  """The data sizes of the cells (from `metadata.json`), "unknown" without any, each
+  distinct one once when they differ between cells."""
+  seen = list(dict.fromkeys(s for s in map(_sizes_of, metadatas) if s))
+  if not seen:
+    return "unknown"
+  return seen[0] if len(seen) == 1 else " | ".join(seen) + " (differ between cells)"
+
+
+# --- one run: the per-participant table of results.md -------------------------------------
+
+
+def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[str], *,
+                  last_rounds: int, method: str,
+                  kinds: Sequence[str] = ("inter", "intra")) -> tuple[str, dict[str, Any]]:
+  """Accuracy per participant and AVG, each the mean over the last evaluated rounds.
+
+  With kinds ("inter", "intra") this is the FCCL+ Table VIII/IX layout (domain
+  shift); ("accuracy",) is one row of test accuracy (a partitioned dataset).
+  With more than `MAX_TABLE_COLUMNS` participants the markdown table shows
+  AVG, min and max over participants (the dict keeps every participant).
+
+  Returns:
+    (markdown table, the same numbers as a dict: {"method", "rounds": the
+    rounds averaged, kind: {participant: acc, ..., "AVG": acc}}).
+  """
+  evaluated = [r for r in records if f"eval/{kinds[0]}/{client_names[0]}" in r][-last_rounds:]
+  if not evaluated:
+    return "(no evaluated rounds)", {}
+  numbers: dict[str, Any] = {"method": method, "rounds": [r["round"] for r in evaluated]}
+  wide = len(client_names) > MAX_TABLE_COLUMNS
+  columns = ["AVG", "min", "max"] if wide else [*client_names, "AVG"]
+  lines = [f"| {method}{f' ({len(client_names)} participants)' if wide else ''} | "
+           + " | ".join(columns) + " |", markdown_rule(len(columns) + 1)]
+  for kind in kinds:
+    values = [float(np.mean([r[f"eval/{kind}/{c}"] for r in evaluated])) for c in client_names]
+    average = float(np.mean(values))
+    numbers[kind] = dict(zip(client_names, values), AVG=average)
+    shown = [average, min(values), max(values)] if wide else [*values, average]
+    lines.append(f"| {KIND_LABELS.get(kind, kind)} | " + " | ".join(f"{v:.2f}" for v in shown)
+                 + " |")
+  return "\n".join(lines), numbers
+
+
+# --- accuracy per round, over seeds ---------------------------------------------------------
+
+
+def mean_curves(records_per_seed: Sequence[Sequence[Mapping[str, Any]]],
+                kind: str) -> tuple[list[int], list[float], list[float], list[float]]:
+  """(rounds, mean, min, max over seeds) of eval/<kind>/mean at the rounds every seed evaluated."""
+  name = f"eval/{kind}/mean"
+  per_seed = [{int(r["round"]): float(r[name]) for r in records if name in r}
+              for records in records_per_seed]
+  if not per_seed:
+    return [], [], [], []
+  rounds = sorted(set.intersection(*(set(s) for s in per_seed)))
+  values = np.array([[s[r] for r in rounds] for s in per_seed]).reshape(len(per_seed), len(rounds))
+  return (rounds, values.mean(axis=0).tolist(), values.min(axis=0).tolist(),
+          values.max(axis=0).tolist())
+
+
+CURVE_TITLES = {
+    "inter": "inter-domain accuracy →, AVG over participants\n"
+             "(each participant on the other domains' test sets)",
+    "intra": "intra-domain accuracy ↩, AVG over participants\n"
+             "(each participant on its own domain's test set)",
+}
+
+
+def plot_curves(curves: Mapping[str, Mapping[str, tuple[list, list, list, list]]], path: Any, *,
+                title: str, num_classes: int | None = None,
+                labels: Mapping[str, str] | None = None, kinds: Sequence[str] = ("inter", "intra"),
+                titles: Mapping[str, str] | None = None, targets: Sequence[float] = ()) -> bool:
+  """Saves one panel per kind: a line per row (mean over seeds) with its min-max band over
+  seeds, and chance 100/num_classes. Returns False without matplotlib.
+
+  `curves[row][kind]` is `mean_curves`'s (rounds, mean, min, max). `titles` the
+  panels' titles (default CURVE_TITLES); `targets` (accuracies in percent)
+  draws a dotted horizontal line at each.
+  """
+  from fedjax_het import plots  # pylint: disable=g-import-not-at-top
+  plt = plots._pyplot()  # pylint: disable=protected-access
+  if plt is None:
+    return False
+  figure = curves_figure(plt, curves, title=title, num_classes=num_classes, labels=labels,
+                         kinds=kinds, titles=titles, targets=targets)
+  return plots._save(plt, figure, path)  # pylint: disable=protected-access
+
+
+def curves_figure(plt, curves: Mapping[str, Mapping[str, tuple[list, list, list, list]]], *,
+                  title: str, num_classes: int | None = None,
+                  labels: Mapping[str, str] | None = None,
+                  kinds: Sequence[str] = ("inter", "intra"),
+                  titles: Mapping[str, str] | None = None, targets: Sequence[float] = ()):
+  """The Figure of `plot_curves`."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  labels = labels or {}
+  titles = {**CURVE_TITLES, **(titles or {})}
+  fig, axes = plt.subplots(1, len(kinds), figsize=(6.0 * len(kinds), 4.4), sharex=True,
+                           sharey=True, squeeze=False, layout="constrained")
+  axes = axes[0]
+  banded, top, all_rounds = False, 100.0 / num_classes if num_classes else 0.0, set()
+  top = max(top, *targets) if targets else top
+  for ax, kind in zip(axes, kinds):
+    for row, per_kind in curves.items():
+      rounds, mean, low, high = per_kind.get(kind, ([], [], [], []))
+      if not rounds:
+        continue
+      line, = ax.plot(rounds, mean, marker=".", lw=1.5, label=labels.get(row, row))
+      if any(h > l for l, h in zip(low, high)):
+        ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.15, lw=0)
+        banded = True
+      top = max(top, *high)
+      all_rounds.update(rounds)
+    if num_classes:
+      ax.axhline(100.0 / num_classes, color="grey", ls="--", lw=1,
+                 label=f"chance (1/C = {100.0 / num_classes:.3g}%)")
+    for target in targets:
+      ax.axhline(target, color="black", ls=":", lw=1, label=f"target {target:g}%")
+    ax.set_title(titles.get(kind, kind), fontsize=10)
+    ax.set_xlabel("communication round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+  if all_rounds:  # integer rounds; a lone round gets a unit-wide axis
+    axes[0].set_xlim(min(all_rounds) - 0.5, max(all_rounds) + 0.5)
+    if len(all_rounds) <= 12:
+      axes[0].set_xticks(sorted(all_rounds))
+  axes[0].set_ylim(0, min(100.0, top * 1.1 + 1.0))
+  axes[0].set_ylabel("test accuracy (%)")
+  axes[-1].legend(fontsize=8, loc="best",
+                  title="method" + (" (band: min-max over seeds)" if banded else ""),
+                  title_fontsize=8)
+  fig.suptitle(title)
+  return fig

@@ -1,0 +1,274 @@
+"""A table's document from what its results directory holds, and the docs/results.md blocks.
+
+`render(table, scale, results_dir)` reads every finished cell of the table
+(`results/<table>/<scale>/<cell>/`: results.json, metrics.jsonl,
+metadata.json and cell.json, the record `fedjax_het.grid` keeps of who trained
+it where) and lays it out: a header (paper, table, protocol, scale, data
+provenance and sizes, whether the runs are in the paper's setting, the devices,
+commits and wall time that produced them) and each setting's tables from its
+family's report (`domain_shift`, `partitioned`, `class_incremental`). The
+document depends on nothing but those files, so it is the same whenever it is
+rendered from the same results: `table.md` beside the cells and a block of
+docs/results.md (between `<!-- reproduce:<table>:<scale> -->` and
+`<!-- /reproduce -->`, in its "Reproduced tables" section) are two copies of it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedjax_het.reports import class_incremental, common, domain_shift, partitioned
+from fedjax_het.reports import tables as tables_lib
+
+FAMILY_REPORTS = {"domain_shift": domain_shift, "partitioned": partitioned,
+                  "class_incremental": class_incremental}
+CELL_FILE = "cell.json"
+
+DOC_TITLE = "# Results\n"
+DOC_SECTION = """## Reproduced tables
+
+Each block below is one paper table at one scale, as
+`python experiments/reproduce.py --table=<id> --scale=<quick|paper> --report` renders it from
+the cells under `results/<id>/<scale>/` (tests/test_reproduce.py keeps the two equal);
+`python experiments/reproduce.py --list` lists every table id and its cells. A cell is the
+mean ± sample std over the seeds that finished (n shown), with the paper's number beside it;
+quick-scale blocks come from the `_quick` configs (narrow models, few rounds, small data) and
+show that training works, not the paper's numbers.
+"""
+
+_BLOCK = re.compile(r"<!-- reproduce:([A-Za-z0-9_]+):([a-z]+) -->\n(.*?)<!-- /reproduce -->\n",
+                    re.S)
+
+
+# --- reading results/ -----------------------------------------------------------------------
+
+
+def _read_json(path: pathlib.Path) -> Any:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def read_records(cell_dir: pathlib.Path) -> list[dict[str, Any]]:
+  """metrics.jsonl's records; a last line cut short by a kill is dropped."""
+  path = cell_dir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for index, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if index < len(lines) - 1:
+        raise
+  return records
+
+
+def read_cell(cell_dir: pathlib.Path) -> dict[str, Any] | None:
+  """A finished cell's files, None unless its cell.json says "finished" and results.json
+  exists: {"results", "records", "metadata", "cell", "workdir"}."""
+  cell = _read_json(cell_dir / CELL_FILE)
+  results = _read_json(cell_dir / "results.json")
+  if not cell or cell.get("status") != "finished" or results is None:
+    return None
+  return {"results": results, "records": read_records(cell_dir),
+          "metadata": _read_json(cell_dir / "metadata.json") or {}, "cell": cell,
+          "workdir": str(cell_dir)}
+
+
+def collect(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
+            ) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
+  """{setting: {row: {seed: read_cell(...)}}} of the table's finished cells, any seed."""
+  out: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+  for setting in table.settings:
+    per_row: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in setting.rows:
+      probe = tables_lib.cell_dir(results_dir, table, setting, row, 0, scale)
+      pattern = re.compile(re.escape(probe.name.rsplit("seed", 1)[0]) + r"seed(\d+)$")
+      found = {}
+      if probe.parent.is_dir():
+        for path in sorted(probe.parent.iterdir()):
+          match = pattern.fullmatch(path.name)
+          if match and path.is_dir():
+            cell = read_cell(path)
+            if cell is not None:
+              found[int(match.group(1))] = cell
+      if found:
+        per_row[row.key] = dict(sorted(found.items()))
+    out[setting.key] = per_row
+  return out
+
+
+# --- the header -------------------------------------------------------------------------------
+
+
+def paper_setting(table: tables_lib.Table, scale: str,
+                  cells: Sequence[Mapping[str, Any]]) -> tuple[bool, str]:
+  """(whether the cells are in the paper's setting, the reason).
+
+  The paper's setting: paper scale, real data everywhere (every domain and the
+  public set; an absent public set is fine), no --set override that changes
+  results and no custom configure hook in any cell.
+  """
+  reasons = []
+  if scale != "paper":
+    reasons.append(f"{scale} scale")
+  sources = common.provenance([c["metadata"] for c in cells])
+  synthetic = [name for name, vs in sources.items()
+               if any(common.source_kind(v) not in ("real", "none") for v in vs)]
+  if not cells:
+    reasons.append("no finished cell")
+  elif synthetic:
+    reasons.append(f"synthetic data for {', '.join(synthetic)}")
+  elif not sources:
+    reasons.append("data provenance unknown")
+  overrides = list(dict.fromkeys(o for c in cells for o in c["cell"].get("overrides", [])))
+  if overrides:
+    reasons.append(f"overrides {', '.join(overrides)}")
+  if any(c["cell"].get("custom_configure") for c in cells):
+    reasons.append("a custom configure hook")
+  if reasons:
+    return False, ("no (" + "; ".join(reasons) + "): the paper's numbers are shown for "
+                   "reference, not compared")
+  return True, "yes (paper scale, real data, no overrides): ours − paper is shown"
+
+
+def _counted(values: Sequence[str]) -> str:
+  counts: dict[str, int] = {}
+  for value in values:
+    counts[value] = counts.get(value, 0) + 1
+  return ", ".join(f"{v} ({n} cell{'s' if n != 1 else ''})" for v, n in counts.items())
+
+
+def runs_line(cells: Sequence[Mapping[str, Any]]) -> str:
+  """Devices, code revisions (git commits) and wall time of the runs that trained the cells
+  (their cell.json)."""
+  if not cells:
+    return "no finished cell"
+  devices = [c["cell"].get("device_kind") or "unknown" for c in cells]
+  commits = [(c["cell"].get("commit") or "unknown")[:10]
+             + (" with local changes" if c["cell"].get("dirty") else "") for c in cells]
+  seconds = [c["cell"].get("seconds") for c in cells]
+  known = [s for s in seconds if s is not None]
+  wall = (f"{sum(known):.1f} s in all ({len(known)} cell{'s' if len(known) != 1 else ''}"
+          + (f"; {len(seconds) - len(known)} unknown" if len(known) < len(seconds) else "")
+          + ")")
+  return f"device {_counted(devices)}; code revision {_counted(commits)}; wall time {wall}"
+
+
+def _variant_text(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) -> str:
+  fields = ", ".join(f"{k}={v!r}" for k, v in row.overrides)
+  if not (row.config or setting.config):
+    return f"`{row.config_variant(scale)}`"
+  return (f"`{pathlib.PurePath(row.config or setting.config).name}:{row.config_variant(scale)}`"
+          + (f" with {fields}" if fields else ""))
+
+
+# --- the document -----------------------------------------------------------------------------
+
+
+def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
+           ) -> tuple[str, dict[str, Any]]:
+  """The table's document (markdown) and its numbers (table.json), from results_dir."""
+  cells = collect(table, scale, results_dir)
+  flat = [c for per_row in cells.values() for per_seed in per_row.values()
+          for c in per_seed.values()]
+  metadatas = [c["metadata"] for c in flat if c.get("metadata")]
+  sources = common.provenance(metadatas)
+  in_paper, reason = paper_setting(table, scale, flat)
+  seeds = sorted({s for per_row in cells.values() for per_seed in per_row.values()
+                  for s in per_seed})
+  most = max((len(per_seed) for per_row in cells.values() for per_seed in per_row.values()),
+             default=1)
+  report = FAMILY_REPORTS[table.family]
+  lines = [f"## {table.id} ({scale} scale): {table.title}", "",
+           f"Paper: {table.paper}, {table.source}. Protocol: {table.protocol}.", "",
+           f"- cells: {len(flat)} finished (seeds {', '.join(map(str, seeds)) or 'none'}); "
+           f"{common.std_line(most)} (n shown)",
+           f"- data: {common.provenance_line(sources)}",
+           f"- data sizes: {common.sizes_line(metadatas)}",
+           f"- the paper's setting: {reason}",
+           f"- runs: {runs_line(flat)}"]
+  numbers: dict[str, Any] = {
+      "table": table.id, "scale": scale, "title": table.title, "paper": table.paper,
+      "source": table.source, "protocol": table.protocol, "family": table.family,
+      "std": common.STD_CONVENTION + " over the seeds that finished (null with one)",
+      "in_paper_setting": in_paper, "paper_setting_reason": reason,
+      "data_sources": sources, "data_sizes": common.sizes_line(metadatas),
+      "runs": runs_line(flat),
+      "wall_seconds": sum(c["cell"].get("seconds") or 0.0 for c in flat), "settings": {}}
+  for setting in table.settings:
+    text, setting_numbers = report.render_setting(table, setting, cells[setting.key],
+                                                  show_diff=in_paper)
+    if len(table.settings) > 1 or setting.label:
+      lines += ["", f"### {setting.label}"]
+    lines += ["", text.rstrip()]
+    lines += ["", "Rows: " + "; ".join(f"{r.label} = {_variant_text(setting, r, scale)}"
+                                        for r in setting.rows) + "."]
+    if setting.cells_of:
+      lines.append(f"Cells: those of table {setting.cells_of}.")
+    lines += [f"- {note}" for note in setting.notes]
+    setting_numbers["cells"] = {
+        row: {str(seed): {"workdir": c["workdir"], "seconds": c["cell"].get("seconds"),
+                          "device_kind": c["cell"].get("device_kind"),
+                          "commit": c["cell"].get("commit")}
+              for seed, c in per_seed.items()}
+        for row, per_seed in cells[setting.key].items()}
+    numbers["settings"][setting.key] = setting_numbers
+  if table.notes:
+    lines += ["", "Notes:"] + [f"- {note}" for note in table.notes]
+  return "\n".join(lines).rstrip() + "\n", numbers
+
+
+def figures(table: tables_lib.Table, scale: str, results_dir: pathlib.Path,
+            out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """Each setting's accuracy figure (<setting>_accuracy.png, or accuracy.png) in out_dir."""
+  report = FAMILY_REPORTS[table.family]
+  cells = collect(table, scale, results_dir)
+  written = []
+  for setting in table.settings:
+    name = f"{setting.key}_accuracy.png" if len(table.settings) > 1 else "accuracy.png"
+    title = f"{table.id} ({scale} scale)" + (f": {setting.label}" if setting.label else "")
+    if report.figure(table, setting, cells[setting.key], out_dir / name, title=title):
+      written.append(out_dir / name)
+  return written
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+  """The (table id, scale, content) of every reproduce block of a document."""
+  return [(m.group(1), m.group(2), m.group(3)) for m in _BLOCK.finditer(text)]
+
+
+def rewrite(text: str, table_id: str, scale: str, content: str) -> str:
+  """`text` with the block of (table_id, scale) replaced by `content`; a new block goes at the
+  end, after DOC_SECTION (added first when the document lacks it; an empty document also gets
+  DOC_TITLE). Everything else of the document stays as it is."""
+  block = f"<!-- reproduce:{table_id}:{scale} -->\n{content.rstrip()}\n<!-- /reproduce -->\n"
+  for match in _BLOCK.finditer(text):
+    if (match.group(1), match.group(2)) == (table_id, scale):
+      return text[:match.start()] + block + text[match.end():]
+  if DOC_SECTION.splitlines()[0] not in text.splitlines():
+    text = (text.rstrip("\n") + "\n\n" if text.strip() else DOC_TITLE + "\n") + DOC_SECTION
+  return text.rstrip("\n") + "\n\n" + block
+
+
+def stale_blocks(text: str, results_dir: pathlib.Path,
+                 registry: Mapping[str, tables_lib.Table] | None = None) -> list[str]:
+  """"<table>:<scale>" of every block of `text` that differs from what `render` gives from
+  results_dir now (an unknown table id counts as stale)."""
+  registry = tables_lib.TABLES if registry is None else registry
+  stale = []
+  for table_id, scale, content in blocks(text):
+    table = registry.get(table_id)
+    if table is None or content.rstrip() != render(table, scale, results_dir)[0].rstrip():
+      stale.append(f"{table_id}:{scale}")
+  return stale

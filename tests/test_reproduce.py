@@ -1,0 +1,519 @@
+"""experiments/reproduce.py, the resumable grid (fedjax_het.grid) and the table documents
+(fedjax_het.reports.document), with hand-made cells where no training is needed."""
+
+import json
+import math
+import pathlib
+
+import pytest
+
+from fedjax_het import grid
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.config import load_module
+from fedjax_het.errors import ConfigError, WorkdirError
+from fedjax_het.reports import document, tables
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+reproduce = load_module(REPO / "experiments" / "reproduce.py")
+
+DIGITS = ("mnist", "usps", "svhn", "syn")
+REAL = {d: "npz:/data/digits.npz" for d in ("mnist", "usps")} | {
+    "svhn": "tfds:svhn_cropped", "syn": "folder:/data/syn", "public": "npz:/data/p.npz"}
+
+
+def _cell(table_id, row, seed, scale="quick", setting=None):
+  table = tables.get_table(table_id)
+  return next(c for c in grid.plan(table, scale, [seed], [row],
+                                   [setting] if setting else None))
+
+
+def write_cell(results_dir, cell, numbers, *, rounds=None, status="finished", sources=REAL,
+               seconds=10.0, device="cpu (test)", commit="abc1234def", overrides=()):
+  """A finished (or partial) cell as the grid leaves it, without training."""
+  config = grid.cell_config(cell)
+  path = cell.directory(results_dir)
+  path.mkdir(parents=True, exist_ok=True)
+  rounds = grid.expected_rounds(config) if rounds is None else rounds
+  (path / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n"
+                                              for r in range(1, rounds + 1)))
+  if status == "finished":
+    (path / "results.json").write_text(json.dumps(numbers))
+  (path / workdir_lib.RUN_FILE).write_text(json.dumps(
+      {"config": workdir_lib.flatten_config(config)}))
+  (path / "metadata.json").write_text(json.dumps(
+      {"sources": sources, "train_sizes": {d: 100 for d in DIGITS},
+       "test_sizes": {d: 30 for d in DIGITS}, "public_size": 1024}))
+  (path / document.CELL_FILE).write_text(json.dumps(
+      {"status": status, "seconds": seconds, "device_kind": device, "commit": commit,
+       "overrides": list(overrides)}))
+  return path
+
+
+def _numbers(base):
+  """results.json of a Digits run: inter = base + i, intra = base + 40 + i per domain i."""
+  out = {}
+  for kind, shift in (("inter", 0.0), ("intra", 40.0)):
+    values = {d: base + shift + i for i, d in enumerate(DIGITS)}
+    out[kind] = {**values, "AVG": sum(values.values()) / 4}
+  return out
+
+
+def _digits_results(results_dir, **kwargs):
+  write_cell(results_dir, _cell("fcclplus_digits", "solo", 0), _numbers(10.0), **kwargs)
+  write_cell(results_dir, _cell("fcclplus_digits", "solo", 1), _numbers(12.0), **kwargs)
+  write_cell(results_dir, _cell("fcclplus_digits", "fcclplus", 0), _numbers(30.0), **kwargs)
+
+
+def test_the_document_shows_mean_std_n_paper_delta_and_provenance(tmp_path):
+  _digits_results(tmp_path)
+  table = tables.get_table("fcclplus_digits")
+  text, numbers = document.render(table, "quick", tmp_path)
+  lines = text.splitlines()
+  assert lines[0] == "## fcclplus_digits (quick scale): FCCL+ Tables VIII/IX: Digits"
+  assert "- cells: 3 finished (seeds 0, 1); mean ± sample standard deviation (ddof=1) over the " \
+         "seeds that finished (n shown)" in lines
+  assert ("- data: mnist real (npz:/data/digits.npz), usps real (npz:/data/digits.npz), svhn "
+          "real (tfds:svhn_cropped), syn real (folder:/data/syn), public real "
+          "(npz:/data/p.npz)") in lines
+  assert "- data sizes: train mnist 100, usps 100, svhn 100, syn 100; test mnist 30, usps 30, " \
+         "svhn 30, syn 30; public 1024" in lines
+  assert ("- the paper's setting: no (quick scale): the paper's numbers are shown for "
+          "reference, not compared") in lines
+  assert ("- runs: device cpu (test) (3 cells); code revision abc1234def (3 cells); wall time "
+          "30.0 s in all (3 cells)") in lines
+  # BASE: seeds 10 and 12 on mnist -> 11 ± sqrt(2); AVG 11.5, 13.5 -> 12.5 ± 1.41.
+  base = next(line for line in lines if line.startswith("| BASE (solo) | 2 | 11.00 ± 1.41"))
+  assert "| 12.50 ± 1.41 (paper 25.68) | - |" in base
+  # FCCL+ (one seed): inter AVG 31.5, Δ 31.5 - 12.5 = +19.00; the paper's 50.49 - 25.68.
+  plus = next(line for line in lines if line.startswith("| FCCL+ | 1 | 30.00 (paper 40.13)"))
+  assert "| 31.50 (paper 50.49) | +19.00 (paper +24.81) |" in plus
+  assert "| FedMD | 0 | – (paper 8.97) |" in text
+  assert "FCCL = `digits.py:fccl_quick` with fccl.own_slot='current'" in text
+  summary = numbers["settings"]["digits"]["summary"]
+  assert summary["rows"]["solo"]["inter"]["mnist"]["std"] == pytest.approx(math.sqrt(2))
+  assert numbers["wall_seconds"] == 30.0 and not numbers["in_paper_setting"]
+  assert numbers["settings"]["digits"]["cells"]["solo"]["1"]["commit"] == "abc1234def"
+
+
+def test_the_papers_setting_needs_paper_scale_real_data_and_no_overrides(tmp_path):
+  write_cell(tmp_path, _cell("fcclplus_digits", "fcclplus", 0, "paper"), _numbers(45.0))
+  table = tables.get_table("fcclplus_digits")
+  text, numbers = document.render(table, "paper", tmp_path)
+  assert numbers["in_paper_setting"]
+  assert "- the paper's setting: yes (paper scale, real data, no overrides): ours − paper is " \
+         "shown" in text
+  plus = next(line for line in text.splitlines() if line.startswith("| FCCL+ |"))
+  assert plus.endswith("| 46.50 (paper 50.49) | – (paper +24.81) | -3.99 |  |")  # no BASE run
+  synthetic = tmp_path / "synthetic"
+  write_cell(synthetic, _cell("fcclplus_digits", "fcclplus", 0, "paper"), _numbers(45.0),
+             sources={**REAL, "svhn": "synthetic(seed=0; substituted for 'tfds')"},
+             overrides=["num_rounds=3"])
+  text, numbers = document.render(table, "paper", synthetic)
+  assert not numbers["in_paper_setting"]
+  assert "no (synthetic data for svhn; overrides num_rounds=3)" in text
+  assert "svhn SYNTHETIC (synthetic(seed=<cell seed>; substituted for 'tfds'))" in text
+
+
+def test_unfinished_cells_are_not_in_the_table(tmp_path):
+  _digits_results(tmp_path)
+  write_cell(tmp_path, _cell("fcclplus_digits", "fedmd", 0), _numbers(50.0), rounds=2,
+             status="interrupted")
+  _, numbers = document.render(tables.get_table("fcclplus_digits"), "quick", tmp_path)
+  assert numbers["settings"]["digits"]["summary"]["rows_done"] == ["solo", "fcclplus"]
+
+
+def test_report_rewrites_the_block_idempotently_and_the_check_sees_edits(tmp_path, capsys):
+  _digits_results(tmp_path / "results")
+  doc = tmp_path / "docs" / "results.md"
+  other = ("# Results\n\nOther text.\n\n<!-- readme_results:x -->\nkept\n"
+           "<!-- /readme_results -->\n")
+  doc.parent.mkdir()
+  doc.write_text(other)
+  argv = ["--table=fcclplus_digits", "--report", f"--results-dir={tmp_path / 'results'}",
+          f"--doc={doc}"]
+  assert reproduce.main(argv) == 0
+  first = doc.read_text()
+  assert first.startswith(other + "\n" + document.DOC_SECTION + "\n<!-- reproduce:")
+  [(table_id, scale, content)] = document.blocks(first)
+  assert (table_id, scale) == ("fcclplus_digits", "quick")
+  rendered, _ = document.render(tables.get_table("fcclplus_digits"), "quick",
+                                tmp_path / "results")
+  assert content == rendered
+  assert (tmp_path / "results" / "fcclplus_digits" / "quick" / "table.md").read_text() == rendered
+  assert document.stale_blocks(first, tmp_path / "results") == []
+  assert document.rewrite("", "t", "quick", "x").startswith(
+      document.DOC_TITLE + "\n" + document.DOC_SECTION)
+  assert reproduce.main(argv) == 0
+  assert doc.read_text() == first  # idempotent
+  # A second table's block is added; the first stays where it is.
+  write_cell(tmp_path / "results", _cell("glfc_table1", "glfc", 0),
+             {"method": "GLFC", "classes_per_task": 5, "seen_accuracy": [0.5, 0.25, 0.2, 0.1],
+              "average_incremental_accuracy": 0.2625, "forgetting": 0.3})
+  assert reproduce.main(argv[:1] + ["--table=glfc_table1"] + argv[1:]) == 0
+  both = doc.read_text()
+  assert [b[0] for b in document.blocks(both)] == ["fcclplus_digits", "glfc_table1"]
+  assert both.startswith(first.rstrip("\n"))
+  assert "| GLFC (Ours) | 1 | 50.0 | 25.0 | 20.0 | 10.0 | 26.2 | 30.0 |" in both
+  # A hand edit of a block, or results that changed since, make the block stale.
+  edited = both.replace("12.50 ± 1.41", "12.60 ± 1.41", 1)
+  assert document.stale_blocks(edited, tmp_path / "results") == ["fcclplus_digits:quick"]
+  write_cell(tmp_path / "results", _cell("fcclplus_digits", "fcclplus", 1), _numbers(32.0))
+  assert document.stale_blocks(both, tmp_path / "results") == ["fcclplus_digits:quick"]
+  assert "report: " in capsys.readouterr().out
+
+
+def test_docs_results_md_equals_what_results_holds():
+  """docs/results.md's blocks are `--report`'s rendering of results/ (rerun --report)."""
+  doc = REPO / "docs" / "results.md"
+  text = doc.read_text()
+  stale = document.stale_blocks(text, REPO / "results")
+  assert not stale, ("stale blocks of docs/results.md: rerun python experiments/reproduce.py "
+                     f"--table=<id> --scale=<scale> --report for {stale}")
+
+
+def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
+  _digits_results(tmp_path)
+  write_cell(tmp_path, _cell("fcclplus_digits", "fedmd", 0), _numbers(50.0), rounds=2,
+             status="interrupted")
+  assert reproduce.main(["--list", f"--results-dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  for table_id in tables.TABLES:
+    assert f"\n{table_id}: " in "\n" + out
+  lines = out.splitlines()
+  start = lines.index("fcclplus_digits: FCCL+ Tables VIII/IX: Digits [domain_shift]")
+  block = lines[start:start + 12]
+  assert block[1] == "  paper: FCCL+ (Huang et al., TPAMI 2023), Tables VIII (inter →) and IX " \
+                     "(intra ↩)"
+  assert block[2].split() == ["cell", "quick", "paper", "config", "(paper", "scale)"]
+  assert block[3].split() == ["solo__seed0", "finished", "-", "digits.py:solo"]
+  assert block[4].split() == ["solo__seed1", "finished", "-", "digits.py:solo"]
+  assert block[5].split()[:6] == ["fedmd__seed0", "partial", "(round", "2", "of", "5)"]
+  assert "fccl__seed0" in block[9] and "+fccl.own_slot='current'" in block[9]
+  assert reproduce.main(["--list", "--table=fedfusion_table1", f"--results-dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert out.splitlines()[3].split() == ["mnist_permuted__fedavg__seed0", "-", "-",
+                                         "mnist.py:fedavg_permuted"]
+
+
+def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
+  results = f"--results-dir={tmp_path / 'r'}"
+  for argv, message in [
+      (["--table=nope"], "error: --table='nope' is not allowed; allowed tables: "),
+      (["--table=fcclplus_digits", "--scale=full"], "error: --scale='full' is not allowed; "
+                                                    "allowed scales: quick, paper."),
+      (["--table=fcclplus_digits", "--seeds=0,x"], "error: --seeds must be comma-separated "
+                                                   "integers (e.g. 0,1,2), got '0,x'."),
+      (["--table=fcclplus_digits", "--methods=solo,fedavg"],
+       "error: --methods: unknown row(s) 'fedavg' of table fcclplus_digits; allowed: solo, "),
+      (["--table=fcclplus_digits", "--set", "num_round=2"],
+       "error: --set num_round=2: the config has no field 'num_round'; did you mean "
+       "'num_rounds'?"),
+      (["--queue=gpu", "--table=fcclplus_digits"], "error: --queue and --table exclude each "
+                                                   "other: pass one."),
+      (["--queue=cpu"], "error: --queue='cpu' is not allowed; allowed queues: gpu."),
+      (["--report"], "error: --report needs --table=<id>[,<id>...]."),
+      ([], "error: pass --table=<id> (or --queue=<name>, --list); table ids: fcclplus_digits, "),
+  ]:
+    assert reproduce.main(argv + [results]) == 1, argv
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(message), (argv, err)
+  assert not (tmp_path / "r").exists()
+
+
+def test_dry_run_prints_the_gpu_queue_in_priority_order(tmp_path, capsys):
+  write_cell(tmp_path, _cell("fcclplus_office31", "fcclplus", 0, "paper", "office31"), {})
+  assert reproduce.main(["--queue=gpu", "--scale=paper", "--dry-run",
+                         f"--results-dir={tmp_path}"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  labels = [line.split(": ")[0].split("] ")[1] for line in lines]
+  assert labels == [
+      "fcclplus_office31/paper/fcclplus__seed0", "fcclplus_office31/paper/solo__seed0",
+      "fcclplus_digits/paper/fcclplus__seed0", "fcclplus_digits/paper/solo__seed0",
+      "fedfusion_table2/paper/fedavg__seed0", "fedfusion_table2/paper/fedfusion_single__seed0",
+      "fedfusion_table2/paper/fedfusion_multi__seed0",
+      "fedfusion_table2/paper/fedfusion_conv__seed0", "glfc_table1/paper/fedavg_cil__seed0",
+      "glfc_table1/paper/icarl_fl__seed0", "glfc_table1/paper/glfc_no_proxy__seed0",
+      "glfc_table1/paper/glfc__seed0"]
+  assert lines[0].startswith("[1/12] fcclplus_office31/paper/fcclplus__seed0: skip (finished); "
+                             "experiments/configs/office.py:office31_fcclplus -> ")
+  assert ": train; experiments/configs/digits.py:solo -> " in lines[3]
+  assert not (tmp_path / "invocations.jsonl").exists()
+
+
+def _stand_in(calls):
+  """A trainer that writes what a finished run leaves, without JAX training."""
+  def train(config, workdir):
+    calls.append(pathlib.Path(workdir).name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r}) + "\n" for r in range(1, grid.expected_rounds(config) + 1)))
+    (workdir / workdir_lib.RUN_FILE).write_text(json.dumps(
+        {"config": workdir_lib.flatten_config(config)}))
+    (workdir / "metadata.json").write_text(json.dumps({"sources": REAL}))
+    (workdir / "results.json").write_text(json.dumps(_numbers(10.0 + config.seed)))
+  return train
+
+
+def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path):
+  calls, lines = [], []
+  cells = grid.plan(tables.get_table("fcclplus_digits"), "quick", [0, 1], ["solo", "fcclplus"])
+  assert [c.name for c in cells] == ["solo__seed0", "fcclplus__seed0", "solo__seed1",
+                                     "fcclplus__seed1"]
+  # An interrupted cell: records of 2 of its 5 rounds and a checkpoint directory.
+  partial = cells[1].directory(tmp_path)
+  partial.mkdir(parents=True)
+  (partial / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+  (partial / "checkpoints").mkdir()
+  out = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+                 figures=False)
+  assert calls == ["solo__seed0", "fcclplus__seed0", "solo__seed1", "fcclplus__seed1"]
+  assert list(out["statuses"].values()) == ["trained", "resumed", "trained", "trained"]
+  assert "[2/4] fcclplus_digits/quick/fcclplus__seed0: resuming 5 rounds in " in lines[2]
+  record = json.loads((cells[0].directory(tmp_path) / "cell.json").read_text())
+  assert record["status"] == "finished" and record["seconds"] >= 0
+  assert record["device_kind"].startswith("cpu") and record["variant"] == "solo_quick"
+  assert len(record["invocations"]) == 1 and record["overrides"] == []
+  table_md = (tmp_path / "fcclplus_digits" / "quick" / "table.md").read_text()
+  assert table_md == document.render(tables.get_table("fcclplus_digits"), "quick", tmp_path)[0]
+  assert "- cells: 4 finished (seeds 0, 1)" in table_md
+  # Again: nothing trains, the table is the same.
+  lines.clear()
+  again = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+                   figures=False)
+  assert len(calls) == 4 and set(again["statuses"].values()) == {"skipped"}
+  assert lines[0].startswith("[1/4] fcclplus_digits/quick/solo__seed0: skipped (finished "
+                             "earlier), AVG inter 11.50 intra 51.50")
+  assert (tmp_path / "fcclplus_digits" / "quick" / "table.md").read_text() == table_md
+  invocations = [json.loads(line) for line in
+                 (tmp_path / "invocations.jsonl").read_text().splitlines()]
+  assert [[c["status"] for c in i["cells"]] for i in invocations] == [
+      ["trained", "resumed", "trained", "trained"], ["skipped"] * 4]
+  # A finished cell with another config is not silently reused.
+  with pytest.raises(WorkdirError, match="config.local.epochs: 5 -> 2"):
+    grid.run(cells[:1], results_dir=tmp_path, overrides=["local.epochs=2"],
+             train=_stand_in(calls), echo=lines.append)
+
+
+def test_a_deadline_too_close_starts_no_cell_and_says_so(tmp_path):
+  lines = []
+  cells = grid.queue_plan("gpu", "quick", [0])
+  out = grid.run(cells, results_dir=tmp_path, deadline_secs=5, min_cell_secs=10,
+                 echo=lines.append, copy_to=tmp_path / "out")
+  assert out["deadline_reached"] and set(out["statuses"].values()) == {"not started"}
+  assert lines[0].startswith("[1/12] fcclplus_office31/quick/fcclplus__seed0: not started (")
+  assert "deadline, a cell needs 10 s); rerun to continue" in lines[0]
+  [record] = [json.loads(line) for line in
+              (tmp_path / "invocations.jsonl").read_text().splitlines()]
+  assert record["deadline_secs"] == 5 and record["deadline_reached"]
+  assert len(record["cells"]) == 12
+  assert (tmp_path / "out" / tmp_path.name / "invocations.jsonl").exists()
+
+
+def test_cells_of_one_partitioned_setting_need_the_same_targets(tmp_path):
+  cells = grid.plan(tables.get_table("fedfusion_table2"), "quick", [0], ["fedavg",
+                                                                         "fedfusion_conv"])
+
+  def configure(config, cell):
+    config.eval.targets = (90.0,) if cell.row.key == "fedavg" else (94.0,)
+
+  with pytest.raises(ConfigError, match="eval.targets differ"):
+    grid.run(cells, results_dir=tmp_path / "r", configure=configure)
+  assert not (tmp_path / "r").exists()
+
+
+def test_overrides_are_parsed_against_the_field_types():
+  config = grid.cell_config(_cell("fcclplus_digits", "fcclplus", 3), [
+      "num_rounds=1", "models.width=1", "logging.diagnostic_rounds=(1,)",
+      "scenario.sources.syn=folder:/x", "logging.plots=false"])
+  assert config.seed == 3 and config.num_rounds == 1 and config.models.width == 1.0
+  assert tuple(config.logging.diagnostic_rounds) == (1,)
+  assert config.scenario.sources.syn == "folder:/x" and config.logging.plots is False
+  assert config.name == "digits_fcclplus_quick_seed3"
+  with pytest.raises(ConfigError, match="local has no field 'epoch'; did you mean "
+                     "'local.epochs'"):
+    grid.apply_overrides(config, ["local.epoch=2"])
+  with pytest.raises(ConfigError, match="cannot set config.logging.plots"):
+    grid.apply_overrides(config, ["logging.plots=maybe"])
+  with pytest.raises(ConfigError, match="expects <dotted config field>=<value>"):
+    grid.apply_overrides(config, ["num_rounds"])
+  # Output-only overrides keep the paper setting; those changing results do not.
+  assert grid.significant_overrides(["logging.plots=false", "num_rounds=1"], config) == [
+      "num_rounds=1"]
+  assert grid.resolve_config_name("cifar100_glfc_quick") == (
+      REPO / "experiments" / "configs" / "cifar100.py", "glfc_quick")
+  with pytest.raises(ConfigError, match="known scenarios"):
+    grid.resolve_config_name("nosuchscenario_x")
+
+
+# --- the aliases ------------------------------------------------------------------------------
+
+
+def test_the_old_commands_are_aliases_with_one_line_errors(capsys, tmp_path):
+  benchmark = load_module(REPO / "experiments" / "benchmark.py")
+  rounds = load_module(REPO / "experiments" / "rounds_benchmark.py")
+  cil = load_module(REPO / "experiments" / "cil_benchmark.py")
+  work = f"--workdir={tmp_path / 'w'}"
+  for main, argv, message in [
+      (benchmark.main, ["--scenario=digits", "--methods=solo,fedavgg", work],
+       "error: --methods: unknown row(s) 'fedavgg' of table fcclplus_digits; allowed: solo, "
+       "fedmd, feddf, fedmatch, rhfl, fccl, fcclplus."),
+      (benchmark.main, ["--scenario=office", work], "error: --scenario='office' is not "
+       "allowed; allowed scenarios: digits, office31, office_caltech, office_home."),
+      (rounds.main, ["--dataset=mnist", "--setting=permuted", "--methods=fedavg,fedprox", work],
+       "error: --methods: unknown method(s) 'fedprox'; allowed methods: fedavg, fedmmd, "
+       "fedmmd_l2, fedfusion_single, fedfusion_multi, fedfusion_conv."),
+      (rounds.main, ["--dataset=mnist", "--setting=iid", work],
+       "error: --setting='iid' is not allowed for mnist; allowed settings: binary, shards, "
+       "permuted."),
+      (rounds.main, ["--dataset=svhn", "--setting=iid", work],
+       "error: --dataset='svhn' is not allowed; allowed datasets: cifar10, mnist."),
+      (cil.main, ["--configs=cifar100_fedavg_cil_quick,digits_fedavg_quick", work],
+       "error: --configs: not class-incremental (scenario.name must be 'class_incremental'): "
+       "digits_fedavg_quick (scenario.name='digits')"),
+      (cil.main, ["--configs=cifar100_nosuchvariant", work],
+       "error: 'cifar100_nosuchvariant': cifar100 config: expected one of"),
+      (cil.main, ["--configs=cifar100_glfc_quick", "--set", "cil.round_per_task=1", work],
+       "error: --set cil.round_per_task=1: cil has no field 'round_per_task'; did you mean "
+       "'cil.rounds_per_task'?"),
+  ]:
+    assert main(argv) == 1, argv
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(message), (argv, err)
+  assert not (tmp_path / "w").exists()
+  # The FCCL+ alias is the registry's table at the scale --quick picks.
+  args = benchmark.build_parser().parse_args(["--scenario=office31", "--quick"])
+  assert (args.scenario, args.quick, args.workdir) == ("office31", True,
+                                                       str(grid.DEFAULT_RESULTS))
+
+
+def test_class_incremental_layouts_must_match(tmp_path):
+  from tests.test_cil_train import tiny_cil_config  # pylint: disable=import-outside-toplevel
+  cil = load_module(REPO / "experiments" / "cil_benchmark.py")
+  four_tasks = tiny_cil_config()
+  four_tasks.scenario.num_tasks = 4
+  with pytest.raises(ConfigError, match=r"task layouts differ.*two: 2 tasks of 2 classes, "
+                     r"four: 4 tasks of 1 classes"):
+    cil.run_cil_benchmark({"two": tiny_cil_config(), "four": four_tasks}, [0],
+                          workdir=tmp_path / "w", echo=lambda _: None)
+  assert not (tmp_path / "w").exists()
+
+
+# --- training: tiny configs ------------------------------------------------------------------
+
+#: A quick FedFusion cell shrunk (as a command line would pass it; "" disables the cache).
+TINY = ("num_rounds=2", "scenario.train_size=200", "scenario.test_size=100", "local.epochs=1",
+        "logging.progress=False", "logging.plots=False", "compilation_cache_dir=")
+
+
+def test_end_to_end_the_command_trains_skips_and_reports(tmp_path, monkeypatch, capsys,
+                                                         tmp_path_factory):
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  results = tmp_path / "results"
+  argv = ["--table=fedfusion_table2", "--methods=fedavg,fedfusion_conv", "--seeds=0",
+          f"--results-dir={results}"] + [a for o in TINY for a in ("--set", o)]
+  assert reproduce.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "[2/2] fedfusion_table2/quick/fedfusion_conv__seed0: trained" in out
+  table_dir = results / "fedfusion_table2" / "quick"
+  for name in ("table.md", "table.json", "accuracy.png"):
+    assert (table_dir / name).exists(), name
+  numbers = json.loads((table_dir / "table.json").read_text())
+  summary = numbers["settings"]["mnist_permuted"]["summary"]
+  assert summary["kind"] == "intra" and summary["rows_done"] == ["fedavg", "fedfusion_conv"]
+  for row in ("fedavg", "fedfusion_conv"):
+    cell = table_dir / f"{row}__seed0"
+    own = json.loads((cell / "results.json").read_text())
+    assert summary["final"][row]["per_seed"] == {"0": own["intra"]["AVG"]}
+    for key, reached in own["rounds_to_target"].items():
+      assert summary["rounds"][row][key]["per_seed"] == {
+          "0": None if reached is None else float(reached)}
+    record = json.loads((cell / "cell.json").read_text())
+    assert record["status"] == "finished" and record["overrides"] == [
+        "num_rounds=2", "scenario.train_size=200", "scenario.test_size=100", "local.epochs=1"]
+  # FedFusion sends the trunk, the 1x1 fusion conv and the classifier: more than FedAvg.
+  per_round = summary["bytes_per_round"]
+  assert per_round["fedfusion_conv"]["up"] > per_round["fedavg"]["up"] > 0
+  markdown = (table_dir / "table.md").read_text()
+  assert "SYNTHETIC" in markdown and "overrides num_rounds=2" in markdown
+  assert "| FedFusion+Conv | 1 |" in markdown and "(paper 95.79)" in markdown
+
+  # Again: both cells finished, nothing retrained, the same table; then the docs block.
+  assert reproduce.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "[1/2] fedfusion_table2/quick/fedavg__seed0: skipped (finished earlier)" in out
+  assert "reproduce: 2 skipped" in out
+  assert (table_dir / "table.md").read_text() == markdown
+  doc = tmp_path / "results.md"
+  assert reproduce.main(["--table=fedfusion_table2", "--report", f"--results-dir={results}",
+                         f"--doc={doc}"]) == 0
+  assert document.blocks(doc.read_text())[0][2] == markdown
+  assert document.stale_blocks(doc.read_text(), results) == []
+
+
+def _tiny(config, cell):
+  """Shrinks a quick digits or FedFusion cell to seconds of training."""
+  config.logging.progress = False
+  config.logging.plots = False
+  config.compilation_cache_dir = ""
+  config.local.epochs = 1
+  config.num_rounds = 2
+  if cell.table.family == "partitioned":
+    config.scenario.train_size = 200
+    config.scenario.test_size = 100
+    return
+  config.models.architectures = ("simple_cnn",) * 4
+  config.local.batch_size = 16
+  config.scenario.public_size = 64
+  config.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
+  config.scenario.test_size = 30
+  config.eval.batch_size = 30
+  config.logging.diagnostic_rounds = ()
+
+
+@pytest.mark.slow
+def test_the_gpu_commands_deadline_stops_records_and_resumes(tmp_path, monkeypatch,
+                                                             tmp_path_factory):
+  """The GPU command's mode on the CPU: cells in child processes under a deadline."""
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  monkeypatch.setitem(tables.QUEUES, "tiny", (("fcclplus_digits", ("fcclplus",)),
+                                              ("fedfusion_table2", ("fedavg",))))
+
+  def configure(config, cell):  # 8 rounds of FCCL+: well past the first deadline
+    _tiny(config, cell)
+    if cell.table.family == "domain_shift":
+      config.num_rounds = 8
+
+  cells = grid.queue_plan("tiny", "quick", [0])
+  results, copies, lines = tmp_path / "results", tmp_path / "out", []
+  common = dict(results_dir=results, configure=configure, copy_to=copies, echo=lines.append)
+  # 1. A deadline shorter than a cell: the first is stopped, the second never starts.
+  first = grid.run(cells, deadline_secs=8, min_cell_secs=1, **common)
+  assert list(first["statuses"].values()) == ["interrupted", "not started"]
+  assert first["deadline_reached"]
+  plus = cells[0].directory(results)
+  assert json.loads((plus / "cell.json").read_text())["status"] == "interrupted"
+  assert (copies / "results" / "invocations.jsonl").exists()
+  # 2. Time enough: the interrupted cell is trained on, the other trained; their files come
+  #    back to the copy as they finish.
+  second = grid.run(cells, deadline_secs=900, min_cell_secs=1, **common)
+  assert second["statuses"][cells[0].label] in ("resumed", "trained")
+  assert second["statuses"][cells[1].label] == "trained" and not second["deadline_reached"]
+  record = json.loads((plus / "cell.json").read_text())
+  assert [i["status"] for i in record["invocations"]] == ["interrupted", "finished"]
+  assert record["seconds"] == pytest.approx(sum(i["seconds"] for i in record["invocations"]),
+                                            abs=0.01)
+  assert record["device_kind"].startswith("cpu")
+  for cell in cells:
+    mirrored = copies / "results" / cell.directory(results).relative_to(results)
+    assert (mirrored / "results.json").exists() and not (mirrored / "checkpoints").exists()
+  assert (copies / "results" / "fedfusion_table2" / "quick" / "table.md").exists()
+  # 3. Finished cells are skipped even past a deadline.
+  third = grid.run(cells, deadline_secs=1, min_cell_secs=10, **common)
+  assert set(third["statuses"].values()) == {"skipped"}
+  invocations = [json.loads(line) for line in
+                 (results / "invocations.jsonl").read_text().splitlines()]
+  assert [[c["status"] for c in i["cells"]] for i in invocations] == [
+      ["interrupted", "not started"], [second["statuses"][cells[0].label], "trained"],
+      ["skipped", "skipped"]]
