@@ -1,7 +1,7 @@
 """One prepared command for a lent GPU: the time-to-result measurements, under a deadline.
 
     python benchmarks/gpu_session.py --data-dir DATA --out OUT --deadline-secs 525 \
-        [--plan env,steps,quick,full,pytorch,table]
+        [--plan env,steps,flags,quick,full,pytorch,table]
 
 Runs its steps one after another, each in its own process with its own time
 limit (never past the deadline), and rewrites `OUT/session.json` after every
@@ -14,6 +14,9 @@ step, so a call cut short keeps what it measured; every step's output goes to
     MobileNetV2 local steps (batch 256) with the convolutions "gemm_taps" (the
     GPU default) and "xla" (stock): compile, first run, steady step, cuDNN /
     GEMM counts, under the library's XLA flags (Triton GEMM off).
+  * `flags`: EfficientNet-B0's "gemm_taps" step under each of `FLAG_SETS`
+    (autotuning level, command buffers), one process each, gathered in
+    `OUT/flags.json`.
   * `quick`: `first_round.py --config=digits_fcclplus_quick` cold, its
     compile profiled (`--compile-profile`: XLA's passes and autotuners).
   * `full`: `first_round.py --config=digits_fcclplus`, cold then warm (the
@@ -45,10 +48,21 @@ import time
 import timing  # benchmarks/, beside this script
 
 HERE = pathlib.Path(__file__).resolve().parent
-STEPS = ("env", "steps", "quick", "full", "pytorch", "table")
-#: Limits of each step, seconds (each is also cut at the deadline).
-LIMITS = {"steps": 240, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
+STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table")
+#: Limits of each step, seconds (each is also cut at the deadline; "flags": each flag set).
+LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
 TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
+#: XLA flag sets the `flags` step compares on EfficientNet-B0's "gemm_taps" step (each added to
+#: the library's default): the autotuner without its buffer initialisation and correctness
+#: checks, the whole scan captured as one CUDA graph (a while loop in a command buffer), and no
+#: command buffers at all (every kernel launched on its own).
+FLAG_SETS = {
+    "default": "",
+    "autotune_level_1": "--xla_gpu_autotune_level=1",
+    "command_buffer_while": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN,"
+                             "CUSTOM_CALL,WHILE,CONDITIONAL"),
+    "no_command_buffer": "--xla_gpu_enable_command_buffer=",
+}
 
 
 class Session:
@@ -142,6 +156,21 @@ def main() -> None:
                           "--width", str(args.width), "--batch", str(args.batch),
                           "--out", str(out / "steps.json")],
                 limit=LIMITS["steps"], env={**env, "XLA_FLAGS": TRITON_GEMM_OFF})
+  if "flags" in plan:
+    for name, flags in FLAG_SETS.items():
+      session.run(f"flags_{name}", [python, str(HERE / "gpu_compile.py"), "--rows",
+                                    "efficientnet_b0:gemm_taps", "--width", str(args.width),
+                                    "--batch", str(args.batch), "--label", name,
+                                    "--out", str(out / f"flags_{name}.json")],
+                  limit=LIMITS["flags"],
+                  env={**env, "XLA_FLAGS": f"{TRITON_GEMM_OFF} {flags}".strip()})
+    merged = {}  # one file for the flag sets: OUT/flags.json, {flag set: gpu_compile's result}
+    for name in FLAG_SETS:
+      path = out / f"flags_{name}.json"
+      if path.is_file():
+        merged[name] = json.loads(path.read_text())
+        path.unlink()
+    (out / "flags.json").write_text(json.dumps(merged, indent=1) + "\n")
   if "quick" in plan:
     session.run("quick", [python, str(HERE / "first_round.py"), "--config",
                           f"{args.config}_quick", "--rounds", str(args.rounds), "--skip-warm",

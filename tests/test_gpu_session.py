@@ -1,12 +1,29 @@
 """benchmarks/gpu_session.py: the prepared GPU command keeps its record under a deadline."""
 
+import importlib.util
 import json
 import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_session.py"
+
+
+def _load(name):
+  sys.path.insert(0, str(SCRIPT.parent))  # the script imports timing.py beside it
+  try:
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+  finally:
+    sys.path.remove(str(SCRIPT.parent))
+
+
+gpu_session = _load("gpu_session")
 
 
 def _run(tmp_path, *args):
@@ -40,3 +57,20 @@ def test_an_unknown_step_is_named_with_the_choices(tmp_path):
   done = _run(tmp_path, "--plan", "env,warmup")
   assert done.returncode != 0
   assert "unknown steps ['warmup']" in done.stderr and "'quick'" in done.stderr
+
+
+@pytest.mark.slow  # four processes compiling an EfficientNet-B0 step: about 2 min on 2 cores
+def test_flag_sets_are_gathered_in_one_file(tmp_path):
+  done = _run(tmp_path, "--plan", "flags", "--width", "0.0625", "--batch", "2",
+              "--deadline-secs", "400")
+  assert done.returncode == 0, done.stderr
+  report = json.loads((tmp_path / "session.json").read_text())
+  flags = json.loads((tmp_path / "flags.json").read_text())
+  assert sorted(flags) == sorted(gpu_session.FLAG_SETS)
+  for name, flag_set in gpu_session.FLAG_SETS.items():
+    step = report["steps"][f"flags_{name}"]
+    assert step["status"] == 0
+    assert step["XLA_FLAGS"] == f"{gpu_session.TRITON_GEMM_OFF} {flag_set}".strip()
+    assert flags[name]["XLA_FLAGS"] == step["XLA_FLAGS"]
+    assert flags[name]["rows"][0]["step_ms"] > 0
+  assert not list(tmp_path.glob("flags_*.json"))
