@@ -129,9 +129,12 @@ def test_provenance_line_names_real_and_synthetic_domains_once_over_seeds():
       {"sources": {"mnist": "npz:/d/digits.npz", "syn": "synthetic(seed=1)"}}])
   assert sources["syn"] == ["synthetic(seed=<cell seed>)"]
   assert common.provenance_line(sources) == (
-      "mnist real (npz:/d/digits.npz), syn SYNTHETIC (synthetic(seed=<cell seed>)), "
+      "mnist real (npz:digits.npz), syn SYNTHETIC (synthetic(seed=<cell seed>)), "
       "public SYNTHETIC (synthetic(seed=<cell seed>; substituted for 'cifar100'))")
   assert not common.all_real(sources)
+  assert common.short_source("npz:/d/office31.npz[amazon]") == "npz:office31.npz[amazon]"
+  assert common.short_source("folder:/d/OfficeHome/Real World") == "folder:Real World"
+  assert common.short_source("tfds:svhn_cropped") == "tfds:svhn_cropped"
   assert common.all_real({"mnist": ["npz:/d"], "public": ["none"]})
   assert not common.all_real({"public": ["none"]})
   meta = {"train_sizes": {"a": 150, "b": 80}, "test_sizes": {"a": 30, "b": 30},

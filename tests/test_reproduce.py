@@ -72,9 +72,8 @@ def test_the_document_shows_mean_std_n_paper_delta_and_provenance(tmp_path):
   assert lines[0] == "## fcclplus_digits (quick scale): FCCL+ Tables VIII/IX: Digits"
   assert "- cells: 3 finished (seeds 0, 1); mean ± sample standard deviation (ddof=1) over the " \
          "seeds that finished (n shown)" in lines
-  assert ("- data: mnist real (npz:/data/digits.npz), usps real (npz:/data/digits.npz), svhn "
-          "real (tfds:svhn_cropped), syn real (folder:/data/syn), public real "
-          "(npz:/data/p.npz)") in lines
+  assert ("- data: mnist real (npz:digits.npz), usps real (npz:digits.npz), svhn real "
+          "(tfds:svhn_cropped), syn real (folder:syn), public real (npz:p.npz)") in lines
   assert "- data sizes: train mnist 100, usps 100, svhn 100, syn 100; test mnist 30, usps 30, " \
          "svhn 30, syn 30; public 1024" in lines
   assert ("- the paper's setting: no (quick scale): the paper's numbers are shown for "

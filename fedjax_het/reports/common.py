@@ -8,6 +8,7 @@ deviation (ddof=1) of the seeds that finished, the mean alone with one seed.
 from __future__ import annotations
 
 import math
+import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -89,17 +90,26 @@ def source_kind(source: str) -> str:
   return "real"
 
 
-def provenance(metadatas: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
-  """{domain or "public": distinct sources over the cells} from their `metadata.json`s.
+def short_source(source: str) -> str:
+  """A source without the machine's directories: "npz:/d/office31.npz[amazon]" ->
+  "npz:office31.npz[amazon]", "folder:/d/OfficeHome/Art" -> "folder:Art"; a synthetic
+  source's seed (the cell's seed) as "seed=<cell seed>"."""
+  match = re.fullmatch(r"(npz|folder):(.*?)(\[[^\]]*\])?", source)
+  if match:
+    kind, path, part = match.groups()
+    return f"{kind}:{pathlib.PurePath(path).name}{part or ''}"
+  if source.startswith("synthetic"):
+    return re.sub(r"seed=\d+", "seed=<cell seed>", source)
+  return source
 
-  A synthetic source's seed (the cell's seed) is written "seed=<cell seed>", so the
-  cells of one row over seeds count once.
-  """
+
+def provenance(metadatas: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+  """{domain or "public": distinct sources over the cells} from their `metadata.json`s, each
+  as `short_source` gives it (so the cells of one row over seeds count once)."""
   sources: dict[str, list[str]] = {}
   for metadata in metadatas:
     for name, source in metadata.get("sources", {}).items():
-      if source.startswith("synthetic"):
-        source = re.sub(r"seed=\d+", "seed=<cell seed>", source)
+      source = short_source(source)
       seen = sources.setdefault(name, [])
       if source not in seen:
         seen.append(source)

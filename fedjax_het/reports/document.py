@@ -37,7 +37,11 @@ the cells under `results/<id>/<scale>/` (tests/test_reproduce.py keeps the two e
 `python experiments/reproduce.py --list` lists every table id and its cells. A cell is the
 mean ± sample std over the seeds that finished (n shown), with the paper's number beside it;
 quick-scale blocks come from the `_quick` configs (narrow models, few rounds, small data) and
-show that training works, not the paper's numbers.
+show that training works, not the paper's numbers. On a GPU,
+`python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=DIR`
+trains the next unfinished paper-scale cells in priority order (FCCL+ and BASE on Office31,
+then on Digits, FedFusion Table 2, GLFC Table 1) and stops within 9 minutes; a rerun goes on
+where it stopped.
 """
 
 _BLOCK = re.compile(r"<!-- reproduce:([A-Za-z0-9_]+):([a-z]+) -->\n(.*?)<!-- /reproduce -->\n",
@@ -84,7 +88,8 @@ def read_cell(cell_dir: pathlib.Path) -> dict[str, Any] | None:
 
 def collect(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
             ) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
-  """{setting: {row: {seed: read_cell(...)}}} of the table's finished cells, any seed."""
+  """{setting: {row: {seed: read_cell(...)}}} of the table's finished cells, any seed (each
+  "workdir" relative to results_dir)."""
   out: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
   for setting in table.settings:
     per_row: dict[str, dict[int, dict[str, Any]]] = {}
@@ -98,6 +103,7 @@ def collect(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
           if match and path.is_dir():
             cell = read_cell(path)
             if cell is not None:
+              cell["workdir"] = path.relative_to(results_dir).as_posix()
               found[int(match.group(1))] = cell
       if found:
         per_row[row.key] = dict(sorted(found.items()))
@@ -189,7 +195,8 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
   report = FAMILY_REPORTS[table.family]
   lines = [f"## {table.id} ({scale} scale): {table.title}", "",
            f"Paper: {table.paper}, {table.source}. Protocol: {table.protocol}.", "",
-           f"- cells: {len(flat)} finished (seeds {', '.join(map(str, seeds)) or 'none'}); "
+           f"- cells: {len(flat)} finished ({'seed' if len(seeds) == 1 else 'seeds'} "
+           f"{', '.join(map(str, seeds)) or 'none'}); "
            f"{common.std_line(most)} (n shown)",
            f"- data: {common.provenance_line(sources)}",
            f"- data sizes: {common.sizes_line(metadatas)}",
