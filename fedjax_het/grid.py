@@ -427,7 +427,10 @@ def _train_in_child(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
     spec.write_bytes(pickle.dumps({"config": config, "cell_dir": str(cell_dir),
                                    "meta": dict(meta)}))
     tick = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "fedjax_het.grid", str(spec)])
+    # The child imports this package from the same checkout, wherever the command started.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    child = subprocess.Popen([sys.executable, "-m", "fedjax_het.grid", str(spec)],
+                             env={**os.environ, "PYTHONPATH": path})
     try:
       code = child.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
