@@ -227,7 +227,7 @@ def test_sharded_round_equals_unsharded_round():
     ("local.batch_size", 0, "config.local.batch_size must be an integer >= 1, got 0"),
     ("algorithm", "fedavgg", "config.algorithm must be one of ('fcclplus', 'fccl', 'solo'"),
     ("models.conv_impl", "cudnn", "config.models.conv_impl must be one of ('auto', 'xla', "
-                                  "'im2col', 'custom_vjp')"),
+                                  "'im2col', 'custom_vjp', 'gemm_taps')"),
     ("collaborative.batch_size", 1, "config.collaborative.batch_size must be an integer >= 2"),
     ("local.lr_decay", 1.5, "config.local.lr_decay must be a number in [0, 1)"),
     ("fcclplus.fisl_temperature", 0.0, "config.fcclplus.fisl_temperature must be a number > 0"),
