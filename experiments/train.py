@@ -31,21 +31,21 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "experiments" / "configs"
 
 
 def expand_config_name(argv: list[str]) -> list[str]:
-  """--config=<scenario>_<variant> -> --config=experiments/configs/<scenario>.py:<variant>."""
+  """--config=<scenario>_<variant> -> --config=experiments/configs/<scenario>.py:<variant>
+  (`fedjax_het.grid.resolve_config_name`); a config file path is left as it is."""
+  from fedjax_het import grid  # pylint: disable=g-import-not-at-top (starts no JAX backend)
+  from fedjax_het.errors import ConfigError  # pylint: disable=g-import-not-at-top
   out = []
   for arg in argv:
-    match = re.fullmatch(r"--config=([A-Za-z0-9]+)(?:_([A-Za-z0-9_]+))?", arg)
-    if match and not arg.endswith(".py"):
-      scenario, variant = match.groups()
-      path = CONFIGS / f"{scenario}.py"
-      if not path.exists():
-        known = sorted(p.stem for p in CONFIGS.glob("*.py") if not p.stem.startswith("_"))
-        raise SystemExit(f"--config={match.group(1)}: no experiments/configs/{scenario}.py; "
-                         f"known scenarios: {known}")
+    name = arg.removeprefix("--config=")
+    if name != arg and re.fullmatch(r"[A-Za-z0-9]+(?:_[A-Za-z0-9_]+)?", name):
+      try:
+        path, variant = grid.resolve_config_name(name)
+      except ConfigError as error:
+        raise SystemExit(f"--config={name}: {error}") from None
       arg = f"--config={path}" + (f":{variant}" if variant else "")
     out.append(arg)
   return out
