@@ -39,17 +39,7 @@ class MetricsWriter:
 
   def read(self) -> list[dict[str, Any]]:
     """The records; a last line cut short by a kill mid-append is dropped."""
-    if not self.path.exists():
-      return []
-    lines = [line for line in self.path.read_text().splitlines() if line.strip()]
-    records = []
-    for index, line in enumerate(lines):
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        if index < len(lines) - 1:
-          raise
-    return records
+    return common.read_records(self.path)
 
   def truncate_after(self, round_number: int) -> list[dict[str, Any]]:
     """Keeps the records of rounds <= round_number (rewritten atomically)."""

@@ -7,6 +7,7 @@ deviation (ddof=1) of the seeds that finished, the mean alone with one seed.
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import re
@@ -294,3 +295,19 @@ def curves_figure(plt, curves: Mapping[str, Mapping[str, tuple[list, list, list,
                   title_fontsize=8)
   fig.suptitle(title)
   return fig
+
+
+def read_records(path: pathlib.Path) -> list[dict[str, Any]]:
+  """The JSON records of a metrics.jsonl file, one a line ([] without the file); a last line
+  cut short by a kill mid-append is dropped, a bad line before it raises."""
+  if not path.exists():
+    return []
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  for index, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if index < len(lines) - 1:
+        raise
+  return records

@@ -59,19 +59,8 @@ def _read_json(path: pathlib.Path) -> Any:
 
 
 def read_records(cell_dir: pathlib.Path) -> list[dict[str, Any]]:
-  """metrics.jsonl's records; a last line cut short by a kill is dropped."""
-  path = cell_dir / "metrics.jsonl"
-  if not path.exists():
-    return []
-  lines = [line for line in path.read_text().splitlines() if line.strip()]
-  records = []
-  for index, line in enumerate(lines):
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:
-      if index < len(lines) - 1:
-        raise
-  return records
+  """A cell's metrics.jsonl records (`common.read_records`)."""
+  return common.read_records(cell_dir / "metrics.jsonl")
 
 
 def read_cell(cell_dir: pathlib.Path) -> dict[str, Any] | None:
