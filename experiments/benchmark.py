@@ -39,14 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--scenario", required=True, help=", ".join(SCENARIOS))
   parser.add_argument("--methods", default=",".join(tables.FCCLPLUS_METHODS),
                       help="comma-separated, default: %(default)s")
-  parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
-  parser.add_argument("--quick", action="store_true", help="the quick scale (_quick configs)")
-  parser.add_argument("--workdir", default=str(grid.DEFAULT_RESULTS),
-                      help="the results directory, default: results/")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="FIELD=VALUE", help="config override, repeatable")
-  parser.add_argument("--verbose", action="store_true",
-                      help="show the traceback of configuration, data and workdir errors")
+  grid.add_alias_arguments(parser)
   return parser
 
 

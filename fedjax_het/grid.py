@@ -662,6 +662,19 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
 CONFIGS_DIR = REPO / "experiments" / "configs"
 
 
+def add_alias_arguments(parser: argparse.ArgumentParser) -> None:
+  """The arguments experiments/benchmark.py and rounds_benchmark.py share: --seeds, --quick,
+  --workdir (the results directory), --set (as `overrides`), --verbose."""
+  parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
+  parser.add_argument("--quick", action="store_true", help="the quick scale (_quick configs)")
+  parser.add_argument("--workdir", default=str(DEFAULT_RESULTS),
+                      help="the results directory, default: results/")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="FIELD=VALUE", help="config override, repeatable")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show the traceback of configuration, data and workdir errors")
+
+
 def resolve_config_name(name: str) -> tuple[pathlib.Path, str]:
   """(config file, variant) of a config name as experiments/train.py takes it.
 
