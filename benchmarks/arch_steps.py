@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from fedjax_het import models
-from fedjax_het.train import resolve_conv_impl
+from fedjax_het.resources import resolve_conv_impl
 import timing
 from timing import median_seconds
 

@@ -141,7 +141,7 @@ def time_round(name: str, *, repeats: int) -> dict:
   import numpy as np  # noqa: PLC0415
 
   from first_round import load_config, memory_gib  # noqa: PLC0415
-  from fedjax_het.train import Experiment  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
 
   config = load_config(name, ["compilation_cache_dir=", "trace_cache=off"])
   runs, states, row = {}, {}, {"config": name}
@@ -175,7 +175,7 @@ def time_public_step(name: str, *, repeats: int) -> dict:
   from first_round import load_config, memory_gib  # noqa: PLC0415
   from fedjax_het.algorithms import fcclplus  # noqa: PLC0415
   from fedjax_het.engine import public, rounds  # noqa: PLC0415
-  from fedjax_het.train import Experiment  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
 
   config = load_config(name)
   runs, row = {}, {"config": name, "conv_impl": "custom_vjp"}

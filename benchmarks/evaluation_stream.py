@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
 
   from fedjax_het import evaluation  # noqa: PLC0415
   from fedjax_het.algorithms.common import normalizer  # noqa: PLC0415
-  from fedjax_het.train import Experiment  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
 
   config = load_config(args.config, args.set)
   experiment = Experiment(config)

@@ -53,7 +53,8 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
 
   from fedjax_het.algorithms import fcclplus  # noqa: PLC0415
   from fedjax_het.engine import public, rounds  # noqa: PLC0415
-  from fedjax_het.train import Experiment, available_memory_bytes  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
+  from fedjax_het.resources import available_memory_bytes  # noqa: PLC0415
 
   epochs = int(config.local.epochs)
   one_epoch = config.copy_and_resolve_references()

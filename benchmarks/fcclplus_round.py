@@ -38,7 +38,7 @@ from fedjax_het.algorithms import common
 from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, optim
-from fedjax_het.train import Experiment
+from fedjax_het.experiment import Experiment
 import timing
 from timing import median_seconds
 

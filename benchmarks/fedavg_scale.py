@@ -42,7 +42,7 @@ from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort
 from fedjax_het.engine.clients import slot_active
-from fedjax_het.train import Experiment
+from fedjax_het.experiment import Experiment
 import timing
 from timing import median_seconds
 

@@ -115,7 +115,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
              round_trace: str = "") -> dict:
   import jax  # noqa: PLC0415 (imported after START: the import is part of the wait)
 
-  from fedjax_het.train import Experiment  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
 
   config = load_config(config_name, overrides)
   config.logging.progress = False

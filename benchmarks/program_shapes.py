@@ -70,7 +70,7 @@ def count_ops(text: str) -> dict:
 
 def count_programs(config) -> dict:
   """`count_ops` of each round program of `config` (one per stage) and of its evaluation."""
-  from fedjax_het.train import Experiment  # noqa: PLC0415
+  from fedjax_het.experiment import Experiment  # noqa: PLC0415
   experiment = Experiment(config)
   state = experiment.init_state()
   lowered = experiment.lower_rounds(state)

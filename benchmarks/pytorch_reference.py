@@ -636,7 +636,7 @@ def time_engine(config_name: str, overrides: list[str], rounds: int, config) -> 
   row["end_to_end_secs"] = (row["init_secs"] + row["trace_lower_secs"]
                             + row["compile_secs"] + row["first_round_secs"]
                             + (calls - 1) * row["steady_round_secs"])
-  from fedjax_het.train import resolve_conv_impl  # noqa: PLC0415
+  from fedjax_het.resources import resolve_conv_impl  # noqa: PLC0415
   row["conv_impl"] = resolve_conv_impl(config.models.conv_impl)
   return row
 

@@ -34,6 +34,7 @@ import ml_collections
 from fedjax_het import grid
 from fedjax_het.data import incremental
 from fedjax_het.errors import ConfigError
+from fedjax_het.reports import class_incremental as cil_report
 
 SCENARIO = "class_incremental"
 DEFAULT_CONFIGS = ("cifar100_fedavg_cil_quick", "cifar100_icarl_fl_quick", "cifar100_glfc_quick")
@@ -84,12 +85,11 @@ def run_cil_benchmark(configs: Mapping[str, ml_collections.ConfigDict], seeds: S
     grid.apply_overrides(copy, overrides)
     built[name] = copy
   check_layouts(built)
-  from fedjax_het.cil.train import method_label
   quick = all(name.endswith("_quick") for name in configs)
   return grid.run_configs(
       configs, seeds, family="class_incremental", table_id=TABLE_ID,
       scale="quick" if quick else "paper", overrides=overrides,
-      labels={n: method_label(c) for n, c in built.items()},
+      labels={n: cil_report.method_label(c) for n, c in built.items()},
       title="class-incremental configs in the GLFC Table 1 layout",
       results_dir=pathlib.Path(workdir) if workdir else grid.DEFAULT_RESULTS, echo=echo)
 

@@ -98,12 +98,8 @@ def main(argv):
                    os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
-                        "'class_incremental' (its trainer runs in one process).")
-    if config.scenario.name == "class_incremental":
-      from fedjax_het.cil.train import train_class_incremental  # pylint: disable=g-import-not-at-top
-      train_class_incremental(config, workdir)
-    else:
-      train_and_evaluate(config, workdir)
+                        "'class_incremental' (the task stream runs in one process).")
+    train_and_evaluate(config, workdir)
   except UserError as error:
     if _VERBOSE.value or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
       raise

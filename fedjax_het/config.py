@@ -20,6 +20,7 @@ import types
 import ml_collections
 
 from fedjax_het import algorithms, trace_cache, validation
+from fedjax_het.cil import stream as cil_stream
 from fedjax_het.data.scenarios import OFFICE_TESTS
 from fedjax_het.engine import programs, xla_cpu, xla_gpu
 from fedjax_het.errors import ConfigError
@@ -52,8 +53,17 @@ def load_module(path: str | os.PathLike) -> types.ModuleType:
 
 
 def base_config(algorithm: str) -> ml_collections.ConfigDict:
-  """The run-wide defaults (FCCL+ Digits paper settings) plus `algorithm`'s sections."""
+  """The run-wide defaults plus `algorithm`'s sections.
+
+  FCCL+ Digits paper settings for a method of domain or partitioned
+  scenarios; GLFC's CIFAR-100 T=10 task stream (`cil.stream.stream_config`)
+  for a class-incremental one (glfc, icarl_fl, fedavg_cil).
+  """
   method = algorithms.get_method(algorithm)
+  if method.class_incremental:
+    c = cil_stream.stream_config(algorithm)
+    c.update(method.default_config())
+    return c
   c = ml_collections.ConfigDict()
   c.name = "run"
   c.seed = 0
@@ -152,6 +162,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
   check(config, "algorithm", choice(tuple(algorithms.METHODS)),
         f"one of {tuple(algorithms.METHODS)}")
+  stream_methods = tuple(n for n, m in algorithms.METHODS.items() if m.class_incremental)
+  if "scenario" in config and config.scenario.get("name") == cil_stream.SCENARIO:
+    check(config, "algorithm", choice(stream_methods),
+          f"one of {stream_methods} (the methods of scenario.name={cil_stream.SCENARIO!r})")
+    cil_stream.validate_stream_config(config)
+    algorithms.get_method(config.algorithm).validate_config(config)
+    return
+  if config.algorithm in stream_methods:
+    fail("scenario.name", f"{cil_stream.SCENARIO!r} for config.algorithm={config.algorithm!r} "
+         f"(build the config with fedjax_het.config.base_config({config.algorithm!r}))",
+         config.scenario.get("name") if "scenario" in config else None)
   check(config, "seed", int_at_least(0), "an integer >= 0")
   check(config, "num_rounds", int_at_least(1), "an integer >= 1")
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")

@@ -303,12 +303,8 @@ def cell_status(cell_dir: pathlib.Path, config: ml_collections.ConfigDict) -> st
 
 
 def train_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Any:
-  """Trains (or resumes) one cell: the one place that picks the trainer of a config."""
-  # pylint: disable=g-import-not-at-top
-  if config.get("scenario", {}).get("name") == CLASS_INCREMENTAL:
-    from fedjax_het.cil.train import train_class_incremental
-    return train_class_incremental(config, workdir)
-  from fedjax_het.train import train_and_evaluate
+  """Trains (or resumes) one cell with the one trainer."""
+  from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   return train_and_evaluate(config, workdir)
 
 

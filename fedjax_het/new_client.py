@@ -482,7 +482,7 @@ class FinishedRun:
 
   def recorded_accuracy(self) -> float | None:
     """The run's last recorded headline accuracy (mean test, or mean intra-domain), percent."""
-    from fedjax_het.train import headline_kind  # pylint: disable=g-import-not-at-top
+    from fedjax_het.experiment import headline_kind  # pylint: disable=g-import-not-at-top
     name = f"eval/{headline_kind(self.experiment.accuracy_kinds)}/mean"
     values = [r[name] for r in self.records if name in r]
     return float(values[-1]) if values else None
@@ -494,10 +494,10 @@ def restore_finished_run(workdir: str | pathlib.Path, *, mesh: Any = None) -> Fi
   The config comes from the workdir's run.json; the data are rebuilt from it
   and must have the fingerprint the run recorded (otherwise WorkdirError, e.g.
   when FEDJAX_HET_DATA_DIR now points at real data the run did not use); the
-  state is the latest checkpoint, restored by `train.Experiment.restore_state`,
+  state is the latest checkpoint, restored by `experiment.Experiment.restore_state`,
   and must be that of round `config.num_rounds`.
   """
-  from fedjax_het import train  # pylint: disable=g-import-not-at-top
+  from fedjax_het.experiment import Experiment  # pylint: disable=g-import-not-at-top
   from fedjax_het.engine import sharding  # pylint: disable=g-import-not-at-top
   workdir = pathlib.Path(workdir)
   path = workdir / workdir_lib.RUN_FILE
@@ -508,7 +508,7 @@ def restore_finished_run(workdir: str | pathlib.Path, *, mesh: Any = None) -> Fi
   config = config_from_run_record(record)
   if mesh is None and config.sharding.num_devices != 1:
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
-  experiment = train.Experiment(config, mesh=mesh)
+  experiment = Experiment(config, mesh=mesh)
   lines = workdir_lib.differences(record, workdir_lib.run_record(config, experiment.scenario), ())
   if lines:
     raise WorkdirError(f"the run in {str(workdir)!r} cannot be restored as it was trained:\n  "

@@ -1,4 +1,4 @@
-"""Tests of GLFC's client side on the class-incremental trainer (`fedjax_het.cil.glfc`)."""
+"""Tests of GLFC's client side on the class-incremental task stream (`fedjax_het.algorithms.glfc`)."""
 
 import json
 import pathlib
@@ -11,10 +11,13 @@ import pytest
 
 from fedjax_het import losses, models
 from fedjax_het.cil import exemplars
-from fedjax_het.cil import glfc as glfc_lib
+from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
-from fedjax_het.cil import train as cil_train
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.config import validate_config
+from fedjax_het.reports import class_incremental as cil_report
+from fedjax_het.train import train_and_evaluate
 from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
@@ -84,7 +87,7 @@ def test_local_objective_is_half_gc_plus_half_rd(use_old):
 
 def _run(stream, settings, glfc, num_rounds, key=0):
   _, algorithm = _algorithm(stream, settings, glfc)
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   round_fn = jax.jit(rounds.make_round_fn(algorithm))
   state = rounds.initial_state(algorithm, jax.random.key(key), data)
   history = [(state, None)]
@@ -169,7 +172,7 @@ def test_end_to_end_writes_table1(tmp_path):
   config = _tiny_config()
   _, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")
   table = (tmp_path / "full" / "results.md").read_text()
-  assert cil_metrics.table1_row(cil_train.METHOD_LABELS["glfc"], matrix.seen, 2) in table
+  assert cil_metrics.table1_row(cil_report.METHOD_LABELS["glfc"], matrix.seen, 2) in table
   assert set(results["transitions"]) == {"true", "detected", "hit", "false"}
   assert all("glfc/transitions/detected" in r and "train/rd" in r for r in records)
 
@@ -177,13 +180,13 @@ def test_end_to_end_writes_table1(tmp_path):
 @pytest.mark.slow
 def test_resume_is_bit_identical(tmp_path):
   config = _tiny_config()
-  full = cil_train.train_class_incremental(config, tmp_path / "full")
+  full = train_and_evaluate(config, tmp_path / "full")
   results = json.loads((tmp_path / "full" / "results.json").read_text())
-  part = cil_train.train_class_incremental(config, tmp_path / "split", max_rounds=3)
+  part = train_and_evaluate(config, tmp_path / "split", max_rounds=3)
   assert part["rounds_done"] == 3
-  resumed = cil_train.train_class_incremental(config, tmp_path / "split")
+  resumed = train_and_evaluate(config, tmp_path / "split")
   assert resumed["rounds_done"] == 4
-  chex.assert_trees_all_equal(resumed["server"], full["server"])
+  chex.assert_trees_all_equal(resumed["state"]["server"], full["state"]["server"])
   assert json.loads((tmp_path / "split" / "results.json").read_text()) == results
 
 
@@ -192,12 +195,12 @@ def test_experiment_configs_validate():
   quick, fedavg_quick = module.get_config("glfc_quick"), module.get_config("fedavg_cil_quick")
   paper = module.get_config("glfc")
   for config in (quick, paper):
-    cil_train.validate_cil_config(config)
-    assert config.method == "glfc" and config.glfc.old_model == "proxy"
+    validate_config(config)
+    assert config.algorithm == "glfc" and config.glfc.old_model == "proxy"
   assert quick.scenario.to_dict() == fedavg_quick.scenario.to_dict()
   assert (paper.glfc.memory_size, paper.glfc.entropy_threshold, paper.local.lr) == (
       2000, 1.2, 2.0)
   broken = module.get_config("glfc")
   broken.glfc.transition = "oracle"
   with pytest.raises(Exception, match="config.glfc.transition"):
-    cil_train.validate_cil_config(broken)
+    validate_config(broken)

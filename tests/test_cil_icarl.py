@@ -1,4 +1,4 @@
-"""Tests of iCaRL + FL on the class-incremental trainer (`fedjax_het.cil.icarl`)."""
+"""Tests of iCaRL + FL on the class-incremental task stream (`fedjax_het.algorithms.icarl_fl`)."""
 
 import json
 import pathlib
@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.cil import glfc as glfc_lib
-from fedjax_het.cil import icarl as icarl_lib
+from fedjax_het.algorithms import glfc as glfc_lib
+from fedjax_het.algorithms import icarl_fl as icarl_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
-from fedjax_het.cil import train as cil_train
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.config import base_config, validate_config
+from fedjax_het.train import train_and_evaluate
 from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
@@ -137,7 +139,7 @@ def test_class_means_and_nme_evaluation_match_numpy(stream):
   settings = _settings(rounds_per_task=1, clients_per_round=3, epochs=2, batch_size=8)
   model = TinyMLP(num_classes=stream.num_classes)
   _, algorithm = _algorithm(stream, settings, _icarl(stream, memory=6), model)
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   round_fn = jax.jit(rounds.make_round_fn(algorithm))
   state = rounds.initial_state(algorithm, jax.random.key(3), data)
   norm = normalizer(stream.mean, stream.std)
@@ -212,9 +214,9 @@ def test_end_to_end_and_resume_mid_task_are_bit_identical(tmp_path):
   assert all(r["eval/predicted_unseen"] == 0 for r in ends)
 
   # Stopped in the middle of task 1, then rerun: ends bit-identical, state included.
-  part = cil_train.train_class_incremental(config, tmp_path / "split", max_rounds=3)
+  part = train_and_evaluate(config, tmp_path / "split", max_rounds=3)
   assert part["rounds_done"] == 3
-  resumed = cil_train.train_class_incremental(config, tmp_path / "split")
+  resumed = train_and_evaluate(config, tmp_path / "split")
   assert resumed["rounds_done"] == 4
   chex.assert_trees_all_equal(resumed["state"], full["state"])
   assert int(np.asarray(full["state"]["clients"].memory.valid).sum()) > 0
@@ -227,8 +229,8 @@ def test_experiment_configs_validate():
   for name in module.VARIANTS:
     if name.startswith("icarl_fl"):
       config = module.get_config(name)
-      cil_train.validate_cil_config(config)
-      assert config.method == "icarl_fl" and config.local.lr_schedule == (
+      validate_config(config)
+      assert config.algorithm == "icarl_fl" and config.local.lr_schedule == (
           "constant" if name.endswith("_quick") else "glfc_code")
   paper, quick = module.get_config("icarl_fl"), module.get_config("icarl_fl_quick")
   assert (paper.icarl.memory_size, paper.icarl.distinct_exemplars, paper.local.lr,
@@ -250,16 +252,16 @@ def test_experiment_configs_validate():
     ("local.lr_schedule", "cosine", "('constant', 'glfc_code')"),
 ])
 def test_bad_fields_name_the_field(field, value, allowed):
-  config = cil_train.cil_config("icarl_fl")
+  config = base_config("icarl_fl")
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ConfigError) as error:
-    cil_train.validate_cil_config(config)
+    validate_config(config)
   assert f"config.{field}" in str(error.value) and allowed in str(error.value)
 
 
 def test_missing_icarl_section_is_named():
-  config = cil_train.cil_config("fedavg_cil")
-  config.method = "icarl_fl"
+  config = base_config("fedavg_cil")
+  config.algorithm = "icarl_fl"
   with pytest.raises(ConfigError, match=r"config\.icarl must be a section"):
-    cil_train.validate_cil_config(config)
+    validate_config(config)

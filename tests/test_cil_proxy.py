@@ -1,4 +1,4 @@
-"""Tests of GLFC's proxy server in training (`fedjax_het.cil.proxy`) and its use by `cil.glfc`."""
+"""Tests of GLFC's proxy server in training (`fedjax_het.cil.proxy`) and its use by `algorithms.glfc`."""
 
 import chex
 import jax
@@ -8,10 +8,12 @@ import pytest
 
 from fedjax_het import models
 from fedjax_het.cil import gradient_inversion as gi
-from fedjax_het.cil import glfc as glfc_lib
+from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import proxy as proxy_lib
-from fedjax_het.cil import train as cil_train
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.config import validate_config
+from fedjax_het.train import train_and_evaluate
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
 from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
@@ -209,7 +211,7 @@ def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, se
                                  eval_batch_size=16)
   run = jax.jit(chex.assert_max_traces(
       rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(0), data)
   assert "old_model" not in state and "proxy" in state
   chex.clear_trace_counter()
@@ -245,7 +247,7 @@ def test_glfc_config_with_proxy_trains_end_to_end(tmp_path):
   config.glfc.memory_size = 8
   config.glfc.proxy.reconstruction_steps = 5
   config.glfc.proxy.monitor_images = 2
-  out = cil_train.train_class_incremental(config, tmp_path)
+  out = train_and_evaluate(config, tmp_path)
   assert out["rounds_done"] == 4
   records = out["records"]
   assert all("proxy/monitor_accuracy" in r and "proxy/gradients" in r for r in records)
@@ -268,7 +270,7 @@ def test_bad_proxy_fields_are_refused(field, value, allowed):
     target = target[part]
   target[name] = value
   with pytest.raises(Exception, match=f"config.{field}") as error:
-    cil_train.validate_cil_config(config)
+    validate_config(config)
   assert allowed in str(error.value)
 
 

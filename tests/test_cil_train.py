@@ -1,4 +1,5 @@
-"""Tests of the class-incremental trainer `fedjax_het.cil.train` (FedAvg on the task stream)."""
+"""Tests of FedAvg on the class-incremental task stream (`algorithms.fedavg_cil`, `cil.stream`)
+trained by the one trainer (`fedjax_het.train`)."""
 
 import dataclasses
 import json
@@ -11,7 +12,10 @@ import numpy as np
 import pytest
 
 from fedjax_het.cil import metrics as cil_metrics
-from fedjax_het.cil import train as cil_train
+from fedjax_het.algorithms import fedavg_cil
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.config import base_config, validate_config
+from fedjax_het.train import train_and_evaluate
 from fedjax_het.config import load_module
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
@@ -31,12 +35,12 @@ def tiny_stream():
 
 
 def tiny_settings(**overrides):
-  """`cil_train.Settings` of `tiny_stream` (2 rounds per task, 2 clients per round)."""
+  """`cil_stream.StreamSettings` of `tiny_stream` (2 rounds per task, 2 clients per round)."""
   base = dict(num_tasks=2, classes_per_task=2, rounds_per_task=2, clients_per_round=2,
               optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0, epochs=1,
               batch_size=64, sequential=False)
   base.update(overrides)
-  return cil_train.Settings(**base)
+  return cil_stream.StreamSettings(**base)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ _settings = tiny_settings
 
 def _algorithm(stream, settings, model=None):
   model = model or TinyLinear(num_classes=stream.num_classes)
-  return model, cil_train.make_fedavg_cil(settings, model, stream.mean, stream.std,
+  return model, fedavg_cil.make_fedavg_cil(settings, model, stream.mean, stream.std,
                                           stream.max_client_size)
 
 
@@ -60,7 +64,7 @@ def run_across_a_task_change(algorithm, stream):
   """
   run = jax.jit(chex.assert_max_traces(
       rounds.make_run_rounds(rounds.make_round_fn(algorithm), 1), n=1))
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(0), data)
   chex.clear_trace_counter()
   tasks = []
@@ -79,7 +83,7 @@ def test_round_traces_once_across_a_task_change(stream):
 
 def test_unseen_classes_get_no_gradient_and_are_never_predicted(stream):
   model, algorithm = _algorithm(stream, _settings(epochs=2, batch_size=4))
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(1), data)
   round_fn = jax.jit(rounds.make_round_fn(algorithm))
   new_state, _ = round_fn(state, data)  # round 0: task 0, classes {0, 1} seen
@@ -91,7 +95,7 @@ def test_unseen_classes_get_no_gradient_and_are_never_predicted(stream):
   # Push the unseen classes' logits up: still never predicted while unseen.
   variables = jax.tree_util.tree_map(lambda x: x, new_state["server"])
   variables["params"]["head"]["bias"] = jnp.asarray([0.0, 0.0, 1e6, 1e6])
-  counts = jax.jit(cil_train.make_class_counts(model, stream.mean, stream.std, 4,
+  counts = jax.jit(cil_stream.make_class_counts(model, stream.mean, stream.std, 4,
                                                len(stream.test_labels), 7))
   correct, total, predicted = counts(variables, stream.test_images, stream.test_labels,
                                      jnp.int32(2))
@@ -107,7 +111,7 @@ def test_one_round_equals_a_hand_computed_fedavg(stream):
   # One epoch, batch >= every client: each sampled client takes one full-batch GD step.
   settings = _settings(lr=lr, batch_size=stream.max_client_size)
   _, algorithm = _algorithm(stream, settings)
-  data = jax.device_put(cil_train.stream_arrays(stream))
+  data = jax.device_put(cil_stream.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(2), data)
   new_state, metrics = jax.jit(rounds.make_round_fn(algorithm))(state, data)
   clients = np.asarray(metrics["clients"])
@@ -144,7 +148,7 @@ def test_one_round_equals_a_hand_computed_fedavg(stream):
 
 
 def _rates(settings, round_index):
-  return np.asarray(cil_train.epoch_learning_rates(settings, jnp.int32(round_index)))
+  return np.asarray(cil_stream.epoch_learning_rates(settings, jnp.int32(round_index)))
 
 
 def test_glfc_code_lr_schedule_is_the_codes_table_for_10_rounds_of_20_epochs():
@@ -157,7 +161,7 @@ def test_glfc_code_lr_schedule_is_the_codes_table_for_10_rounds_of_20_epochs():
   table[5] = [lr / 5] * 20
   table[7] = [lr] * 10 + [lr / 25] * 10
   table[9] = [lr / 125] * 20
-  rates = jax.jit(chex.assert_max_traces(cil_train.epoch_learning_rates, n=1),
+  rates = jax.jit(chex.assert_max_traces(cil_stream.epoch_learning_rates, n=1),
                   static_argnums=0)
   chex.clear_trace_counter()
   for r in range(30):   # three tasks: the schedule restarts with every task
@@ -190,7 +194,7 @@ def test_glfc_code_lr_schedule_generalises_by_fractions_of_the_task():
 
 def tiny_cil_config(method="fedavg_cil"):
   """A 2-task, 4-class synthetic stream over a few clients (shared with test_cil_glfc)."""
-  c = cil_train.cil_config(method)
+  c = base_config(method)
   c.name = "tiny"
   c.compilation_cache_dir = ""
   c.scenario.source = "synthetic"
@@ -202,7 +206,7 @@ def tiny_cil_config(method="fedavg_cil"):
   c.scenario.test_size = 20
   c.cil.rounds_per_task = 2
   c.cil.clients_per_round = 2
-  c.models.architecture = "simple_cnn"
+  c.models.architectures = ("simple_cnn",)
   c.models.width = 0.5
   c.local.lr = 0.05
   c.local.epochs = 1
@@ -220,7 +224,7 @@ def train_tiny_and_check_table1(config, workdir):
   counts recorded at the task ends (rounds 2 and 4). Returns (the trainer's
   output, results.json, the metrics records, the accuracy matrix).
   """
-  full = cil_train.train_class_incremental(config, workdir)
+  full = train_and_evaluate(config, workdir)
   assert full["rounds_done"] == 4
   results = json.loads((workdir / "results.json").read_text())
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -247,11 +251,11 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
   assert cil_metrics.table1_row("FedAvg (fine-tuning)", matrix.seen, 2) in table
 
   # Stopped after task 0, then rerun: resumes and ends bit-identical.
-  part = cil_train.train_class_incremental(config, tmp_path / "split", max_rounds=2)
+  part = train_and_evaluate(config, tmp_path / "split", max_rounds=2)
   assert part["rounds_done"] == 2 and part["results"]["tasks_done"] == 1
-  resumed = cil_train.train_class_incremental(config, tmp_path / "split")
+  resumed = train_and_evaluate(config, tmp_path / "split")
   assert resumed["rounds_done"] == 4
-  chex.assert_trees_all_equal(resumed["server"], full["server"])
+  chex.assert_trees_all_equal(resumed["state"]["server"], full["state"]["server"])
   assert json.loads((tmp_path / "split" / "results.json").read_text()) == results
   split_records = [json.loads(line) for line in
                    (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
@@ -263,7 +267,7 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
   changed = tiny_cil_config()
   changed.local.lr = 0.1
   with pytest.raises(WorkdirError, match="config.local.lr"):
-    cil_train.train_class_incremental(changed, tmp_path / "split")
+    train_and_evaluate(changed, tmp_path / "split")
 
 
 @pytest.mark.parametrize("field,value,allowed", [
@@ -271,17 +275,17 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
     ("scenario.num_tasks", 7, "a divisor of the 100 classes"),
     ("local.optimizer", "rmsprop", "('adam', 'sgd')"),
     ("scenario.client_data", "mixed", "('overlap', 'disjoint')"),
-    ("models.architecture", "vgg", "one of"),
-    ("cil.rounds_per_call", 3, "dividing cil.rounds_per_task=10"),
-    ("method", "fedprox", "('fedavg_cil', 'glfc', 'icarl_fl')"),
+    ("models.architectures", ("vgg",), "one name"),
+    ("rounds_per_call", 3, "dividing cil.rounds_per_task=10"),
+    ("algorithm", "fedprox", "('glfc', 'icarl_fl', 'fedavg_cil')"),
     ("local.lr_schedule", "step", "('constant', 'glfc_code')"),
 ])
 def test_validation_errors_name_the_field(field, value, allowed):
-  config = cil_train.cil_config()
+  config = base_config("fedavg_cil")
   section, name = field.rpartition(".")[::2] if "." in field else ("", field)
   (config[section] if section else config)[name] = value
   with pytest.raises(ConfigError) as error:
-    cil_train.validate_cil_config(config)
+    validate_config(config)
   assert f"config.{field}" in str(error.value) and allowed in str(error.value)
 
 
@@ -290,13 +294,13 @@ def test_experiment_configs_validate():
   assert len(module.VARIANTS) == 15
   for variant in module.VARIANTS:  # every method x {T=10, _tasks5, _tasks10, _tasks20, _quick}
     config = module.get_config(variant)
-    cil_train.validate_cil_config(config)
+    validate_config(config)
     assert config.scenario.name == "class_incremental" and config.name == f"cifar100_{variant}"
     # The code's decays for the full-size settings; quick runs (25 epochs a task): constant.
     assert config.local.lr_schedule == ("constant" if variant.endswith("_quick")
                                         else "glfc_code")
     method, _, tasks = variant.removesuffix("_quick").partition("_tasks")
-    assert config.method == method
+    assert config.algorithm == method
     if tasks:
       t = int(tasks)
       assert (config.scenario.num_tasks, config.scenario.initial_clients,
@@ -311,6 +315,6 @@ def test_experiment_configs_validate():
   paper = module.get_config("fedavg_cil")
   assert (paper.scenario.num_tasks, paper.scenario.initial_clients,
           paper.scenario.new_clients_per_task, paper.cil.clients_per_round,
-          paper.cil.rounds_per_task, paper.models.architecture, paper.local.lr,
-          paper.local.epochs, paper.local.batch_size) == (10, 30, 10, 10, 10, "glfc_resnet18",
+          paper.cil.rounds_per_task, paper.models.architectures, paper.local.lr,
+          paper.local.epochs, paper.local.batch_size) == (10, 30, 10, 10, 10, ("glfc_resnet18",),
                                                           0.1, 20, 128)

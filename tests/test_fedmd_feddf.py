@@ -20,7 +20,8 @@ from fedjax_het import losses
 from fedjax_het.algorithms import feddf, fedmd, solo
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, public
-from fedjax_het.train import Experiment, train_and_evaluate
+from fedjax_het.experiment import Experiment
+from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_models import TinyLinear
 

@@ -100,7 +100,8 @@ def test_unknown_compute_dtype_names_the_allowed_values():
 def test_a_bfloat16_run_trains_from_the_config_with_float32_state(tmp_path):
   from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
   from fedjax_het.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  from fedjax_het.train import Experiment, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from fedjax_het.experiment import Experiment
+  from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from tests.test_train import tiny_config  # pylint: disable=g-import-not-at-top
 
   config = tiny_config("fcclplus", **{"models.compute_dtype": "bfloat16", "num_rounds": 1})

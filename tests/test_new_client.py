@@ -19,7 +19,8 @@ from fedjax_het.engine import local
 from fedjax_het.engine.clients import ClientGroup
 from fedjax_het.engine.optim import make_optimizer
 from fedjax_het.errors import ConfigError, WorkdirError
-from fedjax_het.train import build_scenario, train_and_evaluate
+from fedjax_het.experiment import build_scenario
+from fedjax_het.train import train_and_evaluate
 from tests.tiny_models import TinyBatchNorm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

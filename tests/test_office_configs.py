@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import data
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError, UserError
 from tests.real_data import real_data_dir
@@ -154,7 +154,7 @@ def test_whole_domain_test_sets_hold_the_training_images_and_held_out_ones_do_no
     config = _tiny("office31_fcclplus_quick", bundle, **{"scenario.office_test": protocol})
     config.scenario.private_sizes.update({"amazon": 20, "dslr": 12, "webcam": 16})
     validate_config(config)
-    scenario = train_lib.build_scenario(config)  # the trainer's path from the config
+    scenario = experiment_lib.build_scenario(config)  # the trainer's path from the config
     assert scenario.office_test == protocol and scenario.metadata()["office_test"] == protocol
     by_protocol[protocol] = scenario
   for i, domain in enumerate(("amazon", "dslr", "webcam")):
@@ -190,7 +190,7 @@ def test_whole_domain_protocol_with_an_image_folder(tmp_path):
         "scenario.office_test": protocol, "scenario.sources.caltech": f"folder:{root}"})
     config.scenario.private_sizes.update({"amazon": 10, "caltech": 12, "dslr": 8,
                                           "webcam": 8})
-    scenario = train_lib.build_scenario(config)
+    scenario = experiment_lib.build_scenario(config)
     assert scenario.sources["caltech"] == f"folder:{root}"
     assert scenario.class_names == CALTECH_CLASSES
     tests[protocol] = scenario
@@ -201,11 +201,11 @@ def test_whole_domain_protocol_with_an_image_folder(tmp_path):
 
 
 def test_results_header_names_the_protocol_and_top_k():
-  assert train_lib._office_test_line("", 1) == ""  # not an Office scenario
-  line = train_lib._office_test_line("whole_domain", 5)
+  assert experiment_lib._office_test_line("", 1) == ""  # not an Office scenario
+  line = experiment_lib._office_test_line("whole_domain", 5)
   assert "scenario.office_test='whole_domain'" in line and "top-5 accuracy" in line
   assert "training images included" in line
-  assert "held-out images" in train_lib._office_test_line("held_out", 1)
+  assert "held-out images" in experiment_lib._office_test_line("held_out", 1)
 
 
 # ----------------------------------------------------------------------------- missing data
@@ -216,7 +216,7 @@ def test_missing_caltech_folder_stops_with_one_line_naming_field_and_layout(tmp_
                                (("amazon", 40), ("dslr", 30), ("webcam", 30)), num_classes=10)
   config = _tiny("caltech_fcclplus_quick", bundle)
   with pytest.raises(data.DataUnavailableError) as info:
-    train_lib.build_scenario(config)
+    experiment_lib.build_scenario(config)
   message = str(info.value)
   assert isinstance(info.value, UserError) and "\n" not in message
   for part in ("'caltech'", "--config.scenario.sources.caltech=folder:<path>",
@@ -230,13 +230,13 @@ def test_missing_caltech_folder_stops_with_one_line_naming_field_and_layout(tmp_
   config = _tiny("caltech_fcclplus_quick", bundle,
                  **{"scenario.sources.caltech": f"folder:{tmp_path / 'nowhere'}"})
   with pytest.raises(data.DataUnavailableError, match=r"'caltech' \(source 'folder:.*nowhere"):
-    train_lib.build_scenario(config)
+    experiment_lib.build_scenario(config)
 
 
 def test_missing_office_home_names_every_domain_in_one_line(tmp_path):
   config = _tiny("home_fcclplus_quick", tmp_path)  # an empty data directory
   with pytest.raises(data.DataUnavailableError) as info:
-    train_lib.build_scenario(config)
+    experiment_lib.build_scenario(config)
   message = str(info.value)
   assert "\n" not in message
   assert "domains 'art', 'clipart', 'product', 'real_world'" in message
@@ -270,11 +270,11 @@ def real_dir():
 
 def test_real_office31_whole_domain_test_sets(real_dir):
   config = _tiny("office31_fcclplus", real_dir, **{"scenario.office_test": "whole_domain"})
-  scenario = train_lib.build_scenario(config)
+  scenario = experiment_lib.build_scenario(config)
   assert [len(t) for t in scenario.train] == [1082, 192, 305]  # Table V
   assert {d: len(t) for d, t in scenario.test.items()} == {
       "amazon": 2817, "dslr": 498, "webcam": 795}  # every image of each domain
-  held_out = train_lib.build_scenario(_tiny("office31_fcclplus", real_dir))
+  held_out = experiment_lib.build_scenario(_tiny("office31_fcclplus", real_dir))
   assert {d: len(t) for d, t in held_out.test.items()} == {
       "amazon": 562, "dslr": 98, "webcam": 158}
 

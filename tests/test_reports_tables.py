@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from fedjax_het import grid
-from fedjax_het.cil.train import validate_cil_config
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import paper_numbers as P
@@ -32,7 +31,7 @@ def test_every_cell_builds_a_valid_config_at_both_scales():
       for cell in grid.plan(table, scale, [0, 1]):
         config = grid.cell_config(cell)
         if table.family == "class_incremental":
-          validate_cil_config(config)
+          validate_config(config)
         else:
           validate_config(config)
         assert config.seed == cell.seed and config.name.endswith(f"_seed{cell.seed}")

@@ -17,7 +17,8 @@ import pytest
 from fedjax_het.algorithms import rhfl
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, public
-from fedjax_het.train import Experiment, train_and_evaluate
+from fedjax_het.experiment import Experiment
+from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import grouped_data, round_data_with_public
 from tests.tiny_models import TinyLinear

@@ -26,7 +26,8 @@ from fedjax_het import algorithms, evaluation, losses, models, validation
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, api, clients, cohort, local
-from fedjax_het.train import Experiment, train_and_evaluate
+from fedjax_het.experiment import Experiment
+from fedjax_het.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "fedjax_het"

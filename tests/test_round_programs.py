@@ -10,7 +10,8 @@ import pytest
 
 from fedjax_het import algorithms
 from fedjax_het import config as config_lib
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het import trace_cache
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.engine import programs, rounds
@@ -116,7 +117,7 @@ def test_the_memory_estimate_is_the_largest_stage():
   peak = compiled.memory_analysis()  # c: 23 bytes of temporaries + outputs
   assert (peak.temp_size_in_bytes, peak.output_size_in_bytes) == (3, 20)
   assert peak.argument_size_in_bytes == 9
-  assert train_lib.estimated_bytes(compiled) == 23
+  assert resources.estimated_bytes(compiled) == 23
   unknown = types.SimpleNamespace(memory_analysis=lambda: None)
   assert programs.CompiledStages(["a"], [unknown], 1, {}).memory_analysis() is None
 
@@ -130,7 +131,7 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
     config_lib.validate_config(tiny_config("solo", round_programs="many"))
   with pytest.raises(ConfigError, match=r"config.round_programs='stages' needs a method whose "
                                         r"round is given as stages"):
-    train_lib.Experiment(tiny_config("solo", round_programs="stages"))
+    experiment_lib.Experiment(tiny_config("solo", round_programs="stages"))
   assert "round_programs" in workdir_lib.NEUTRAL_FIELDS  # same bits, so a resume may change it
   for name in ("fccl", "fcclplus", "fedmd", "feddf", "rhfl", "fedmatch"):  # staged rounds
     assert [s.name for s in algorithms.get_method(name).make(
@@ -138,7 +139,7 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
 
 
 def _made(name):
-  experiment = train_lib.Experiment(tiny_config(name, round_programs="one"))
+  experiment = experiment_lib.Experiment(tiny_config(name, round_programs="one"))
   return experiment.config, experiment.setup
 
 
@@ -159,7 +160,7 @@ def test_fcclplus_stage_programs_compute_the_one_program_bits_and_trace_once(tmp
   # trace_cache="on": `counted` is defined outside the package, where "auto" would not cache.
   config = tiny_config("fcclplus", rounds_per_call=3, compilation_cache_dir=str(tmp_path),
                        trace_cache="on", **{"models.architectures": ("simple_cnn",)})
-  first = train_lib.Experiment(config)
+  first = experiment_lib.Experiment(config)
   assert first.round_programs == "stages"
   assert [name for name, _ in first.stage_programs] == ["public", "local"]
   state = first.init_state()
@@ -167,7 +168,7 @@ def test_fcclplus_stage_programs_compute_the_one_program_bits_and_trace_once(tmp
   assert isinstance(missed, programs.LoweredStages) and not missed.hit
   assert len(list((tmp_path / trace_cache.FOLDER).glob(f"*{trace_cache.SUFFIX}"))) == 2
 
-  second = train_lib.Experiment(config, scenario=first.scenario)
+  second = experiment_lib.Experiment(config, scenario=first.scenario)
   read = second.lower_rounds(state)  # both stages from the cache: no trace
   assert read.hit and read.as_text() == missed.as_text()
   compiled = read.compile()
@@ -176,7 +177,7 @@ def test_fcclplus_stage_programs_compute_the_one_program_bits_and_trace_once(tmp
 
   chex.clear_trace_counter()  # the one-program round traces the same stage bodies once more
   config.round_programs, config.trace_cache = "one", "off"
-  one = train_lib.Experiment(config, scenario=first.scenario)
+  one = experiment_lib.Experiment(config, scenario=first.scenario)
   expected = one.run_rounds(state, one.data)
   assert _bitwise_equal(out, expected)
   assert _bitwise_equal(again, one.run_rounds(expected[0], one.data))

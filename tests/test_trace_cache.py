@@ -14,7 +14,7 @@ import pytest
 from fedjax_het import config as config_lib
 from fedjax_het import models
 from fedjax_het import trace_cache
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fcclplus
 from fedjax_het.errors import ConfigError
@@ -35,7 +35,7 @@ def _bitwise_equal(a, b):
 def counted_traces(monkeypatch):
   """Counts the traces of every Experiment's round body made after the fixture starts."""
   count = {"traces": 0}
-  make = train_lib.rounds.make_round_fn
+  make = experiment_lib.rounds.make_round_fn
 
   def counting_make_round_fn(algorithm):
     round_fn = make(algorithm)
@@ -53,9 +53,9 @@ def counted_traces(monkeypatch):
       return run
     return tuple((name, counted(fn)) for name, fn in make_stages(algorithm))
 
-  make_stages = train_lib.rounds.make_stage_fns
-  monkeypatch.setattr(train_lib.rounds, "make_round_fn", counting_make_round_fn)
-  monkeypatch.setattr(train_lib.rounds, "make_stage_fns", counting_make_stage_fns)
+  make_stages = experiment_lib.rounds.make_stage_fns
+  monkeypatch.setattr(experiment_lib.rounds, "make_round_fn", counting_make_round_fn)
+  monkeypatch.setattr(experiment_lib.rounds, "make_stage_fns", counting_make_stage_fns)
   return count
 
 
@@ -67,7 +67,7 @@ def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path
   # The round as one program (stage programs: tests/test_round_programs.py).
   config = tiny_config(variant, compilation_cache_dir=str(tmp_path / "cache"),
                        round_programs="one")
-  first = train_lib.Experiment(config)
+  first = experiment_lib.Experiment(config)
   assert first.trace_cache_directory() == tmp_path / "cache" / trace_cache.FOLDER
   state = first.init_state()
   missed = first.lower_rounds(state)
@@ -75,7 +75,7 @@ def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path
   saved = sorted(p.suffix for p in (tmp_path / "cache" / trace_cache.FOLDER).iterdir())
   assert saved == [trace_cache.SUFFIX, ".json"]
 
-  second = train_lib.Experiment(config, scenario=first.scenario)
+  second = experiment_lib.Experiment(config, scenario=first.scenario)
   read = second.lower_rounds(state)
   assert read.hit and counted_traces["traces"] == 1  # read, not traced
   # The miss lowers the program it saved, read back: the hit compiles the very same module.
@@ -85,44 +85,44 @@ def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path
 
   # The cached program is the round itself: jax.jit of it (no cache) gives the same bits.
   config.trace_cache = "off"
-  plain = train_lib.Experiment(config, scenario=first.scenario)
+  plain = experiment_lib.Experiment(config, scenario=first.scenario)
   assert plain.trace_cache_directory() is None
   assert _bitwise_equal(out_cached, plain.run_rounds(state, plain.data))
 
 
 def test_another_config_value_is_another_entry(tmp_path, counted_traces):
   config = tiny_config("solo", compilation_cache_dir=str(tmp_path))
-  experiment = train_lib.Experiment(config)
+  experiment = experiment_lib.Experiment(config)
   state = experiment.init_state()
   assert not experiment.lower_rounds(state).hit
   config.local.lr = 0.5 * config.local.lr
-  changed = train_lib.Experiment(config, scenario=experiment.scenario)
+  changed = experiment_lib.Experiment(config, scenario=experiment.scenario)
   assert not changed.lower_rounds(state).hit
   assert counted_traces["traces"] == 2
   assert len(list((tmp_path / trace_cache.FOLDER).glob(f"*{trace_cache.SUFFIX}"))) == 2
   # A field that never changes the numbers keeps the entry.
   config.logging.plots = not config.logging.plots
   config.name = "renamed"
-  assert train_lib.Experiment(config, scenario=experiment.scenario).lower_rounds(state).hit
+  assert experiment_lib.Experiment(config, scenario=experiment.scenario).lower_rounds(state).hit
 
 
 def test_an_unreadable_entry_is_traced_again_and_replaced(tmp_path, counted_traces):
   config = tiny_config("solo", compilation_cache_dir=str(tmp_path))
-  experiment = train_lib.Experiment(config)
+  experiment = experiment_lib.Experiment(config)
   state = experiment.init_state()
   experiment.lower_rounds(state)
   (program,) = (tmp_path / trace_cache.FOLDER).glob(f"*{trace_cache.SUFFIX}")
   program.write_bytes(b"not a flatbuffer")
-  again = train_lib.Experiment(config, scenario=experiment.scenario)
+  again = experiment_lib.Experiment(config, scenario=experiment.scenario)
   assert not again.lower_rounds(state).hit
   assert counted_traces["traces"] == 2
-  assert train_lib.Experiment(config, scenario=experiment.scenario).lower_rounds(state).hit
+  assert experiment_lib.Experiment(config, scenario=experiment.scenario).lower_rounds(state).hit
 
 
 def test_no_cache_without_a_cache_dir_or_when_off():
-  assert train_lib.Experiment(tiny_config("solo")).trace_cache_directory() is None
+  assert experiment_lib.Experiment(tiny_config("solo")).trace_cache_directory() is None
   off = tiny_config("solo", compilation_cache_dir="/tmp/x", trace_cache="off")
-  assert train_lib.Experiment(off).trace_cache_directory() is None
+  assert experiment_lib.Experiment(off).trace_cache_directory() is None
 
 
 def test_the_mode_is_validated_with_the_field_named():

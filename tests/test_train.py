@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from fedjax_het import reporting
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds, sharding
-from fedjax_het.train import Experiment, train_and_evaluate
+from fedjax_het.experiment import Experiment
+from fedjax_het.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -124,7 +126,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
 
 def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monkeypatch):
   config = tiny_config(**{"name": "memory", "num_rounds": 1, "logging.plots": False})
-  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 1024)
+  monkeypatch.setattr(resources, "available_memory_bytes", lambda device: 1024)
   with pytest.raises(MemoryError, match=r"needs about .* GiB for one round .* Lower "
                      r"config.collaborative.batch_size \(32\), config.local.batch_size \(16\)"):
     train_and_evaluate(config, tmp_path)
@@ -175,8 +177,8 @@ def test_compile_all_compiles_the_evaluation_in_a_worker_before_the_rounds_compi
 def test_memory_estimate_is_positive_and_below_this_machine():
   experiment = Experiment(tiny_config(name="memory_estimate"))
   compiled = experiment.compile_rounds(experiment.init_state())
-  need = train_lib.check_round_memory(compiled, experiment.config, available=None)
-  assert 0 < need < train_lib.available_memory_bytes(jax.devices()[0])
+  need = resources.check_round_memory(compiled, experiment.config, available=None)
+  assert 0 < need < resources.available_memory_bytes(jax.devices()[0])
 
 
 @pytest.mark.parametrize("variant", ["fcclplus", pytest.param("fccl", marks=pytest.mark.slow),
@@ -304,10 +306,10 @@ def test_cli_runs_the_quick_config_with_overrides(tmp_path):
 def test_rounds_to_target_is_the_first_round_reaching_the_mean_accuracy():
   records = [{"round": 1, "eval/accuracy/mean": 40.0}, {"round": 2},
              {"round": 3, "eval/accuracy/mean": 55.0}, {"round": 4, "eval/accuracy/mean": 50.0}]
-  assert train_lib.rounds_to_target(records, ("accuracy",), 50.0) == 3
-  assert train_lib.rounds_to_target(records, ("accuracy",), 60.0) is None
+  assert experiment_lib.rounds_to_target(records, ("accuracy",), 50.0) == 3
+  assert experiment_lib.rounds_to_target(records, ("accuracy",), 60.0) is None
   domain = [{"round": 1, "eval/intra/mean": 70.0, "eval/inter/mean": 10.0}]
-  assert train_lib.rounds_to_target(domain, ("inter", "intra"), 65.0) == 1
+  assert experiment_lib.rounds_to_target(domain, ("inter", "intra"), 65.0) == 1
 
 
 def test_one_architecture_name_applies_to_every_participant():

@@ -12,10 +12,12 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.errors import ConfigError, UserError, WorkdirError
-from fedjax_het.train import Experiment, train_and_evaluate
+from fedjax_het.experiment import Experiment
+from fedjax_het.train import train_and_evaluate
 from tests.test_train import REPO, tiny_config  # noqa: F401  (its autouse fixture too)
 from tests.test_train import _shared_cache  # noqa: F401  pylint: disable=unused-import
 
@@ -60,7 +62,7 @@ def test_resume_with_a_changed_config_is_refused_and_writes_nothing(finished_run
 def test_resume_with_different_data_is_refused(finished_run, monkeypatch):
   config, workdir, _ = finished_run
   before = _snapshot(workdir)
-  build = train_lib.build_scenario
+  build = experiment_lib.build_scenario
 
   def one_pixel_changed(cfg):
     scenario = build(cfg)
@@ -69,7 +71,7 @@ def test_resume_with_different_data_is_refused(finished_run, monkeypatch):
     train = (dataclasses.replace(scenario.train[0], images=images),) + scenario.train[1:]
     return dataclasses.replace(scenario, train=train)
 
-  monkeypatch.setattr(train_lib, "build_scenario", one_pixel_changed)
+  monkeypatch.setattr(experiment_lib, "build_scenario", one_pixel_changed)
   with pytest.raises(WorkdirError, match="the data differ .*same sources, different contents"):
     train_and_evaluate(config, workdir)
   assert _snapshot(workdir) == before
@@ -159,7 +161,7 @@ def test_clients_smaller_than_a_batch_or_the_classes_are_named(caplog):
 
 def test_user_errors_are_value_errors_where_they_were():
   assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, UserError)
-  assert issubclass(train_lib.RoundTooLargeError, MemoryError)
+  assert issubclass(resources.RoundTooLargeError, MemoryError)
 
 
 def test_cli_prints_one_line_for_a_user_error_and_a_traceback_when_verbose(tmp_path):
@@ -180,9 +182,9 @@ def test_cli_prints_one_line_for_a_user_error_and_a_traceback_when_verbose(tmp_p
 
 def test_data_fingerprint_sees_one_pixel_and_one_label():
   experiment_free = tiny_config()
-  scenario = train_lib.build_scenario(experiment_free)
+  scenario = experiment_lib.build_scenario(experiment_free)
   base = workdir_lib.data_fingerprint(scenario)
-  assert workdir_lib.data_fingerprint(train_lib.build_scenario(experiment_free)) == base
+  assert workdir_lib.data_fingerprint(experiment_lib.build_scenario(experiment_free)) == base
   labels = scenario.train[1].labels.copy()
   labels[0] = (labels[0] + 1) % 10
   train = list(scenario.train)

@@ -9,7 +9,8 @@ import sys
 import jax
 import pytest
 
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.engine import xla_cpu
 from fedjax_het.errors import ConfigError
@@ -54,7 +55,7 @@ def test_config_validation_names_the_scheduler_field():
   config = tiny_config(xla_cpu_scheduler="low")
   with pytest.raises(ConfigError, match=r"xla_cpu_scheduler.*one of \('auto', 'concurrency', "
                                         r"'memory'\)"):
-    train_lib.validate_config(config)
+    experiment_lib.validate_config(config)
 
 
 # Run in a fresh process (the flag is read when the backend starts): one FCCL+ round of the tiny
@@ -65,10 +66,11 @@ sys.path.insert(0, {repo!r})
 from fedjax_het.engine import xla_cpu
 in_force = xla_cpu.set_xla_cpu_scheduler({choice!r})
 import jax, numpy as np
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het import workdir as workdir_lib
 from tests.test_train import tiny_config
-experiment = train_lib.Experiment(tiny_config(num_rounds=1))
+experiment = experiment_lib.Experiment(tiny_config(num_rounds=1))
 state = experiment.init_state()
 compiled = experiment.compile_rounds(state)
 state, _ = compiled(state, experiment.data)
@@ -76,7 +78,7 @@ digest = hashlib.sha256()
 for leaf in jax.tree_util.tree_leaves(jax.tree_util.tree_map(np.asarray, state)):
   digest.update(np.ascontiguousarray(leaf).tobytes())
 print(json.dumps({{"in_force": in_force, "xla_flags": __import__("os").environ["XLA_FLAGS"],
-                  "need": train_lib.estimated_bytes(compiled), "digest": digest.hexdigest()}}))
+                  "need": resources.estimated_bytes(compiled), "digest": digest.hexdigest()}}))
 """
 
 
@@ -105,13 +107,13 @@ def test_the_memory_scheduler_is_in_force_lowers_the_estimate_and_keeps_every_bi
 def _record_convolutions(monkeypatch) -> list[tuple[str, str]]:
   """The (conv_impl, public_conv_impl) of every Experiment built from now on, in order."""
   built = []
-  init = train_lib.Experiment.__init__
+  init = experiment_lib.Experiment.__init__
 
   def recording_init(self, *args, **kwargs):
     init(self, *args, **kwargs)
     built.append((self.conv_impl, self.public_conv_impl))
 
-  monkeypatch.setattr(train_lib.Experiment, "__init__", recording_init)
+  monkeypatch.setattr(experiment_lib.Experiment, "__init__", recording_init)
   return built
 
 
@@ -121,11 +123,11 @@ def _record_convolutions(monkeypatch) -> list[tuple[str, str]]:
 @pytest.mark.slow
 def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monkeypatch):
   # Any estimate is "too large" at fraction 0; the memory guard itself sees plenty of memory.
-  monkeypatch.setattr(train_lib, "LOW_MEMORY_FRACTION", 0.0)
-  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
+  monkeypatch.setattr(resources, "LOW_MEMORY_FRACTION", 0.0)
+  monkeypatch.setattr(resources, "available_memory_bytes", lambda device: 2 ** 40)
   built = _record_convolutions(monkeypatch)
-  build, scenarios = train_lib.build_scenario, []
-  monkeypatch.setattr(train_lib, "build_scenario",
+  build, scenarios = experiment_lib.build_scenario, []
+  monkeypatch.setattr(experiment_lib, "build_scenario",
                       lambda config: scenarios.append(1) or build(config))
   common = {"num_rounds": 1, "logging.plots": False, "logging.diagnostic_rounds": ()}
   switched = train_and_evaluate(tiny_config(name="fallback", **common), tmp_path / "auto")
@@ -153,8 +155,8 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
 def test_an_auto_run_whose_public_step_is_the_peak_keeps_im2col_for_the_local_phase(
     tmp_path, monkeypatch):
   # The im2col round is "too large", the one with custom-VJP convolutions on the public batch fits.
-  monkeypatch.setattr(train_lib, "available_memory_bytes", lambda device: 2 ** 40)
-  monkeypatch.setattr(train_lib, "needs_low_memory_convs",
+  monkeypatch.setattr(resources, "available_memory_bytes", lambda device: 2 ** 40)
+  monkeypatch.setattr(resources, "needs_low_memory_convs",
                       lambda config, conv_impl, need, available: (
                           config.models.conv_impl == "auto"
                           and built[-1] == ("im2col", "im2col")))
@@ -191,17 +193,17 @@ def test_recorded_conv_impls_only_for_an_auto_run_with_checkpoints_on_the_same_b
   metadata = {"conv_impl": "im2col", "public_conv_impl": "custom_vjp",
               "backend": jax.default_backend()}
   (tmp_path / "metadata.json").write_text(json.dumps(metadata))
-  assert train_lib.recorded_conv_impls(tmp_path, config) == {}  # no checkpoints: a fresh run
+  assert resources.recorded_conv_impls(tmp_path, config) == {}  # no checkpoints: a fresh run
   (tmp_path / "checkpoints").mkdir()
-  assert train_lib.recorded_conv_impls(tmp_path, config) == {"conv_impl": "im2col",
+  assert resources.recorded_conv_impls(tmp_path, config) == {"conv_impl": "im2col",
                                                              "public_conv_impl": "custom_vjp"}
   named = tiny_config(**{"models.public_conv_impl": "xla"})
-  assert train_lib.recorded_conv_impls(tmp_path, named) == {"conv_impl": "im2col"}
-  assert train_lib.recorded_conv_impls(tmp_path, tiny_config(**{"models.conv_impl": "xla"})) == {}
+  assert resources.recorded_conv_impls(tmp_path, named) == {"conv_impl": "im2col"}
+  assert resources.recorded_conv_impls(tmp_path, tiny_config(**{"models.conv_impl": "xla"})) == {}
   (tmp_path / "metadata.json").write_text(json.dumps({**metadata, "backend": "gpu"}))
-  assert train_lib.recorded_conv_impls(tmp_path, config) == {}
+  assert resources.recorded_conv_impls(tmp_path, config) == {}
   (tmp_path / "metadata.json").write_text(json.dumps({**metadata, "conv_impl": "fast"}))
-  assert train_lib.recorded_conv_impls(tmp_path, config) == {}
+  assert resources.recorded_conv_impls(tmp_path, config) == {}
 
 
 @pytest.mark.parametrize("conv_impl,public,has_public,configured,expected", [
@@ -214,16 +216,16 @@ def test_recorded_conv_impls_only_for_an_auto_run_with_checkpoints_on_the_same_b
 def test_low_memory_conv_impls_switch_the_public_batch_first(conv_impl, public, has_public,
                                                              configured, expected):
   config = tiny_config(**{"models.public_conv_impl": configured})
-  assert train_lib.low_memory_conv_impls(config, conv_impl, public,
+  assert resources.low_memory_conv_impls(config, conv_impl, public,
                                          has_public=has_public) == expected
 
 
 def test_public_conv_impl_is_validated_and_resolved():
   with pytest.raises(ConfigError, match=r"models.public_conv_impl.*one of \('auto', 'xla', "
                                         r"'im2col', 'custom_vjp', 'gemm_taps'\)"):
-    train_lib.validate_config(tiny_config(**{"models.public_conv_impl": "fast"}))
-  assert train_lib.resolve_public_conv_impl("auto", "im2col") == "im2col"
-  assert train_lib.resolve_public_conv_impl("custom_vjp", "im2col") == "custom_vjp"
+    experiment_lib.validate_config(tiny_config(**{"models.public_conv_impl": "fast"}))
+  assert resources.resolve_public_conv_impl("auto", "im2col") == "im2col"
+  assert resources.resolve_public_conv_impl("custom_vjp", "im2col") == "custom_vjp"
 
 
 @pytest.mark.parametrize("conv_impl,memory_check,need,expected", [
@@ -235,9 +237,9 @@ def test_public_conv_impl_is_validated_and_resolved():
 def test_needs_low_memory_convs(conv_impl, memory_check, need, expected):
   config = tiny_config(**{"models.conv_impl": conv_impl, "memory_check": memory_check})
   gib = 2 ** 30
-  assert train_lib.needs_low_memory_convs(config, "im2col", need * gib, 23 * gib) is expected
-  assert not train_lib.needs_low_memory_convs(config, "xla", need * gib, 23 * gib)
-  assert not train_lib.needs_low_memory_convs(config, "im2col", need * gib, None)
+  assert resources.needs_low_memory_convs(config, "im2col", need * gib, 23 * gib) is expected
+  assert not resources.needs_low_memory_convs(config, "xla", need * gib, 23 * gib)
+  assert not resources.needs_low_memory_convs(config, "im2col", need * gib, None)
 
 
 def test_the_scheduler_never_blocks_a_resume():
@@ -268,7 +270,7 @@ def test_cli_names_the_field_of_a_bad_scheduler_and_writes_nothing(tmp_path):
 def test_the_public_batch_alone_runs_the_public_conv_impl():
   from fedjax_het.algorithms import common  # pylint: disable=import-outside-toplevel
   from fedjax_het.engine.clients import slot_ids  # pylint: disable=import-outside-toplevel
-  experiment = train_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col",
+  experiment = experiment_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col",
                                                    "models.public_conv_impl": "custom_vjp"}))
   assert (experiment.conv_impl, experiment.public_conv_impl) == ("im2col", "custom_vjp")
   state = experiment.init_state()
@@ -286,4 +288,4 @@ def test_the_public_batch_alone_runs_the_public_conv_impl():
   assert "custom_vjp_call" not in local
   # Without a public_conv_impl of its own, the public batch runs the run's convolutions.
   assert all(g.public_model is None and g.model_on_public is g.model for g in
-             train_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col"})).groups)
+             experiment_lib.Experiment(tiny_config(**{"models.conv_impl": "im2col"})).groups)

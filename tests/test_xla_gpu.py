@@ -8,7 +8,8 @@ import pathlib
 import jax
 import pytest
 
-from fedjax_het import train as train_lib
+from fedjax_het import experiment as experiment_lib
+from fedjax_het import resources
 from fedjax_het.engine import xla_gpu
 from fedjax_het.errors import ConfigError
 from tests.test_train import tiny_config
@@ -49,7 +50,7 @@ def test_after_the_backend_started_nothing_is_changed(monkeypatch):
 def test_config_validation_names_the_triton_gemm_field():
   config = tiny_config(xla_gpu_triton_gemm="maybe")
   with pytest.raises(ConfigError, match=r"xla_gpu_triton_gemm.*one of \('auto', 'on', 'off'\)"):
-    train_lib.validate_config(config)
+    experiment_lib.validate_config(config)
 
 
 @pytest.mark.parametrize("choice,environment,expected_flags", [
@@ -76,6 +77,6 @@ def test_a_fresh_process_gets_the_flag_before_its_backend_starts(choice, environ
 @pytest.mark.parametrize("backend,expected", [("cpu", "im2col"), ("gpu", "gemm_taps"),
                                               ("tpu", "xla")])
 def test_auto_convolutions_per_backend(monkeypatch, backend, expected):
-  monkeypatch.setattr(train_lib.jax, "default_backend", lambda: backend)
-  assert train_lib.resolve_conv_impl("auto") == expected
-  assert train_lib.resolve_conv_impl("custom_vjp") == "custom_vjp"
+  monkeypatch.setattr(resources.jax, "default_backend", lambda: backend)
+  assert resources.resolve_conv_impl("auto") == expected
+  assert resources.resolve_conv_impl("custom_vjp") == "custom_vjp"

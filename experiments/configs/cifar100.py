@@ -21,7 +21,7 @@ always draws 6 classes per client, which cannot run at T = 20 (5 classes per tas
 the paper's text is followed. The quick variants exist for T = 4 only (their own 20-class
 stream); <method>_tasks<T>_quick is not a variant.
 
-iCaRL + FL (fedjax_het/cil/icarl.py; GLFC Table 1 row "iCaRL + FL"): every client runs
+iCaRL + FL (fedjax_het/algorithms/icarl_fl.py; GLFC Table 1 row "iCaRL + FL"): every client runs
 iCaRL (exemplar memory of 2000 distinct images per client by herding at its task
 transitions, read from the stream; sigmoid BCE over the seen classes with the old
 model's sigmoid outputs as targets on the old classes, the old model being the global
@@ -34,13 +34,13 @@ fedavg_cil_quick stream and model with a memory of 90 images per client and lr 0
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size
 variant): the GLFC code's step decays, lr / 5, lr / 25, lr / 125 from the in-task epochs
 100, 150, 180 of 200 to the end of the round they fall in
-(fedjax_het.cil.train.epoch_learning_rates; at 0.5, 0.75, 0.9 of the task's epochs in
+(fedjax_het.cil.stream.epoch_learning_rates; at 0.5, 0.75, 0.9 of the task's epochs in
 other settings). The quick variants train at the constant base lr: with 5 rounds of 5
 epochs per task the decays leave 12 full-rate epochs per task (glfc_quick after task 0:
 22.4 with the schedule, 30.4 without). --config.local.lr_schedule=constant|glfc_code
 switches.
 
-GLFC variants (fedjax_het/cil/glfc.py, fedjax_het/cil/proxy.py): glfc is the fedavg_cil
+GLFC variants (fedjax_het/algorithms/glfc.py, fedjax_het/cil/proxy.py): glfc is the fedavg_cil
 setting with GLFC: exemplar memory of 2000 images per client (iCaRL herding; stored as
 pool indices), task-transition detection by the entropy rule (Eq. 7, r_h = 1.2), local
 objective 0.5 * L_GC + 0.5 * L_RD (L_GC alone in the first task), sigmoid BCE over the
@@ -78,7 +78,7 @@ epochs, batch 128) and fedavg_cil_quick (20 classes in 4
 tasks, 6 clients + 2 per task, 3 per round, 5 rounds per task, simple_cnn, 5 epochs of
 batch 64, SGD lr 0.1). The method: FedAvg on the task stream (fine-tuning: no exemplars, no
 distillation), local softmax cross-entropy over the classes seen so far; see
-fedjax_het/cil/train.py. results.md: accuracy on all seen classes after every task, its
+fedjax_het/algorithms/fedavg_cil.py. results.md: accuracy on all seen classes after every task, its
 average (GLFC's "Avg.") and the average forgetting.
 
 Data: cifar100_glfc.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedjax_het.cil.train import cil_config
+from fedjax_het.config import base_config
 
 METHODS = ("fedavg_cil", "icarl_fl", "glfc")
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
@@ -128,7 +128,7 @@ def _parse(arg: str) -> tuple[str, int | None, bool]:
 def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
   """`arg`: one of `VARIANTS` (module docstring)."""
   method, num_tasks, quick = _parse(arg)
-  c = cil_config(method)
+  c = base_config(method)
   c.name = f"cifar100_{arg}"
   if method == "fedavg_cil":
     c.local.lr = 0.1  # softmax cross-entropy, not GLFC's class-averaged BCE (docstring)
@@ -144,7 +144,7 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
     c.scenario.new_clients_per_task = 2
     c.cil.rounds_per_task = 5
     c.cil.clients_per_round = 3
-    c.models.architecture = "simple_cnn"
+    c.models.architectures = ("simple_cnn",)
     c.local.epochs = 5
     c.local.batch_size = 64
     c.checkpoint.every = 5

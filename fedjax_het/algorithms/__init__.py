@@ -15,6 +15,19 @@
   feddf     FedDF (NeurIPS 2020): KL distillation toward the all-participant logit ensemble.
   fedmatch  FedMatch (ICLR 2021): inter-client KL + agreement pseudo labels on public data, CE.
 
+On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
+`cil.stream`; `Method.class_incremental`):
+
+  glfc       GLFC (CVPR 2022): exemplars, entropy-based transition detection, L_GC + L_RD,
+             the proxy server that picks the old model from reconstructed prototypes.
+  icarl_fl   iCaRL + FL (GLFC Table 1): iCaRL on every client, FedAvg of the models.
+  fedavg_cil FedAvg on the task stream (GLFC Table 1's lower bound: fine-tuning).
+
+A class-incremental method's `make(config, setup)` receives a
+`cil.stream.StreamSetup` instead of an `engine.api.Setup`; its `evaluate(state,
+(test_images, test_labels, num_seen))` gives per-class (correct, total,
+predicted) counts; the one trainer runs it like any other.
+
 The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs, fedmmd, fedfusion) shares `fedavg.make_family`;
 members pass their local objective and, where needed, its hooks (per-client
 state, extra server state, per-client constants from the data).
@@ -57,26 +70,34 @@ from typing import NamedTuple
 
 import ml_collections
 
-from fedjax_het.algorithms import (fccl, fcclplus, fedavg, feddf, fedfusion, fedmatch, fedmd,
-                                   fedmmd, fedproc, fedprox, fedrs, moon, rhfl, solo)
+from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fedfusion, fedmatch,
+                                   fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
+                                   solo)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
 
 class Method(NamedTuple):
-  """A registered method: its builder, its config sections and their validation."""
+  """A registered method: its builder, its config sections and their validation.
+
+  `class_incremental`: the method trains on the class-incremental task stream
+  (`cil.stream`; its `make` receives a `cil.stream.StreamSetup`), else on the
+  participants of a domain or partitioned scenario (an `engine.api.Setup`).
+  """
   make: Callable[[ml_collections.ConfigDict, Setup], Algorithm]
   default_config: Callable[[], ml_collections.ConfigDict]
   validate_config: Callable[[ml_collections.ConfigDict], None]
+  class_incremental: bool = False
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register(name: str, *, make, default_config, validate_config) -> None:
+def register(name: str, *, make, default_config, validate_config,
+             class_incremental: bool = False) -> None:
   """Makes `name` a valid `config.algorithm` (re-registering a name replaces it)."""
   METHODS[name] = Method(make=make, default_config=default_config,
-                         validate_config=validate_config)
+                         validate_config=validate_config, class_incremental=class_incremental)
 
 
 def get_method(name: str) -> Method:
@@ -114,5 +135,9 @@ register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
          validate_config=feddf.validate_config)
 register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.default_config,
          validate_config=fedmatch.validate_config)
+for _module in (glfc, icarl_fl, fedavg_cil):
+  register(_module.__name__.rpartition(".")[2], make=_module.make,
+           default_config=_module.default_config, validate_config=_module.validate_config,
+           class_incremental=_module.CLASS_INCREMENTAL)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]

@@ -27,6 +27,17 @@ from fedjax_het.cil.metrics import (accuracy_matrix, average_incremental_accurac
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import common
 
+#: Row labels of GLFC Table 1's methods.
+METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)", "glfc": "GLFC", "icarl_fl": "iCaRL + FL"}
+
+
+def method_label(config: Any) -> str:
+  """A class-incremental config's row label (GLFC without its proxy is marked)."""
+  label = METHOD_LABELS.get(config.algorithm, config.algorithm)
+  if config.algorithm == "glfc" and config.glfc.old_model != "proxy":
+    label += f" (no proxy: old model = {config.glfc.old_model})"
+  return label
+
 
 def run_table(records: list[dict[str, Any]], num_tasks: int, k: int,
               label: str) -> tuple[str, dict[str, Any]]:

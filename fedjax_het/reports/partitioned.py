@@ -2,7 +2,7 @@
 
 One run: `run_table` is results.md's accuracy row (`common.results_table` with
 kinds ("accuracy",)), and `first_round_reaching` the round a run first reaches
-a target (the rule of `fedjax_het.train.rounds_to_target`).
+a target (the rule of `fedjax_het.experiment.rounds_to_target`).
 
 The accuracy of a run is its headline accuracy (`headline_kind`): the global
 test accuracy (`eval/accuracy/mean`), or for the permuted setting, whose

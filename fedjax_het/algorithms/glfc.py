@@ -1,7 +1,7 @@
-"""GLFC on the class-incremental trainer: its clients (Sec. 4.1) and its proxy server (Sec. 4.2).
+"""GLFC on the class-incremental task stream: its clients (Sec. 4.1) and its proxy server (Sec. 4.2).
 
-`make_glfc(...)` is the second method of `fedjax_het.cil.train` (config.method
-= "glfc"): the round of GLFC [GLFC Alg. 1] as the authors' code runs it
+`make(config, setup)` is the registered method "glfc" (config.algorithm =
+"glfc", trained by `fedjax_het.train` like every method): the round of GLFC [GLFC Alg. 1] as the authors' code runs it
 (`src/GLFC.py`, `src/Fed_utils.py:local_train`), for the sampled clients:
 
   1. the client receives the global model and computes its mean softmax
@@ -20,7 +20,7 @@
      objective 0.5 * L_GC + 0.5 * L_RD (Eq. 6; L_GC alone in the first task
      and while no old model exists), sigmoid BCE over the seen classes
      (`class_mask`; `losses.glfc`), with the learning rate of
-     `local.lr_schedule` (`cil.train.epoch_learning_rates`; default the
+     `local.lr_schedule` (`cil.stream.epoch_learning_rates`; default the
      code's step decays within a task);
   4. a client that signalled a transition (its first round counts: all its
      classes are new) shares one perturbed-prototype gradient per class of
@@ -92,6 +92,8 @@ from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import proxy as proxy_lib
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.cil.stream import epoch_learning_rates, make_class_counts, task_of_round
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
@@ -205,7 +207,7 @@ def store_previous_classes(memory: exemplars.ExemplarMemory, forward: Any, varia
   // (classes learned), old classes keep their first m herding picks, each
   added class gets m picks by iCaRL herding over the client's `last_task`
   data on the L2-normalised features of `variables` (`forward` from
-  `make_eval_forward`). `data` is a `cil.train.StreamArrays`; the memory's
+  `make_eval_forward`). `data` is a `cil.stream.StreamArrays`; the memory's
   "images" are pool indices (`encode_pool_indices`).
   """
   prev_task = jnp.maximum(last_task, 0)
@@ -349,11 +351,11 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
               max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
   """GLFC's client side on the task stream as an `Algorithm` (module docstring).
 
-  `settings` is the trainer's `cil.train.Settings`. State: {"server":
+  `settings` is the run's `cil.stream.StreamSettings`. State: {"server":
   variables, "clients": `ClientState`, and "proxy": `proxy.ProxyState`
   (glfc.old_model "proxy") or "old_model": variables (the global model at
   the end of the previous task)}. The round's data is a
-  `cil.train.StreamArrays`. Metrics: "train/loss", "train/gc", "train/rd"
+  `cil.stream.StreamArrays`. Metrics: "train/loss", "train/gc", "train/rd"
   (means over the cohort), "glfc/entropy" (cohort mean), "glfc/transitions/
   {true,detected,hit,false}", "glfc/signals" (clients that signalled),
   "glfc/distilling" (clients with an old model) (counts over the cohort),
@@ -361,8 +363,6 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   with the proxy its "proxy/..." metrics (`proxy.server_update`), "task",
   "clients".
   """
-  from fedjax_het.cil.train import (  # pylint: disable=g-import-not-at-top
-      epoch_learning_rates, make_class_counts, task_of_round)
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
   preprocess, trainer, forward, client_map = make_replay_training(
@@ -511,3 +511,22 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     return counts(state["server"], images, labels, num_seen)
 
   return Algorithm(name="glfc", init=init, round=round_fn, evaluate=evaluate)
+
+
+#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
+CLASS_INCREMENTAL = True
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """GLFC's own section, `config.glfc` (`glfc_section`)."""
+  return ml_collections.ConfigDict({"glfc": glfc_section()})
+
+
+validate_config = validate_glfc_config
+
+
+def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Algorithm:
+  """GLFC from a class-incremental config (`make_glfc`)."""
+  return make_glfc(setup.settings, GLFCSettings.from_config(config, setup.client_classes),
+                   setup.model, setup.mean, setup.std, setup.max_client_size,
+                   eval_batch_size=setup.eval_batch_size)

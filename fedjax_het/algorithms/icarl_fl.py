@@ -1,10 +1,10 @@
 """iCaRL + FL: the "iCaRL + FL" baseline of GLFC Table 1 on the class-incremental trainer.
 
-`make_icarl_fl(...)` is the third method of `fedjax_het.cil.train`
-(config.method = "icarl_fl"): iCaRL [iCaRL] run by every client, the models
+`make(config, setup)` is the registered method "icarl_fl" (config.algorithm
+= "icarl_fl", trained by `fedjax_het.train` like every method): iCaRL [iCaRL] run by every client, the models
 averaged by FedAvg, as GLFC's paper uses it as a baseline [GLFC Sec. 5: the
 class-incremental methods "combined with FL"]. One round, for the sampled
-clients (the same sampling, gathering and local training as `cil.glfc`):
+clients (the same sampling, gathering and local training as `algorithms.glfc`):
 
   1. the client receives the global model. It knows when its data changed
      (the task transition is read from the stream; iCaRL has no detection
@@ -12,9 +12,9 @@ clients (the same sampling, gathering and local training as `cil.glfc`):
      hold now are added to its exemplar memory by iCaRL herding on the
      L2-normalised features of the received global model (eval mode), m =
      memory_size // (classes learned) per class, old classes reduced to their
-     first m picks [iCaRL Alg. 4, 5] (`cil.glfc.store_previous_classes`; the
-     memory holds pool indices, `cil.glfc.encode_pool_indices`);
-  2. it trains on its current data plus its exemplars (`cil.glfc.replay_rows`)
+     first m picks [iCaRL Alg. 4, 5] (`algorithms.glfc.store_previous_classes`; the
+     memory holds pool indices, `algorithms.glfc.encode_pool_indices`);
+  2. it trains on its current data plus its exemplars (`algorithms.glfc.replay_rows`)
      with iCaRL's loss [iCaRL Alg. 3]: sigmoid BCE over the seen classes
      against the one-hot target whose old-class columns [0, t*k) are replaced
      by sigmoid(old model's logits) (`losses.glfc.
@@ -23,7 +23,7 @@ clients (the same sampling, gathering and local training as `cil.glfc`):
      global model at the end of the previous task (`state["old_model"]`,
      replaced at the first round of every task; iCaRL's "network before the
      update"), the same for every client, stored once;
-  3. the server averages the trained models (plain mean, like `cil.glfc`);
+  3. the server averages the trained models (plain mean, like `algorithms.glfc`);
   4. nearest-mean-of-exemplars statistics [iCaRL Alg. 1]: every sampled
      client computes, with the NEW global model (eval mode), the per-class sums
      of L2-normalised features and the counts over its training set (current
@@ -37,7 +37,7 @@ Classifier (`evaluate`): nearest mean of exemplars. The class means mu_y =
 sum_y / count_y are L2-normalised; a test image is assigned, among the seen
 classes that have a mean, to the class whose normalised mean is nearest
 (Euclidean) to its L2-normalised feature [iCaRL Alg. 1]. The result is the
-per-class (correct, total, predicted) counts of `cil.train.make_class_counts`,
+per-class (correct, total, predicted) counts of `cil.stream.make_class_counts`,
 so the trainer's tables and metrics are unchanged.
 
 Federated choices and deviations from iCaRL's paper / code:
@@ -49,7 +49,7 @@ Federated choices and deviations from iCaRL's paper / code:
   * Means are computed over the client's current data plus its exemplars, in
     the federation's pooled form (sum of normalised features / count over the
     cohort). iCaRL computes each class mean from its exemplar set only; its
-    code (and `cil.glfc`'s `compute_class_mean`) also averages the features
+    code (and `algorithms.glfc`'s `compute_class_mean`) also averages the features
     of horizontally flipped images, which is not done here (no augmentation
     in the trainer).
   * The task transition is read from the stream (as `glfc.transition =
@@ -61,7 +61,7 @@ Federated choices and deviations from iCaRL's paper / code:
   * The old model's logits are computed in task 0 as well (where they have no
     effect: num_old_classes = 0), to keep one program for the whole stream.
   * Local SGD, lr and schedule as the trainer's `local` section
-    (`cil.train.epoch_learning_rates`); iCaRL's own optimiser settings (lr
+    (`cil.stream.epoch_learning_rates`); iCaRL's own optimiser settings (lr
     2.0, 70 epochs, decays at 49 and 63, batch 128, weight decay 1e-5) are not
     used: the FL baseline trains like the other methods of Table 1.
 
@@ -84,7 +84,10 @@ import numpy as np
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.cil import exemplars, glfc as glfc_lib, masking
+from fedjax_het.algorithms import glfc as glfc_lib
+from fedjax_het.cil import exemplars, masking
+from fedjax_het.cil import stream as cil_stream
+from fedjax_het.cil.stream import batched_class_counts, epoch_learning_rates, task_of_round
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
@@ -106,8 +109,8 @@ def icarl_section() -> ml_collections.ConfigDict:
 def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
   """Checks `config.icarl`; errors name the field and the allowed values."""
   if "icarl" not in config:
-    v.fail("icarl", "a section when config.method is 'icarl_fl' (build the config with "
-           "fedjax_het.cil.train.cil_config('icarl_fl'))", None)
+    v.fail("icarl", "a section when config.algorithm is 'icarl_fl' (build the config with "
+           "fedjax_het.config.base_config('icarl_fl'))", None)
   v.check(config, "icarl.memory_size", v.int_at_least(1), "an integer >= 1")
   v.check(config, "icarl.distinct_exemplars", v.is_bool, "True or False")
 
@@ -205,11 +208,10 @@ def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test:
   (correct, total, predicted)`.
 
   The per-class counts over the whole test set (int32 (C,) each, as
-  `cil.train.make_class_counts`: correct and total per true class, predicted
-  per predicted class; `cil.train.batched_class_counts`). `num_seen` may be
+  `cil.stream.make_class_counts`: correct and total per true class, predicted
+  per predicted class; `cil.stream.batched_class_counts`). `num_seen` may be
   traced.
   """
-  from fedjax_het.cil.train import batched_class_counts  # pylint: disable=g-import-not-at-top
   del num_test  # the labels' static length
   forward = glfc_lib.make_eval_forward(model, normalizer(mean, std), batch_size)
 
@@ -227,19 +229,17 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
                   max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
   """iCaRL + FL on the task stream as an `Algorithm` (module docstring).
 
-  `settings` is the trainer's `cil.train.Settings`. State: {"server":
+  `settings` is the run's `cil.stream.StreamSettings`. State: {"server":
   variables, "old_model": variables (the global model at the end of the
   previous task), "clients": `ClientState`, "class_sums": (C, D) float32,
   "class_counts": (C,) int32 (the NME statistics)}. The round's data is a
-  `cil.train.StreamArrays`. Metrics: "train/loss" (cohort mean),
+  `cil.stream.StreamArrays`. Metrics: "train/loss" (cohort mean),
   "icarl/exemplars" (mean stored exemplars of the cohort after the update),
   "icarl/transitions" (sampled clients at a task transition),
   "icarl/classes_with_mean" (classes the NME classifier can predict), "task",
   "clients". `evaluate(state, (test_images, test_labels, num_seen))` gives the
   NME classifier's per-class (correct, total, predicted) counts.
   """
-  from fedjax_het.cil.train import (  # pylint: disable=g-import-not-at-top
-      epoch_learning_rates, task_of_round)
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), icarl.memory_size
   _, trainer, forward, client_map = glfc_lib.make_replay_training(
@@ -322,3 +322,22 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
                   num_seen)
 
   return Algorithm(name="icarl_fl", init=init, round=round_fn, evaluate=evaluate)
+
+
+#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
+CLASS_INCREMENTAL = True
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """iCaRL's own section, `config.icarl` (`icarl_section`)."""
+  return ml_collections.ConfigDict({"icarl": icarl_section()})
+
+
+validate_config = validate_icarl_config
+
+
+def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Algorithm:
+  """iCaRL + FL from a class-incremental config (`make_icarl_fl`)."""
+  return make_icarl_fl(setup.settings, ICaRLSettings.from_config(config, setup.client_classes),
+                       setup.model, setup.mean, setup.std, setup.max_client_size,
+                       eval_batch_size=setup.eval_batch_size)

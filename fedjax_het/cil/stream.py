@@ -1,0 +1,408 @@
+"""The class-incremental task stream on the device: the run-wide config, settings and blocks.
+
+What every method on GLFC's task stream [GLFC Sec. 5] shares
+(`fedjax_het.algorithms.fedavg_cil`, `.glfc`, `.icarl_fl`), and what the one
+trainer (`fedjax_het.train`, through `fedjax_het.stream_experiment`) reads:
+
+  * `stream_config(algorithm)` / `validate_stream_config`: the run-wide part
+    of a class-incremental config (GLFC's CIFAR-100 T=10 setting of Table 1):
+    `scenario` (the stream), `cil` (rounds per task, clients per round, the
+    client loop), `models`, `local` (the local optimiser and its learning-rate
+    schedule), `eval`, `checkpoint`, `logging`;
+  * `StreamSettings`: those numbers as Python constants; `StreamSetup`: what a
+    method's `make(config, setup)` builds from (settings, model, normalisation,
+    the stream's static sizes);
+  * `StreamArrays`: the stream on the device, fixed shapes for the whole
+    stream, so the round compiles once: round r trains task
+    t = r // rounds_per_task (`task_of_round`), picked by dynamic indexing;
+  * `epoch_learning_rates`: the local learning rate of each epoch of a round;
+  * `batched_class_counts` / `make_class_counts`: the per-class test counts
+    every evaluation gives, restricted to the classes seen so far;
+  * `build_stream`, `stream_fingerprint`, `eval_record`.
+
+The classifier has all C classes from the start; unseen classes are masked
+(`cil.masking`): losses see the seen classes only and predictions are
+restricted to them.
+
+References:
+  [GLFC] J. Dong, L. Wang, Z. Fang, G. Sun, S. Xu, X. Wang, Q. Zhu. Federated
+    Class-Incremental Learning. CVPR 2022.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_het import models
+from fedjax_het import validation as v
+from fedjax_het.cil import masking
+from fedjax_het.data import incremental
+from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import xla_cpu
+from fedjax_het.engine.optim import OPTIMIZERS
+
+SCENARIO = "class_incremental"
+CLIENT_LOOPS = ("auto", "vmap", "map")
+CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
+#: `local.lr_schedule`: the learning rate over the local epochs of a round (`epoch_learning_rates`).
+LR_SCHEDULES = ("constant", "glfc_code")
+#: The GLFC code's step decays: (fraction of a task's local epochs, divisor of the base lr).
+GLFC_CODE_LR_STEPS = ((0.5, 5.0), (0.75, 25.0), (0.9, 125.0))
+
+
+def stream_config(algorithm: str) -> ml_collections.ConfigDict:
+  """The run-wide defaults of a class-incremental run of `algorithm` (GLFC Table 1, T=10).
+
+  The method's own section (`config.glfc`, `config.icarl`) comes from its
+  registered `default_config` (`fedjax_het.config.base_config` merges them).
+  """
+  return ml_collections.ConfigDict({
+      "name": f"cifar100_{algorithm}",
+      "algorithm": algorithm,
+      "seed": 0,
+      "rounds_per_call": 1,            # rounds per jitted call (a lax.scan)
+      "compilation_cache_dir": "~/.cache/fedjax_het/jax",  # "" disables the persistent cache
+      "resume_allow_changes": "",
+      "memory_check": True,
+      "xla_cpu_scheduler": "auto",     # as config.base_config: fixed when JAX starts
+      "scenario": {
+          "name": SCENARIO,
+          "dataset": "cifar100",
+          "source": "real",            # "real" (bundle), "tfds", "folder:<path>", "synthetic"
+          "data_dir": "",              # "" -> $FEDJAX_HET_DATA_DIR
+          "synthetic_fallback": False,
+          "num_tasks": 10,
+          "num_classes": 0,            # 0 -> all classes of the dataset
+          "initial_clients": 30,
+          "new_clients_per_task": 10,
+          "class_fraction": 0.6,
+          "shift_fraction": 0.9,
+          "client_data": "overlap",    # "overlap" (GLFC code) or "disjoint"
+          "train_size": 0,             # 0 -> all training images of the stream's classes
+          "test_size": 0,              # 0 -> all test images
+      },
+      "cil": {
+          "rounds_per_task": 10,
+          "clients_per_round": 10,
+          "client_loop": "auto",       # "vmap" (GPU/TPU), "map" (CPU), "auto" by backend
+      },
+      "models": {"architectures": ("glfc_resnet18",), "width": 1.0, "conv_impl": "auto"},
+      "local": {"optimizer": "sgd", "lr": 2.0, "momentum": 0.0, "weight_decay": 1e-5,
+                "epochs": 20, "batch_size": 128,
+                "lr_schedule": "glfc_code"},   # or "constant" (epoch_learning_rates)
+      "eval": {"every": 0, "batch_size": 500},   # every: 0 -> only at task ends
+      "checkpoint": {"every": 10, "keep": 2},
+      "logging": {"progress": True, "plots": True, "tensorboard": False},
+  })
+
+
+def num_rounds(config: ml_collections.ConfigDict) -> int:
+  """The stream's rounds: num_tasks * rounds_per_task."""
+  return int(config.scenario.num_tasks) * int(config.cil.rounds_per_task)
+
+
+def validate_stream_config(config: ml_collections.ConfigDict) -> None:
+  """Checks the run-wide fields of `stream_config`; errors name the field and the allowed values.
+
+  The method's own section is checked by its registered `validate_config`.
+  """
+  for section in ("scenario", "cil", "models", "local", "eval", "checkpoint", "logging"):
+    if section not in config:
+      v.fail(section, "a section (build the config with "
+             "fedjax_het.config.base_config('<class-incremental algorithm>'))", None)
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+  v.check(config, "seed", v.int_at_least(0), "an integer >= 0")
+  v.check(config, "xla_cpu_scheduler", v.choice(xla_cpu.SCHEDULERS),
+          f"one of {xla_cpu.SCHEDULERS}")
+  v.check(config, "resume_allow_changes", lambda s: isinstance(s, str),
+          "a comma-separated string of config field names (\"\" for none)")
+  if "memory_check" in config:
+    v.check(config, "memory_check", v.is_bool, "True or False")
+  v.check(config, "scenario.name", v.choice((SCENARIO,)), f"{SCENARIO!r}")
+  datasets = tuple(incremental.INCREMENTAL_DATASETS)
+  v.check(config, "scenario.dataset", v.choice(datasets), f"one of {datasets}")
+  v.check(config, "scenario.source",
+          lambda s: isinstance(s, str) and (s in ("real", "tfds", "synthetic")
+                                            or (s.startswith("folder:") and len(s) > 7)),
+          "one of ('real', 'tfds', 'folder:<path>', 'synthetic')")
+  v.check(config, "scenario.synthetic_fallback", v.is_bool, "True or False")
+  v.check(config, "scenario.num_tasks", v.int_at_least(1), "an integer >= 1")
+  limit = incremental.INCREMENTAL_DATASETS.get(config.scenario.dataset, 100)
+  v.check(config, "scenario.num_classes", lambda x: v.int_at_least(0)(x) and x <= limit,
+          f"an integer in [0, {limit}] (0: all classes)")
+  classes = config.scenario.num_classes or limit
+  if classes % config.scenario.num_tasks:
+    divisors = tuple(d for d in range(1, classes + 1) if classes % d == 0)
+    v.fail("scenario.num_tasks", f"a divisor of the {classes} classes, one of {divisors}",
+           config.scenario.num_tasks)
+  v.check(config, "scenario.initial_clients", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "scenario.new_clients_per_task", v.int_at_least(0), "an integer >= 0")
+  v.check(config, "scenario.class_fraction", lambda x: number(x) and 0 < x <= 1,
+          "a number in (0, 1]")
+  v.check(config, "scenario.shift_fraction", lambda x: number(x) and 0 <= x <= 1,
+          "a number in [0, 1]")
+  v.check(config, "scenario.client_data", v.choice(incremental.CLIENT_DATA),
+          f"one of {incremental.CLIENT_DATA}")
+  v.check(config, "scenario.train_size", v.int_at_least(0), "an integer >= 0 (0: all)")
+  v.check(config, "scenario.test_size", v.int_at_least(0), "an integer >= 0 (0: all)")
+  v.check(config, "cil.rounds_per_task", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "cil.clients_per_round",
+          lambda x: v.int_at_least(1)(x) and x <= config.scenario.initial_clients,
+          f"an integer in [1, scenario.initial_clients={config.scenario.initial_clients}] "
+          "(the clients present at task 0)")
+  v.check(config, "rounds_per_call",
+          lambda x: v.int_at_least(1)(x) and config.cil.rounds_per_task % x == 0,
+          f"an integer >= 1 dividing cil.rounds_per_task={config.cil.rounds_per_task}")
+  v.check(config, "cil.client_loop", v.choice(CLIENT_LOOPS), f"one of {CLIENT_LOOPS}")
+  names = tuple(n for n in models.MODEL_NAMES if n != "fedfusion")
+  v.check(config, "models.architectures",
+          lambda x: isinstance(x, (tuple, list)) and len(x) == 1 and x[0] in names,
+          f"one name (every client of the stream shares it) from {names}")
+  v.check(config, "models.width", v.positive, "a number > 0")
+  v.check(config, "models.conv_impl", v.choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
+  v.check(config, "local.optimizer", v.choice(OPTIMIZERS), f"one of {OPTIMIZERS}")
+  v.check(config, "local.lr", v.positive, "a number > 0")
+  v.check(config, "local.momentum", lambda x: number(x) and 0 <= x < 1, "a number in [0, 1)")
+  if config.local.momentum and config.local.optimizer != "sgd":
+    v.fail("local.momentum", "0 unless local.optimizer is 'sgd'", config.local.momentum)
+  v.check(config, "local.weight_decay", lambda x: number(x) and x >= 0, "a number >= 0")
+  v.check(config, "local.epochs", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "local.batch_size", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "local.lr_schedule", v.choice(LR_SCHEDULES), f"one of {LR_SCHEDULES}")
+  per_call = config.rounds_per_call
+  for field in ("eval.every", "checkpoint.every"):
+    v.check(config, field, lambda x: v.int_at_least(0)(x) and x % per_call == 0,
+            f"an integer >= 0 and a multiple of rounds_per_call={per_call} (0: only at "
+            "task ends)")
+  v.check(config, "eval.batch_size", v.int_at_least(1), "an integer >= 1")
+  v.check(config, "checkpoint.keep", v.int_at_least(1), "an integer >= 1")
+  for field in ("logging.progress", "logging.plots", "logging.tensorboard"):
+    v.check(config, field, v.is_bool, "True or False")
+
+
+class StreamArrays(NamedTuple):
+  """The stream on the device (a pytree; shapes fixed for the whole stream)."""
+  images: Any           # (N, 32, 32, 3) uint8 pool
+  labels: Any           # (N,) int32
+  client_indices: Any   # (T, K_max, n_max) int32
+  client_sizes: Any     # (T, K_max) int32
+  client_joined: Any    # (T, K_max) bool
+  client_classes: Any   # (T, K_max, C) bool (read by glfc; fedavg_cil ignores it)
+
+
+def stream_arrays(stream: incremental.ClassIncrementalStream) -> StreamArrays:
+  return StreamArrays(images=stream.images, labels=stream.labels,
+                      client_indices=stream.client_indices, client_sizes=stream.client_sizes,
+                      client_joined=stream.client_joined,
+                      client_classes=stream.client_classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSettings:
+  """The Python constants a method is built from (read once from the config)."""
+  num_tasks: int
+  classes_per_task: int
+  rounds_per_task: int
+  clients_per_round: int
+  optimizer: str
+  lr: float
+  momentum: float
+  weight_decay: float
+  epochs: int
+  batch_size: int
+  sequential: bool   # clients one after another (lax.map) instead of vmapped
+  lr_schedule: str = "constant"   # one of LR_SCHEDULES (`epoch_learning_rates`)
+
+  @property
+  def num_classes(self) -> int:
+    return self.num_tasks * self.classes_per_task
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, num_classes: int) -> "StreamSettings":
+    loop = config.cil.client_loop
+    if loop == "auto":
+      loop = "map" if jax.default_backend() == "cpu" else "vmap"
+    t = int(config.scenario.num_tasks)
+    return cls(num_tasks=t, classes_per_task=num_classes // t,
+               rounds_per_task=int(config.cil.rounds_per_task),
+               clients_per_round=int(config.cil.clients_per_round),
+               optimizer=config.local.optimizer, lr=float(config.local.lr),
+               momentum=float(config.local.momentum),
+               weight_decay=float(config.local.weight_decay), epochs=int(config.local.epochs),
+               batch_size=int(config.local.batch_size), sequential=loop == "map",
+               lr_schedule=config.local.lr_schedule)
+
+
+def task_of_round(round_index: jax.Array, settings: StreamSettings) -> jax.Array:
+  """The task trained in 0-based round `round_index` (clamped to the last task)."""
+  return jnp.minimum(round_index // settings.rounds_per_task, settings.num_tasks - 1)
+
+
+def epoch_learning_rates(settings: StreamSettings, round_index: jax.Array) -> jax.Array:
+  """The local learning rate of each epoch of round `round_index`: (epochs,) float32.
+
+  "constant": `settings.lr` in every epoch.
+
+  "glfc_code": the step decays of GLFC's code (conditionWang/FCIL
+  `src/GLFC.py`, `GLFC_model.train`). Every round builds a fresh SGD optimiser
+  at the base lr; inside the round, at the in-task epoch index e = (round in
+  task) * epochs + epoch, the code sets the lr to base / 5 when e % 200 ==
+  100, base / 25 at 150 and base / 125 at 180 (`if ... elif ...`: the first
+  matching trigger wins), and the rate stays until the round ends (the next
+  round's optimiser starts at the base lr again). With the paper's 10 rounds
+  of 20 epochs per task: round 5 runs at lr / 5, round 7 runs epochs 0-9 at
+  lr and 10-19 at lr / 25, round 9 at lr / 125, every other round at lr.
+
+  Other settings: the code's triggers are fixed epochs of a 200-epoch task;
+  here they are placed at int(0.5 * E), int(0.75 * E) and int(0.9 * E) of
+  the E = rounds_per_task * epochs in-task epochs (`GLFC_CODE_LR_STEPS`;
+  exactly 100, 150, 180 for E = 200), with the code's semantics (a trigger
+  inside a round changes the rate from that epoch to the end of the round).
+  (In its first task the code builds a new optimiser at the divided rate
+  instead of changing the rate in place; plain SGD has no state, so this is
+  the same.)
+
+  Args:
+    settings: the run's `Settings` (`lr`, `epochs`, `rounds_per_task`,
+      `lr_schedule`).
+    round_index: the 0-based global round, possibly traced (one compiled
+      program for every round).
+
+  Returns:
+    (epochs,) float32 learning rates for `engine.local`.
+  """
+  epochs = settings.epochs
+  base = jnp.full((epochs,), settings.lr, jnp.float32)
+  if settings.lr_schedule == "constant":
+    return base
+  if settings.lr_schedule != "glfc_code":
+    raise ValueError(f"epoch_learning_rates: `lr_schedule` must be one of {LR_SCHEDULES}, got "
+                     f"{settings.lr_schedule!r}.")
+  per_task = settings.rounds_per_task * epochs
+  triggers = jnp.asarray([int(f * per_task) for f, _ in GLFC_CODE_LR_STEPS], jnp.int32)
+  rates = jnp.asarray([settings.lr / d for _, d in GLFC_CODE_LR_STEPS], jnp.float32)
+  start = (jnp.asarray(round_index, jnp.int32) % settings.rounds_per_task) * epochs
+  epoch = start + jnp.arange(epochs, dtype=jnp.int32)                  # in-task epoch index
+  fired = (triggers[None, :] >= start) & (triggers[None, :] <= epoch[:, None])  # (epochs, 3)
+  # The latest trigger of this round at or before the epoch; at equal epochs the first listed.
+  latest = jnp.max(jnp.where(fired, triggers[None, :], -1), axis=1)
+  which = jnp.argmax(fired & (triggers[None, :] == latest[:, None]), axis=1)
+  return jnp.where(latest >= 0, rates[which], base)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSetup:
+  """What a class-incremental method's `make(config, setup)` builds from.
+
+  Attributes:
+    settings: the run's `StreamSettings`.
+    model: the classifier (all C classes), built with the run's convolutions.
+    mean, std: normalisation of the stream's images.
+    max_client_size: n_max, the padded rows of one client's data in one task.
+    client_classes: (T, K_max, C) bool, which classes each client holds in
+      each task (static herding sizes are read from it).
+    eval_batch_size: test images per evaluation batch.
+  """
+  settings: StreamSettings
+  model: Any
+  mean: Any
+  std: Any
+  max_client_size: int
+  client_classes: np.ndarray = dataclasses.field(repr=False, compare=False)
+  eval_batch_size: int = 500
+
+
+def batched_class_counts(scores_fn: Any, num_classes: int, images: jax.Array,
+                         labels: jax.Array, batch_size: int) -> tuple[jax.Array, ...]:
+  """Per-class (correct, total, predicted) int32 (C,) counts of a classifier on a test set.
+
+  `scores_fn(x)` maps a uint8 batch to (scores (B, C), allowed (C,) bool); the
+  prediction is the argmax over the allowed classes (`masking`). Fixed-size
+  batches of `batch_size` (the last padded and masked), one `lax.scan`.
+  """
+  num_test = labels.shape[0]
+  batch = max(1, min(batch_size, num_test))
+  batches = -(-num_test // batch)
+  pad = batches * batch - num_test
+  images = jnp.pad(images, ((0, pad),) + ((0, 0),) * (images.ndim - 1)).reshape(
+      (batches, batch) + images.shape[1:])
+  labels = jnp.pad(labels, (0, pad)).reshape(batches, batch)
+  valid = (jnp.arange(batches * batch) < num_test).reshape(batches, batch)
+
+  def one(carry, xs):
+    x, y, ok = xs
+    scores, allowed = scores_fn(x)
+    correct, total = masking.masked_class_counts(scores, y, allowed, ok)
+    predicted = jnp.sum(jax.nn.one_hot(masking.masked_predictions(scores, allowed),
+                                       num_classes, dtype=jnp.int32) * ok[:, None], axis=0)
+    return jax.tree_util.tree_map(jnp.add, carry, (correct, total, predicted)), None
+
+  zeros = jnp.zeros((num_classes,), jnp.int32)
+  out, _ = jax.lax.scan(one, (zeros, zeros, zeros), (images, labels, valid))
+  return out
+
+
+def make_class_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test: int,
+                      batch_size: int):
+  """Builds `counts(variables, test_images, test_labels, num_seen) -> (correct, total, predicted)`.
+
+  Global-model top-1 predictions restricted to the classes [0, num_seen) over
+  the whole test set of `num_test` images (`batched_class_counts`); each
+  count is int32 (C,): correct and total per true class, predicted per
+  predicted class. `num_seen` may be traced (one compilation for all tasks).
+  """
+  del num_test  # the labels' static length
+  preprocess = normalizer(mean, std)
+
+  def counts(variables, images, labels, num_seen):
+    class_mask = masking.seen_class_mask(num_seen, num_classes)
+
+    def scores(x):
+      _, logits, _ = models.apply_model(model, variables, preprocess(x), train=False)
+      return logits, class_mask
+
+    return batched_class_counts(scores, num_classes, images, labels, batch_size)
+
+  return counts
+
+
+def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncrementalStream:
+  sc = config.scenario
+  return incremental.build_class_incremental_stream(
+      sc.dataset, num_tasks=int(sc.num_tasks), num_classes=int(sc.num_classes) or None,
+      initial_clients=int(sc.initial_clients), new_clients_per_task=int(sc.new_clients_per_task),
+      class_fraction=float(sc.class_fraction), shift_fraction=float(sc.shift_fraction),
+      client_data=sc.client_data, source=sc.source, data_dir=sc.data_dir or None,
+      synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
+      test_size=int(sc.test_size) or None, seed=int(config.seed))
+
+
+def stream_fingerprint(stream: incremental.ClassIncrementalStream) -> str:
+  """SHA-256 over every array of the stream the run trains and evaluates on."""
+  digest = hashlib.sha256()
+  for name in ("images", "labels", "client_indices", "client_sizes", "client_joined",
+               "test_images", "test_labels"):
+    array = np.ascontiguousarray(getattr(stream, name))
+    digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
+    digest.update(array.data)
+  return digest.hexdigest()
+
+
+def eval_record(correct, total, predicted, task: int, k: int) -> dict[str, Any]:
+  """eval/accuracy/seen and eval/accuracy/task_<j> (percent) after training task `task`."""
+  seen = (task + 1) * k
+  record = {"eval/accuracy/seen": (100.0 * float(correct[:seen].sum())
+                                   / max(1, int(total[:seen].sum())))}
+  for j in range(task + 1):
+    part = slice(j * k, (j + 1) * k)
+    record[f"eval/accuracy/task_{j}"] = (100.0 * float(correct[part].sum())
+                                         / max(1, int(total[part].sum())))
+  record["eval/predicted_unseen"] = int(predicted[seen:].sum())
+  return record

@@ -1,0 +1,513 @@
+"""`Experiment`: a domain or partitioned run built from its config (data, groups, method, programs).
+
+What `fedjax_het.train.train_and_evaluate` runs for every scenario but the
+class-incremental task stream (`fedjax_het.stream_experiment`): config ->
+scenario data (numpy, `build_scenario`) -> architecture groups and stacked
+client arrays -> the algorithm (pure functions, looked up by
+`config.algorithm`) -> the jitted round, evaluation and diagnostics (engine:
+jit, vmap, scan, optional sharding). No state lives here: the trainer's loop
+holds it.
+
+What the loop asks of a run (`Experiment` and `StreamExperiment` alike):
+`run_record`, `metadata`, `num_rounds`, `init_state`, `restore_state`,
+`compile_all`, `with_convs`, `train_records`, `is_eval_round`,
+`evaluation_record`, `is_checkpoint_round`, `progress_text`, `results`, `plot`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import pathlib
+import platform
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from fedjax_het import checkpointing, data as data_lib, models, plots, reporting, trace_cache
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.algorithms import get_method
+from fedjax_het.config import validate_config
+from fedjax_het.engine import programs, rounds, sharding, xla_cpu, xla_gpu
+from fedjax_het.engine.api import FederatedArrays, Setup
+from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
+from fedjax_het.errors import ConfigError
+from fedjax_het.evaluation import intra_inter, stack_test_sets
+from fedjax_het.resources import release_freed_host_memory, resolve_conv_impl, resolve_public_conv_impl
+
+
+def _client_names(domains: list[str]) -> list[str]:
+  """Participant labels: the domain name, suffixed with the index when repeated."""
+  repeated = {d for d in domains if domains.count(d) > 1}
+  return [f"{d}{i}" if d in repeated else d for i, d in enumerate(domains)]
+
+
+def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
+  """The scenario of `config.scenario`: a domain-shift scenario or a partitioned dataset."""
+  sc = config.scenario
+  if sc.name == "partitioned":
+    from fedjax_het.data import partitioned  # pylint: disable=g-import-not-at-top
+    return partitioned.build_partitioned_scenario(
+        sc.dataset, num_clients=int(sc.num_clients), partition=sc.partition,
+        dirichlet_alpha=float(sc.dirichlet_alpha), shards_per_client=int(sc.shards_per_client),
+        source=sc.dataset_source, data_dir=sc.data_dir or None,
+        synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
+        test_size=int(sc.test_size) or None, seed=int(config.seed))
+  return data_lib.build_scenario(
+      sc.name, data_dir=sc.data_dir or None, sources=dict(sc.sources) or None,
+      synthetic_fallback=bool(sc.synthetic_fallback),
+      private_sizes=dict(sc.private_sizes) or None, test_size=int(sc.test_size) or None,
+      public_name=sc.public_name, public_size=int(sc.public_size), seed=int(config.seed),
+      domains=tuple(sc.domains) or None, office_test=sc.get("office_test", "held_out"))
+
+
+def _size_field(config: ml_collections.ConfigDict, domain: str) -> str:
+  """The config field that sets a participant's private data size."""
+  if config.scenario.name == "partitioned":
+    return "scenario.train_size / scenario.num_clients"
+  return f"scenario.private_sizes.{domain}"
+
+
+def check_data_sizes(config: ml_collections.ConfigDict, scenario: data_lib.Scenario,
+                     client_names: list[str]) -> None:
+  """Checks the batch sizes against the data before anything compiles.
+
+  Raises `ConfigError` for a local batch larger than every participant's data
+  (which would only fail, or exhaust memory, minutes into compilation); warns,
+  naming the field, for participants with fewer rows than a batch or than
+  classes, and for a public batch larger than the public set (it is clamped).
+  """
+  sizes = [int(len(split.labels)) for split in scenario.train]
+  if "local" in config and sizes:
+    batch = int(config.local.batch_size)
+    if batch > max(sizes):
+      raise ConfigError(
+          f"config.local.batch_size must be at most the largest participant's data "
+          f"({max(sizes)} rows), got {batch}.")
+    small = [(n, d, s) for n, d, s in zip(client_names, scenario.domains, sizes) if s < batch]
+    if small:
+      shown = ", ".join(f"{n} ({s})" for n, _, s in small[:5]) + (" ..." if len(small) > 5 else "")
+      logging.warning("%d participant(s) hold fewer rows than config.local.batch_size=%d, so "
+                      "each of their epochs is one partial batch: %s (set by config.%s).",
+                      len(small), batch, shown, _size_field(config, small[0][1]))
+  tiny = [(n, d, s) for n, d, s in zip(client_names, scenario.domains, sizes)
+          if s < scenario.num_classes]
+  if tiny:
+    shown = ", ".join(f"{n} ({s})" for n, _, s in tiny[:5]) + (" ..." if len(tiny) > 5 else "")
+    logging.warning("%d participant(s) hold fewer rows than the %d classes, so they cannot see "
+                    "every class: %s (set by config.%s).", len(tiny), scenario.num_classes,
+                    shown, _size_field(config, tiny[0][1]))
+  public = int(len(scenario.public))
+  if "collaborative" in config and public and int(config.collaborative.batch_size) > public:
+    logging.warning("config.collaborative.batch_size=%d is larger than the public set (%d "
+                    "images, config.scenario.public_size): batches of %d are used.",
+                    int(config.collaborative.batch_size), public, max(public, 2))
+
+
+class Experiment:
+  """A configured run: data, groups, algorithm and jitted functions (no state)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, mesh: Any = None,
+               conv_impl: str | None = None, public_conv_impl: str | None = None,
+               scenario: data_lib.Scenario | None = None):
+    """`conv_impl` and `public_conv_impl` (im2col / xla / custom_vjp) override
+    `config.models.conv_impl` and `config.models.public_conv_impl`; `scenario`
+    reuses data already built for `config` (else `build_scenario(config)`)."""
+    validate_config(config)
+    self.config = config
+    self.scenario = scenario if scenario is not None else build_scenario(config)
+    scenario = self.scenario
+    self.client_names = _client_names(list(scenario.domains))
+    check_data_sizes(config, scenario, self.client_names)
+    archs = list(config.models.architectures)
+    k = len(scenario.train)
+    if len(archs) == 1:  # one architecture for every participant
+      archs = archs * k
+    if len(archs) != k:
+      raise ConfigError(f"config.models.architectures has {len(archs)} entries but scenario "
+                        f"{scenario.name!r} has {k} participants ({scenario.domains}).")
+    self.conv_impl = conv_impl or resolve_conv_impl(config.models.conv_impl)
+    self.public_conv_impl = public_conv_impl or resolve_public_conv_impl(
+        config.models.get("public_conv_impl", "auto"), self.conv_impl)
+    width = float(config.models.width)
+    self.mesh = mesh
+    slot_multiple = mesh.devices.size if mesh is not None else 1
+
+    def build(impl):
+      return [models.get_model(a, scenario.num_classes, width=width, conv_impl=impl,
+                               compute_dtype=config.models.compute_dtype) for a in archs]
+
+    modules = build(self.conv_impl)
+    public_modules = (build(self.public_conv_impl) if self.public_conv_impl != self.conv_impl
+                      else None)
+    self.architectures = archs
+    self.groups = group_clients(archs, modules, slot_multiple=slot_multiple,
+                                public_models=public_modules)
+    self.test_domains = list(dict.fromkeys(scenario.test))
+    self.client_domain_index = [self.test_domains.index(d) for d in scenario.domains]
+    images = [s.images for s in scenario.train]
+    labels = [s.labels for s in scenario.train]
+    group_data = {g.name: stack_group_data(g, images, labels, num_participants=k)
+                  for g in self.groups}
+    test = stack_test_sets(self.test_domains, {d: scenario.test[d].images for d in scenario.test},
+                           {d: scenario.test[d].labels for d in scenario.test})
+    self.setup = Setup(
+        groups=self.groups, num_participants=k, num_classes=scenario.num_classes,
+        num_rounds=int(config.num_rounds),
+        max_sizes={name: d.images.shape[1] for name, d in group_data.items()},
+        private_mean=tuple(scenario.private_mean), private_std=tuple(scenario.private_std),
+        public_mean=tuple(scenario.public_mean), public_std=tuple(scenario.public_std),
+        max_test_size=int(test.images.shape[1]),
+        test_sizes=tuple(int(n) for n in test.sizes))
+    self.algorithm = get_method(config.algorithm).make(config, self.setup)
+    arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test)
+    if mesh is not None:
+      # Across processes each process builds the same `arrays` (same config and seed) and keeps
+      # only the shards of its own devices (device_put to a sharding spanning processes).
+      self.data = jax.device_put(arrays, sharding.data_shardings(arrays, mesh))
+    else:
+      self.data = jax.device_put(arrays)
+    self.round_fn = rounds.make_round_fn(self.algorithm)
+    calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
+    init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
+    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage.
+    self.round_programs = programs.resolve(config.get("round_programs", "auto"),
+                                           bool(self.algorithm.stages))
+    stage_fns = (rounds.make_stage_fns(self.algorithm) if self.round_programs == "stages"
+                 else ())
+    self._state_shardings = None
+    round_jit = {}  # how every round program (whole or stage) is jitted
+    if mesh is None:
+      self._init = jax.jit(init)
+    else:
+      abstract = jax.eval_shape(init, jax.random.key(0), self.data)
+      self._state_shardings = sharding.state_shardings(abstract, mesh)
+      self._init = jax.jit(init, out_shardings=self._state_shardings)
+      round_jit["out_shardings"] = (self._state_shardings, None)
+    self.run_rounds = jax.jit(calls, **round_jit)
+    self.stage_programs = tuple((name, jax.jit(fn, **round_jit)) for name, fn in stage_fns)
+    self.evaluate = jax.jit(self.algorithm.evaluate)
+    diagnostics = self.algorithm.diagnostics
+    self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
+    self._evaluate_compiled = self._diagnostics_compiled = None  # set by `compile_all`
+    # The code outside the package that the round runs (its method, its models): in the trace
+    # cache's key under config.trace_cache="on"; "auto" then does not use the cache.
+    self._outside_files = trace_cache.outside_package(
+        [get_method(config.algorithm).make]
+        + [m for g in self.groups for m in (g.model, g.public_model) if m is not None])
+    # One test domain: plain accuracy; several: intra/inter-domain accuracy (FCCL+ tables).
+    self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
+
+  def compile_rounds(self, state: Any) -> Any:
+    """The compiled round for this state's shapes: `run_rounds`, or with stages the
+    `programs.CompiledStages` (traces once; uses the caches)."""
+    return self.lower_rounds(state).compile()
+
+  def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
+    """Compiles the round, the evaluation and the diagnostics; returns the round.
+
+    The evaluation and diagnostics executables are kept and used by
+    `evaluation_record` / `diagnostics` from then on. They are traced and
+    compiled in a worker thread while this thread traces and lowers the round
+    (pure Python, one core busy), and the round's XLA compile starts only once
+    they are done: compiling the evaluation beside the round's compile is
+    slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's GPU
+    compiler is itself multi-threaded and autotunes on the device). The
+    round is lowered by `lower_rounds`, through the trace cache when it is on;
+    a round in stage programs compiles them side by side on a CPU, in turn on
+    an accelerator. Then the memory the compiler freed is handed back to the
+    system (`release_freed_host_memory`), so that the memory check and the
+    round see it.
+    """
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="fedjax_het_compile") as pool:
+      side = pool.submit(self._compile_evaluation, state, with_diagnostics)
+      lowered = self.lower_rounds(state)
+      side.result()  # raises what the worker raised
+    compiled = lowered.compile()
+    released = release_freed_host_memory()  # the compiler's freed heap, before the round runs
+    if released:
+      logging.info("returned %.2f GiB of memory the compiler had freed to the system",
+                   released / 2.0 ** 30)
+    return compiled
+
+  def trace_cache_directory(self) -> pathlib.Path | None:
+    """Where `lower_rounds` keeps exported rounds (`fedjax_het.trace_cache`), or None.
+
+    None when `config.trace_cache` is "off", without `config.compilation_cache_dir`,
+    for a run sharded over a mesh, and, under "auto", when the method or a model
+    is defined outside the fedjax_het package.
+    """
+    mode = self.config.get("trace_cache", "auto")  # checked by validate_config
+    if mode == "off" or not self.config.compilation_cache_dir or self.mesh is not None:
+      return None
+    if mode == "auto" and self._outside_files:
+      logging.info("trace cache off: the method or a model is defined outside fedjax_het (%s); "
+                   "config.trace_cache='on' keys it on those files too",
+                   ", ".join(map(str, self._outside_files)))
+      return None
+    return pathlib.Path(self.config.compilation_cache_dir).expanduser() / trace_cache.FOLDER
+
+  def lower_rounds(self, state: Any) -> Any:
+    """The round lowered for `state`'s shapes, through the trace cache when it is on.
+
+    `run_rounds` lowered, or with `round_programs == "stages"` the
+    `programs.LoweredStages` of the stage programs (compiled side by side on a
+    CPU; on a GPU one after the other, as XLA's GPU compiler is itself
+    multi-threaded). With the cache, a later run of the same round reads each
+    exported program instead of tracing and lowering it
+    (`fedjax_het.trace_cache`); both compile the same module. A program the
+    cache cannot hold is traced as usual.
+    """
+    cache = self._trace_cache_key(state)
+    if self.round_programs == "stages":
+      # One key for the round (one read of the package source), one entry per stage.
+      return programs.lower_stages(
+          self.stage_programs,
+          lambda name, jitted: self._lower_program(
+              jitted, state, cache and (cache[0], trace_cache.stage_key(cache[1], name)), name),
+          int(self.config.rounds_per_call), side_by_side=jax.default_backend() == "cpu")
+    return self._lower_program(self.run_rounds, state, cache, None)
+
+  def _trace_cache_key(self, state: Any) -> tuple[pathlib.Path, str] | None:
+    """(the trace cache's directory, this round's key), or None when the cache is not used."""
+    directory = self.trace_cache_directory()
+    if directory is None:
+      return None
+    config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
+              if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
+    # What the method's make() read besides the config (data sizes, normalisation statistics,
+    # the modules) and the convolutions this Experiment chose.
+    statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
+               "public_conv_impl": self.public_conv_impl}
+    try:
+      return directory, trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
+                                              choices=statics, args=(state, self.data),
+                                              extra_files=self._outside_files)
+    except Exception as error:  # pylint: disable=broad-except
+      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
+                   type(error).__name__, error)
+      return None
+
+  def _lower_program(self, jitted: Any, state: Any, cache: tuple[pathlib.Path, str] | None,
+                     stage: str | None) -> Any:
+    """`jitted(state, data)` lowered, through the trace cache entry `cache` (directory, key)
+    when there is one; `stage`: the stage's name, None for the whole round (for the log)."""
+    if cache is None:
+      return jitted.lower(state, self.data)
+    directory, key = cache
+    tick = time.perf_counter()
+    try:
+      lowered = trace_cache.lower_round(jitted, (state, self.data), directory=directory, key=key)
+    except Exception as error:  # pylint: disable=broad-except
+      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
+                   type(error).__name__, error)
+      return jitted.lower(state, self.data)
+    what = "round" if stage is None else f"round's stage {stage!r}"
+    logging.info("%s the traced %s %s %s in %.1f s", "read" if lowered.hit else "saved", what,
+                 "from" if lowered.hit else "to", directory, time.perf_counter() - tick)
+    return lowered
+
+  def _compile_evaluation(self, state: Any, with_diagnostics: bool) -> None:
+    self._evaluate_compiled = self.evaluate.lower(state, self.data.test).compile()
+    if with_diagnostics and self._diagnostics is not None:
+      self._diagnostics_compiled = self._diagnostics.lower(state, self.data).compile()
+
+  def init_state(self) -> Any:
+    return self._init(jax.random.key(int(self.config.seed)), self.data)
+
+  def abstract_state(self) -> Any:
+    """Shapes, dtypes and (with a mesh) shardings of the state: the checkpoint restore target."""
+    like = jax.eval_shape(self.init_state)
+    if self._state_shardings is None:
+      return like
+    return jax.tree_util.tree_map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), like,
+        self._state_shardings)
+
+  def restore_state(self, checkpointer: checkpointing.Checkpointer, round_index: int) -> Any:
+    """The state saved at `round_index`, placed as a fresh state is.
+
+    Restored arrays come back committed to a device while a fresh run's are
+    not; without a mesh that changes the lowered program, hence its
+    persistent-cache key, and a resumed run would recompile from scratch.
+    """
+    state = checkpointer.restore(round_index, self.abstract_state())
+    if self.mesh is None:
+      state = jax.device_put(jax.device_get(state))
+    return state
+
+  def diagnostics(self, state) -> np.ndarray | None:
+    """The method's diagnostic arrays (K, ...) in participant order, or None if it has none."""
+    if self._diagnostics is None:
+      return None
+    compute = self._diagnostics_compiled or self._diagnostics
+    per_group = sharding.fetch(compute(state, self.data))
+    return scatter_to_participants(self.groups, per_group, self.setup.num_participants)
+
+  # -- what the loop asks of a run (see the module docstring) -----------------------------------
+
+  @property
+  def num_rounds(self) -> int:
+    return int(self.config.num_rounds)
+
+  @property
+  def has_public(self) -> bool:
+    return len(self.scenario.public) > 0
+
+  def with_convs(self, conv_impl: str, public_conv_impl: str) -> "Experiment":
+    """The same run (the same data) with other convolutions (the trainer's memory policy)."""
+    return Experiment(self.config, mesh=self.mesh, conv_impl=conv_impl,
+                      public_conv_impl=public_conv_impl, scenario=self.scenario)
+
+  def run_record(self) -> dict[str, Any]:
+    """run.json: every config field and a fingerprint of the data (the resume guard)."""
+    return workdir_lib.run_record(self.config, self.scenario)
+
+  def is_eval_round(self, done: int) -> bool:
+    return done % int(self.config.eval.every) == 0 or done == self.num_rounds
+
+  def is_checkpoint_round(self, done: int) -> bool:
+    return done % int(self.config.checkpoint.every) == 0
+
+  def progress_text(self, last: dict[str, Any]) -> str:
+    return " ".join(f"{kind} {last[f'eval/{kind}/mean']:.1f}" for kind in self.accuracy_kinds
+                    if f"eval/{kind}/mean" in last)
+
+  def results(self, records: list[dict[str, Any]], done: int) -> tuple[str, dict[str, Any]]:
+    """(results.md, results.json's numbers): the mean of the last evaluated rounds, in the
+    FCCL+ Table VIII/IX layout (inter/intra) or as plain test accuracy, and the rounds to
+    reach `config.eval.targets`."""
+    del done
+    config, kinds = self.config, self.accuracy_kinds
+    table, numbers = reporting.results_table(records, self.client_names,
+                                             last_rounds=int(config.eval.last_rounds),
+                                             method=config.algorithm, kinds=kinds)
+    targets = [float(t) for t in config.eval.targets]
+    if targets and numbers:
+      numbers["rounds_to_target"] = {f"{t:g}": rounds_to_target(records, kinds, t)
+                                     for t in targets}
+      what = "test" if headline_kind(kinds) == "accuracy" else "intra-domain"
+      table += "\n\n" + "\n".join(
+          f"Rounds to reach {t:g}% mean {what} accuracy: "
+          f"{reached if reached is not None else 'not reached in ' + str(self.num_rounds)}."
+          for t, reached in zip(targets, numbers["rounds_to_target"].values()))
+    substituted = self.scenario.substituted
+    note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
+            "(see metadata.json).\n" if substituted else "\n")
+    protocol = _office_test_line(self.scenario.office_test, int(config.eval.top_k))
+    markdown = (f"# {config.name}: mean of the last {config.eval.last_rounds} evaluated rounds"
+                f"\n\n{protocol}{table}{note}")
+    return markdown, numbers
+
+  def plot(self, records: list[dict[str, Any]], numbers: dict[str, Any],
+           workdir: pathlib.Path, diagnostics: Mapping[int, np.ndarray] | None = None) -> None:
+    """accuracy.png (accuracy curves) and the method's diagnostics figure, if it has one."""
+    del numbers
+    plots.plot_accuracy_curves(records, self.client_names, workdir / "accuracy.png",
+                               title=self.config.name, kinds=self.accuracy_kinds,
+                               num_classes=self.scenario.num_classes)
+    if self.algorithm.diagnostics is not None and diagnostics:
+      self.algorithm.diagnostics.plot(diagnostics, self.client_names,
+                                      workdir / f"{self.algorithm.diagnostics.name}.png")
+
+  def evaluation_record(self, state, done: int | None = None) -> dict[str, float]:
+    """eval/<kind>/<client> and eval/<kind>/mean from one evaluation (after round `done`).
+
+    kind is intra/inter (own domain / mean of the other domains) when the
+    scenario has several test domains, else accuracy.
+    """
+    del done  # the same evaluation after every round
+    evaluate = self._evaluate_compiled or self.evaluate
+    accuracy = scatter_to_participants(self.groups, sharding.fetch(evaluate(state, self.data.test)),
+                                       self.setup.num_participants)
+    if self.accuracy_kinds == ("accuracy",):
+      per_kind = {"accuracy": np.asarray(accuracy, np.float64)[:, 0]}
+    else:
+      intra, inter = intra_inter(accuracy, self.client_domain_index)
+      per_kind = {"intra": intra, "inter": inter}
+    record = {}
+    for name_index, name in enumerate(self.client_names):
+      for kind in self.accuracy_kinds:
+        record[f"eval/{kind}/{name}"] = float(per_kind[kind][name_index])
+    for kind in self.accuracy_kinds:
+      record[f"eval/{kind}/mean"] = float(np.mean(per_kind[kind]))
+    return record
+
+  def train_records(self, metrics: Any, num_rounds: int) -> list[dict[str, float]]:
+    """Per-round records from stacked round metrics.
+
+    {phase: {group: {metric: (rounds, slots)}}} gives train/<phase>/<metric>/<client>;
+    {phase: {metric: (rounds,)}} (server-side scalars) gives train/<phase>/<metric>.
+    """
+    metrics = sharding.fetch(metrics)
+    records = [{} for _ in range(num_rounds)]
+    group_names = {g.name for g in self.groups}
+    for phase, values in metrics.items():
+      if set(values) <= group_names and all(isinstance(v, Mapping) for v in values.values()):
+        names = next(iter(values.values())).keys()
+        for metric in names:
+          stacked = {g: np.asarray(v[metric]) for g, v in values.items()}  # (rounds, slots)
+          for r in range(num_rounds):
+            per_client = scatter_to_participants(self.groups, {g: x[r] for g, x in stacked.items()},
+                                                 self.setup.num_participants)
+            for name, value in zip(self.client_names, per_client):
+              records[r][f"train/{phase}/{metric}/{name}"] = float(value)
+      else:
+        for metric, value in values.items():
+          for r in range(num_rounds):
+            records[r][f"train/{phase}/{metric}"] = float(np.asarray(value)[r])
+    return records
+
+  def metadata(self) -> dict[str, Any]:
+    sc = self.scenario
+    return {
+        "scenario": sc.name, "domains": list(sc.domains), "sources": dict(sc.sources),
+        "substituted_by_synthetic": list(sc.substituted),
+        "train_sizes": {n: int(len(s.labels)) for n, s in zip(self.client_names, sc.train)},
+        "test_sizes": {d: int(len(sc.test[d].labels)) for d in sc.test},
+        "public_size": int(len(sc.public)),
+        **({"office_test": sc.office_test} if sc.office_test else {}),
+        "participants": [{"name": n, "domain": d, "architecture": a} for n, d, a in
+                         zip(self.client_names, sc.domains, self.architectures)],
+        "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
+        "conv_impl": self.conv_impl, "public_conv_impl": self.public_conv_impl,
+        "backend": jax.default_backend(),
+        **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()}
+           if jax.default_backend() == "cpu" else {}),
+        **({"xla_gpu_triton_gemm": xla_gpu.triton_gemm_in_force()}
+           if jax.default_backend() == "gpu" else {}),
+        "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+        "python": platform.python_version(),
+        **({"processes": jax.process_count()} if jax.process_count() > 1 else {}),
+    }
+
+
+def _office_test_line(office_test: str, top_k: int) -> str:
+  """The results.md line saying which Office test protocol (and top-k) the numbers use."""
+  if not office_test:
+    return ""
+  what = {"held_out": "held-out images (i % 10 >= 8 of each domain, never in private data)",
+          "whole_domain": "the whole domain, training images included (as the FCCL+ code "
+                          "evaluates)"}[office_test]
+  return f"Test sets (scenario.office_test={office_test!r}): {what}; top-{top_k} accuracy.\n\n"
+
+
+def headline_kind(kinds: tuple[str, ...]) -> str:
+  """The accuracy a target refers to: plain accuracy, else intra-domain accuracy."""
+  return "accuracy" if "accuracy" in kinds else "intra"
+
+
+def rounds_to_target(records: list[dict[str, Any]], kinds: tuple[str, ...],
+                     target: float) -> int | None:
+  """The first round whose mean (headline) accuracy is >= target percent, or None."""
+  name = f"eval/{headline_kind(kinds)}/mean"
+  for record in records:
+    if name in record and record[name] >= target:
+      return int(record["round"])
+  return None

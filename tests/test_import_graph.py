@@ -1,0 +1,91 @@
+"""The package's import graph has no cycle (imports inside functions count too)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fedjax_het"
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def import_graph() -> dict[str, set[str]]:
+  """{module: the package's modules it imports}, from every import statement in its source.
+
+  `from fedjax_het.x import y` is an edge to fedjax_het.x.y when that is a module, else to
+  fedjax_het.x.
+  """
+  modules = _modules()
+  graph = {name: set() for name in modules}
+  for name, path in modules.items():
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+      targets = []
+      if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                   else node.module for alias in node.names]
+      graph[name].update(t for t in targets if t in modules and t != name)
+  return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of `graph` as [a, b, ..., a], or None (depth-first search)."""
+  state: dict[str, int] = {}   # 1: on the current path, 2: done
+  path: list[str] = []
+
+  def visit(node):
+    state[node] = 1
+    path.append(node)
+    for child in sorted(graph[node]):
+      if state.get(child) == 1:
+        return path[path.index(child):] + [child]
+      if child not in state:
+        found = visit(child)
+        if found:
+          return found
+    path.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def test_find_cycle_finds_a_cycle_and_accepts_a_tree():
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+  assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_imports_inside_functions():
+  graph = import_graph()
+  # `train.build_experiment` imports the stream experiment inside the function.
+  assert "fedjax_het.stream_experiment" in graph["fedjax_het.train"]
+  assert "fedjax_het.algorithms.glfc" in graph["fedjax_het.algorithms.icarl_fl"]
+
+
+def test_the_package_has_no_import_cycle():
+  cycle = find_cycle(import_graph())
+  assert cycle is None, " -> ".join(cycle)
+
+
+def test_cil_holds_building_blocks_only():
+  """`fedjax_het.cil` imports no method and no trainer: the methods build on it."""
+  graph = import_graph()
+  for name, imports in graph.items():
+    if name.startswith("fedjax_het.cil"):
+      assert not {i for i in imports if i.startswith(("fedjax_het.algorithms", "fedjax_het.train",
+                                                      "fedjax_het.experiment",
+                                                      "fedjax_het.stream_experiment"))}, name
