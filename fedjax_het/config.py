@@ -141,6 +141,11 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.logging = ml_collections.ConfigDict()
   c.logging.progress = True
   c.logging.tensorboard = False         # True: also write TensorBoard events (needs tensorboardX)
+  # Where the per-round records go besides metrics.jsonl: comma-separated from
+  # reporting.WRITERS, e.g. "jsonl,tensorboard,wandb,mlflow" (extras tensorboard, wandb, mlflow).
+  c.logging.writers = "jsonl"
+  c.logging.wandb_mode = "offline"       # or "online" (needs a W&B login)
+  c.logging.mlflow_tracking_uri = ""     # "" -> a local SQLite store, <workdir>/mlflow.db
   c.logging.plots = True
   c.logging.diagnostic_rounds = (1, 10, 40)  # rounds at which the method's diagnostics are saved
 
@@ -167,6 +172,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     check(config, "algorithm", choice(stream_methods),
           f"one of {stream_methods} (the methods of scenario.name={cil_stream.SCENARIO!r})")
     cil_stream.validate_stream_config(config)
+    validate_logging(config)
     algorithms.get_method(config.algorithm).validate_config(config)
     return
   if config.algorithm in stream_methods:
@@ -228,4 +234,23 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "checkpoint.every", int_at_least(1), "an integer >= 1")
   check(config, "checkpoint.keep", int_at_least(1), "an integer >= 1")
   check(config, "sharding.num_devices", int_at_least(0), "an integer >= 0 (0: all devices)")
+  validate_logging(config)
   algorithms.get_method(config.algorithm).validate_config(config)
+
+
+def validate_logging(config: ml_collections.ConfigDict) -> None:
+  """Checks `config.logging.writers`, `.wandb_mode` and `.mlflow_tracking_uri` where present."""
+  from fedjax_het import reporting  # pylint: disable=g-import-not-at-top
+  if "logging" not in config:
+    return
+  if "writers" in config.logging:
+    check(config, "logging.writers",
+          lambda v: isinstance(v, str) and all(
+              n.strip() in reporting.WRITERS for n in v.split(",") if n.strip()),
+          f"a comma-separated string of writers from {reporting.WRITERS}")
+  if "wandb_mode" in config.logging:
+    check(config, "logging.wandb_mode", choice(reporting.WANDB_MODES),
+          f"one of {reporting.WANDB_MODES}")
+  if "mlflow_tracking_uri" in config.logging:
+    check(config, "logging.mlflow_tracking_uri", lambda v: isinstance(v, str),
+          "a string (\"\": a local SQLite store, <workdir>/mlflow.db)")

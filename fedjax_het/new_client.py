@@ -526,7 +526,7 @@ def restore_finished_run(workdir: str | pathlib.Path, *, mesh: Any = None) -> Fi
     state = experiment.restore_state(checkpointer, last)
   finally:
     checkpointer.close()
-  records = reporting.MetricsWriter(workdir, tensorboard=False).read()
+  records = reporting.MetricsWriter(workdir, enabled=False).read()
   return FinishedRun(workdir=workdir, config=config, experiment=experiment, state=state,
                      round=last, records=records)
 

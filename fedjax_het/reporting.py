@@ -1,4 +1,4 @@
-"""Run artefacts: metrics.jsonl, optional TensorBoard, a progress bar; the results table is
+"""Run artefacts: metrics.jsonl and its writers (TensorBoard, W&B, MLflow), a progress bar; the results table is
 `fedjax_het.reports.common.results_table` (re-exported here for the trainers)."""
 
 from __future__ import annotations
@@ -15,50 +15,159 @@ from typing import Any
 import tqdm
 
 from fedjax_het import workdir as workdir_lib
+from fedjax_het.errors import ConfigError
 from fedjax_het.reports import common
 
 
-class MetricsWriter:
-  """Appends one JSON record per round to `metrics.jsonl` (and TensorBoard if asked).
+#: `config.logging.writers`: where the per-round records go (metrics.jsonl always).
+WRITERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+#: `config.logging.wandb_mode`: W&B's own `mode` ("offline" writes under the workdir only).
+WANDB_MODES = ("offline", "online")
 
-  Records carry a "round" key (1-based: the number of rounds completed). On
-  resume, `truncate_after(r)` drops records of rounds > r written by an
-  interrupted run after its last checkpoint.
+
+def writer_names(logging_config: Any) -> tuple[str, ...]:
+  """The writers a run's `config.logging` asks for: "jsonl" first, then those named in
+  `logging.writers` (comma-separated), plus "tensorboard" when `logging.tensorboard` is True."""
+  named = [n.strip() for n in str(logging_config.get("writers", "jsonl")).split(",") if n.strip()]
+  if logging_config.get("tensorboard", False):
+    named.append("tensorboard")
+  return tuple(dict.fromkeys(["jsonl", *named]))
+
+
+def _missing(name: str, package: str, extra: str) -> ConfigError:
+  return ConfigError(f"config.logging.writers names {name!r}, which needs {package} "
+                     f"(pip install 'fedjax_het[{extra}]'); allowed: {WRITERS}.")
+
+
+class _TensorBoard:
+  """TensorBoard event files under <workdir>/tensorboard (tensorboardX)."""
+
+  def __init__(self, workdir: pathlib.Path, **_):
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    except ImportError as error:
+      raise _missing("tensorboard", "tensorboardX", "tensorboard") from error
+    self._writer = SummaryWriter(str(workdir / "tensorboard"))
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    for name, value in values.items():
+      self._writer.add_scalar(name, value, step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class _WandB:
+  """A Weights & Biases run (files under <workdir>/wandb; `logging.wandb_mode`)."""
+
+  def __init__(self, workdir: pathlib.Path, *, run_name: str, config: Mapping[str, Any],
+               wandb_mode: str = "offline", **_):
+    try:
+      import wandb  # pylint: disable=g-import-not-at-top
+    except ImportError as error:
+      raise _missing("wandb", "wandb", "wandb") from error
+    self._run = wandb.init(project="fedjax_het", name=run_name, dir=str(workdir),
+                           mode=wandb_mode, config=dict(config), reinit="create_new")
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    self._run.log(dict(values), step=step)
+
+  def close(self) -> None:
+    self._run.finish()
+
+
+class _MLflow:
+  """An MLflow run in experiment "fedjax_het" (`logging.mlflow_tracking_uri`; "" -> a local
+  SQLite store, <workdir>/mlflow.db, no server)."""
+
+  def __init__(self, workdir: pathlib.Path, *, run_name: str, config: Mapping[str, Any],
+               mlflow_tracking_uri: str = "", **_):
+    try:
+      from mlflow.tracking import MlflowClient  # pylint: disable=g-import-not-at-top
+    except ImportError as error:
+      raise _missing("mlflow", "mlflow", "mlflow") from error
+    uri = mlflow_tracking_uri or f"sqlite:///{pathlib.Path(workdir).absolute() / 'mlflow.db'}"
+    self._client = MlflowClient(tracking_uri=uri)
+    experiment = self._client.get_experiment_by_name("fedjax_het")
+    experiment_id = (experiment.experiment_id if experiment is not None
+                     else self._client.create_experiment("fedjax_het"))
+    self._run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+    for name, value in config.items():
+      self._client.log_param(self._run_id, name, str(value)[:500])
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    from mlflow.entities import Metric  # pylint: disable=g-import-not-at-top
+    stamp = int(time.time() * 1000)
+    metrics = [Metric(name.replace("@", "_"), value, stamp, step) for name, value in values.items()]
+    self._client.log_batch(self._run_id, metrics=metrics)
+
+  def close(self) -> None:
+    self._client.set_terminated(self._run_id)
+
+
+_BACKENDS = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
+
+
+class MetricsWriter:
+  """The run's one metrics writer: metrics.jsonl, and the backends the config names.
+
+  One JSON record per round goes to `metrics.jsonl` (always); the finite numbers of each
+  record also go to TensorBoard (tensorboardX), Weights & Biases and MLflow when
+  `writers` names them (`config.logging.writers`, `writer_names`). Records carry a "round"
+  key (1-based: the number of rounds completed), the step of every backend. On resume,
+  `truncate_after(r)` drops records of rounds > r written by an interrupted run after its
+  last checkpoint.
+
+  `enabled=False` (a process other than process 0 of a multi-process run, as flax's
+  `create_default_writer(just_logging=...)`): nothing is written and no backend starts;
+  `read` and `truncate_after` still return the records process 0 keeps.
   """
 
-  def __init__(self, workdir: pathlib.Path, *, tensorboard: bool):
-    self.path = workdir / "metrics.jsonl"
-    self._tb = None
-    if tensorboard:
-      try:
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-        self._tb = SummaryWriter(str(workdir / "tensorboard"))
-      except ImportError:
-        logging.warning("config.logging.tensorboard=True but tensorboardX is not installed "
-                        "(pip install 'fedjax_het[tensorboard]'): no TensorBoard output.")
+  def __init__(self, workdir: pathlib.Path, *, writers: tuple[str, ...] = ("jsonl",),
+               enabled: bool = True, run_name: str = "run",
+               config: Mapping[str, Any] | None = None, **options: Any):
+    """`options`: wandb_mode, mlflow_tracking_uri (`config.logging`)."""
+    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self.enabled = enabled
+    unknown = [w for w in writers if w not in WRITERS]
+    if unknown:
+      raise ConfigError(f"config.logging.writers must name writers from {WRITERS}, got "
+                        f"{unknown[0]!r}.")
+    self._backends = []
+    if enabled:
+      for name in writers:
+        if name in _BACKENDS:
+          self._backends.append(_BACKENDS[name](pathlib.Path(workdir), run_name=run_name,
+                                                config=dict(config or {}), **options))
 
   def read(self) -> list[dict[str, Any]]:
     """The records; a last line cut short by a kill mid-append is dropped."""
     return common.read_records(self.path)
 
   def truncate_after(self, round_number: int) -> list[dict[str, Any]]:
-    """Keeps the records of rounds <= round_number (rewritten atomically)."""
+    """Keeps the records of rounds <= round_number (rewritten atomically where enabled)."""
     kept = [r for r in self.read() if r["round"] <= round_number]
-    workdir_lib.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    if self.enabled:
+      workdir_lib.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
   def write(self, record: Mapping[str, Any]) -> None:
+    if not self.enabled:
+      return
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
-    if self._tb is not None:
-      for name, value in record.items():
-        if name != "round" and isinstance(value, (int, float)) and math.isfinite(value):
-          self._tb.add_scalar(name, value, record["round"])
-      self._tb.flush()
+    if self._backends:
+      values = {name: float(value) for name, value in record.items()
+                if name != "round" and isinstance(value, (int, float))
+                and not isinstance(value, bool) and math.isfinite(value)}
+      for backend in self._backends:
+        backend.scalars(int(record["round"]), values)
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
+    for backend in self._backends:
+      backend.close()
+    self._backends = []
 
 
 class Progress:

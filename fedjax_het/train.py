@@ -31,7 +31,9 @@ Artefacts in `workdir`:
   accuracy.png      accuracy curves
   <diagnostic>.npz/.png  the method's diagnostics (e.g. FCCL/FCCL+'s
                     cross_correlation) at config.logging.diagnostic_rounds
-  tensorboard/      with config.logging.tensorboard=True (needs tensorboardX)
+  tensorboard/, wandb/, mlflow.db  with config.logging.writers naming tensorboard,
+                    wandb (offline unless logging.wandb_mode="online") or mlflow (a local
+                    SQLite store unless logging.mlflow_tracking_uri names one)
 
 Across processes (`engine.sharding.initialize_distributed`, every process
 running `train_and_evaluate` with the same config and workdir): the clients
@@ -165,8 +167,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                                              experiment.metadata(), primary=primary,
                                              sync=sharding.barrier)
 
-  writer = reporting.MetricsWriter(workdir,
-                                   tensorboard=primary and bool(config.logging.tensorboard))
+  # One writer; only process 0 writes (the others read what it keeps).
+  writer = reporting.MetricsWriter(
+      workdir, writers=reporting.writer_names(config.logging), enabled=primary,
+      run_name=str(config.name), config=workdir_lib.flatten_config(config),
+      wandb_mode=config.logging.get("wandb_mode", "offline"),
+      mlflow_tracking_uri=config.logging.get("mlflow_tracking_uri", ""))
   if start is None:
     start, state = 0, experiment.init_state()
     checkpointer.save(0, state)
@@ -177,7 +183,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     records = writer.truncate_after(start)
   sharding.barrier("fedjax_het:metrics")  # the others read the records process 0 kept
   if not primary:
-    records = [r for r in writer.read() if r["round"] <= start]
+    records = writer.truncate_after(start)  # reads only: this process's writer is disabled
 
   diagnostics = experiment.algorithm.diagnostics
   diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
@@ -208,8 +214,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
                                  **{f"round_{r}": m for r, m in saved.items()})
     for record in new_records:
-      if primary:
-        writer.write(record)
+      writer.write(record)
       records.append(record)
     if experiment.is_checkpoint_round(done) or done == stop:
       checkpointer.save(done, state)

@@ -203,7 +203,7 @@ def test_atomic_writes_leave_no_temporary_and_metrics_survive_a_cut_line(tmp_pat
   workdir_lib.savez_atomic(tmp_path / "m.npz", round_1=np.arange(3))
   with np.load(tmp_path / "m.npz") as stored:
     np.testing.assert_array_equal(stored["round_1"], np.arange(3))
-  writer = reporting.MetricsWriter(tmp_path, tensorboard=False)
+  writer = reporting.MetricsWriter(tmp_path)
   writer.write({"round": 1, "a": 1.0})
   writer.write({"round": 2, "a": 2.0})
   with writer.path.open("a") as f:

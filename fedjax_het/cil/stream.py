@@ -99,7 +99,8 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
                 "lr_schedule": "glfc_code"},   # or "constant" (epoch_learning_rates)
       "eval": {"every": 0, "batch_size": 500},   # every: 0 -> only at task ends
       "checkpoint": {"every": 10, "keep": 2},
-      "logging": {"progress": True, "plots": True, "tensorboard": False},
+      "logging": {"progress": True, "plots": True, "tensorboard": False, "writers": "jsonl",
+                  "wandb_mode": "offline", "mlflow_tracking_uri": ""},
   })
 
 
