@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with a deadline: start no cell with less time left (default 60)")
   parser.add_argument("--copy-to", default=None,
                       help="mirror the cells' files and the tables into DIR/<results>/")
+  parser.add_argument("--separate-seeds", action="store_true",
+                      help="train every seed on its own (default: a row's fresh seeds as one "
+                      "vmapped program where their shapes agree; never with a deadline)")
   parser.add_argument("--dry-run", action="store_true", help="print the cells it would run")
   parser.add_argument("--verbose", action="store_true",
                       help="show the traceback of configuration, data and workdir errors")
@@ -198,7 +201,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     xla_cpu.set_xla_cpu_scheduler("auto")
   grid.run(cells, results_dir=results_dir, overrides=args.overrides,
            deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
-           copy_to=args.copy_to, echo=echo)
+           copy_to=args.copy_to, stack_seeds=not args.separate_seeds, echo=echo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,6 +49,10 @@ class Checkpointer:
     """The round of the newest complete checkpoint, or None."""
     return self._manager.latest_step()
 
+  def rounds(self) -> list[int]:
+    """The rounds of the complete checkpoints kept, oldest first."""
+    return sorted(self._manager.all_steps())
+
   def save(self, round_index: int, state: Any) -> None:
     """Saves `state` as round `round_index` (asynchronously)."""
     self._manager.save(round_index, args=ocp.args.StandardSave(state))

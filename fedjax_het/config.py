@@ -67,6 +67,9 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = "run"
   c.seed = 0
+  # Several seeds as one vmapped program, each in <workdir>/seed_<s>/ (fedjax_het/seed_stack.py);
+  # () trains config.seed alone.
+  c.seeds = ()
   c.algorithm = algorithm
   c.num_rounds = 40
   c.rounds_per_call = 1
@@ -172,6 +175,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     check(config, "algorithm", choice(stream_methods),
           f"one of {stream_methods} (the methods of scenario.name={cil_stream.SCENARIO!r})")
     cil_stream.validate_stream_config(config)
+    validate_seeds(config)
     validate_logging(config)
     algorithms.get_method(config.algorithm).validate_config(config)
     return
@@ -180,6 +184,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
          f"(build the config with fedjax_het.config.base_config({config.algorithm!r}))",
          config.scenario.get("name") if "scenario" in config else None)
   check(config, "seed", int_at_least(0), "an integer >= 0")
+  validate_seeds(config)
   check(config, "num_rounds", int_at_least(1), "an integer >= 1")
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
@@ -236,6 +241,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "sharding.num_devices", int_at_least(0), "an integer >= 0 (0: all devices)")
   validate_logging(config)
   algorithms.get_method(config.algorithm).validate_config(config)
+
+
+def validate_seeds(config: ml_collections.ConfigDict) -> None:
+  """`config.seeds`: () or distinct integers >= 0."""
+  if "seeds" in config:
+    check(config, "seeds",
+          lambda v: isinstance(v, (tuple, list)) and all(int_at_least(0)(s) for s in v)
+          and len(set(v)) == len(v),
+          "a sequence of distinct integers >= 0 (() trains config.seed alone)")
 
 
 def validate_logging(config: ml_collections.ConfigDict) -> None:

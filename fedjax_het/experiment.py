@@ -347,8 +347,12 @@ class Experiment:
     if self._diagnostics is None:
       return None
     compute = self._diagnostics_compiled or self._diagnostics
-    per_group = sharding.fetch(compute(state, self.data))
-    return scatter_to_participants(self.groups, per_group, self.setup.num_participants)
+    return self.diagnostics_from(compute(state, self.data))
+
+  def diagnostics_from(self, per_group: Any) -> np.ndarray:
+    """{group: (slots, ...)} diagnostic arrays -> (K, ...) in participant order."""
+    return scatter_to_participants(self.groups, sharding.fetch(per_group),
+                                   self.setup.num_participants)
 
   # -- what the loop asks of a run (see the module docstring) -----------------------------------
 
@@ -422,9 +426,13 @@ class Experiment:
     kind is intra/inter (own domain / mean of the other domains) when the
     scenario has several test domains, else accuracy.
     """
-    del done  # the same evaluation after every round
     evaluate = self._evaluate_compiled or self.evaluate
-    accuracy = scatter_to_participants(self.groups, sharding.fetch(evaluate(state, self.data.test)),
+    return self.evaluation_from(evaluate(state, self.data.test), done)
+
+  def evaluation_from(self, evaluation: Any, done: int | None = None) -> dict[str, float]:
+    """The record of `evaluation_record` from the method's {group: (slots, domains)} accuracy."""
+    del done  # the same evaluation after every round
+    accuracy = scatter_to_participants(self.groups, sharding.fetch(evaluation),
                                        self.setup.num_participants)
     if self.accuracy_kinds == ("accuracy",):
       per_kind = {"accuracy": np.asarray(accuracy, np.float64)[:, 0]}

@@ -525,6 +525,71 @@ def _copy(results_dir: pathlib.Path, copy_to: pathlib.Path, paths: Sequence[path
       shutil.copy2(path, target)
 
 
+def _fresh(cell_dir: pathlib.Path) -> bool:
+  return not (cell_dir / "checkpoints").is_dir() and rounds_done(cell_dir) == 0
+
+
+def _seed_group(cell: Cell, later: Sequence[Cell], configs: Mapping[Cell, Any],
+                results_dir: pathlib.Path) -> list[Cell]:
+  """`cell` and the later fresh cells of its table, setting and row whose configs differ from
+  its own only by the seed (empty when `cell` itself is not fresh)."""
+  if not _fresh(cell.directory(results_dir)):
+    return []
+
+  def without_seed(config):
+    flat = workdir_lib.flatten_config(config)
+    for name in ("seed", "name"):  # a cell's name carries its seed
+      flat.pop(name, None)
+    return flat
+
+  key = (cell.table.id, cell.setting.key, cell.row.key, cell.scale)
+  mine = without_seed(configs[cell])
+  return [cell] + [c for c in later
+                   if (c.table.id, c.setting.key, c.row.key, c.scale) == key
+                   and c.seed != cell.seed and _fresh(c.directory(results_dir))
+                   and without_seed(configs[c]) == mine]
+
+
+def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
+                   results_dir: pathlib.Path, overrides: Sequence[str], custom: bool,
+                   statuses: dict[str, str], label: str, echo: Callable[[str], None]) -> bool:
+  """Trains `group` (one row's seeds) as one vmapped program, keeping each cell's cell.json;
+  False (nothing trained) when the seeds' data differ in shape."""
+  from fedjax_het.train import train_lanes  # pylint: disable=g-import-not-at-top
+  dirs = [c.directory(results_dir) for c in group]
+  metas = [_meta(c, significant_overrides(overrides, configs[c]), custom) for c in group]
+  seeds = ", ".join(str(c.seed) for c in group)
+  echo(f"{label}: training seeds {seeds} of {group[0].row.key} as one program "
+       f"({expected_rounds(configs[group[0]])} rounds each)")
+  commit, dirty = git_commit()
+  started, tick = _now(), time.perf_counter()
+  try:
+    train_lanes([configs[c] for c in group], dirs)
+  except ConfigError as error:
+    if "config.seeds" not in str(error):
+      raise
+    echo(f"{label}: {error} Training the seeds one by one.")
+    return False
+  except BaseException:
+    for cell_dir, meta in zip(dirs, metas):
+      if cell_dir.exists():
+        update_cell_record(cell_dir, meta, seconds=time.perf_counter() - tick, status="failed",
+                           new_invocation=True,
+                           extra={"start": started, "commit": commit, "dirty": dirty})
+    raise
+  seconds = time.perf_counter() - tick
+  for cell, cell_dir, meta in zip(group, dirs, metas):
+    update_cell_record(cell_dir, meta, status="running", new_invocation=True,
+                       extra={"start": started, "commit": commit, "dirty": dirty,
+                              **device_info(), "stacked_seeds": [c.seed for c in group]})
+    status = "finished" if is_finished(cell_dir, configs[cell]) else "stopped"
+    update_cell_record(cell_dir, meta, status=status, seconds=seconds)
+    statuses[cell.label] = "trained"
+    echo(f"  {cell.label}: trained with seeds {seeds} ({seconds:.1f} s for all), "
+         f"{_summary_line(cell, cell_dir)}")
+  return True
+
+
 def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESULTS,
         overrides: Sequence[str] = (),
         configure: Callable[[ml_collections.ConfigDict, Cell], None] | None = None,
@@ -533,8 +598,14 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
         isolate: bool | None = None,
         train: Callable[[ml_collections.ConfigDict, pathlib.Path], Any] | None = None,
         copy_to: str | pathlib.Path | None = None, figures: bool = True,
+        stack_seeds: bool = True,
         echo: Callable[[str], None] = print) -> dict[str, Any]:
   """Trains, resumes or skips every cell in order; rewrites each table's outputs after each.
+
+  With `stack_seeds` (and no child process), a fresh cell trains together with the other
+  fresh cells of its table, setting and row that differ from it only by the seed: one
+  vmapped program for those seeds (`fedjax_het.seed_stack`), each into its own cell. Seeds
+  whose data differ in shape train one by one.
 
   Args:
     cells: from `plan` or `queue_plan`.
@@ -552,6 +623,7 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
     copy_to: also mirror every cell's files (checkpoints only of an
       interrupted cell), the tables' outputs and invocations.jsonl here.
     figures: write the tables' figures.
+    stack_seeds: train a method's fresh seeds as one program (see above).
     echo: where the one-line progress messages go.
 
   Returns:
@@ -584,7 +656,14 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
       cell_dir = cell.directory(results_dir)
       label = f"[{index}/{len(cells)}] {cell.label}"
       workdir_lib.check_workdir(cell_dir)
-      if is_finished(cell_dir, config):
+      group = (_seed_group(cell, cells[index:], configs, results_dir)
+               if stack_seeds and not isolate and train is None else [])
+      if cell.label in statuses:  # trained beside an earlier cell of its row
+        pass
+      elif len(group) > 1 and _train_stacked(group, configs, results_dir, overrides, custom,
+                                             statuses, label, echo):
+        pass
+      elif is_finished(cell_dir, config):
         statuses[cell.label] = "skipped"
         if (_read_json(cell_dir / CELL_FILE) or {}).get("status") != "finished":
           update_cell_record(cell_dir, _meta(cell, significant_overrides(overrides, config),

@@ -178,7 +178,7 @@ def new_client_data(config: ml_collections.ConfigDict, scenario: Any, *,
 
   Args:
     config: the run's config (seed, scenario).
-    scenario: the run's `Scenario` (`train.build_scenario(config)`).
+    scenario: the run's `Scenario` (`experiment.build_scenario(config)`).
     seed: seed of the halves (default: the run's `config.seed`).
 
   Returns:
@@ -248,7 +248,7 @@ def global_start(config: ml_collections.ConfigDict, setup: Any, server: Any) -> 
 
   Args:
     config: the run's config.
-    setup: the run's `Setup` (`train.Experiment.setup`, the plain model).
+    setup: the run's `Setup` (`experiment.Experiment.setup`, the plain model).
     server: the server variables `state["server"]` of the finished run.
   """
   method = check_method(config)
@@ -463,7 +463,7 @@ class FinishedRun:
   Attributes:
     workdir: the run's directory.
     config: its config (rebuilt from run.json).
-    experiment: `train.Experiment(config)` (its data, setup, evaluation).
+    experiment: `experiment.Experiment(config)` (its data, setup, evaluation).
     state: the training state of its final checkpoint.
     round: the round of that checkpoint (= config.num_rounds).
     records: its metrics.jsonl records.

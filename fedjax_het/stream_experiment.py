@@ -4,7 +4,7 @@ The run of GLFC's protocol [GLFC Sec. 5] on a fixed-shape task stream
 (`fedjax_het.data.incremental`, `cil.stream`): the methods registered with
 `class_incremental=True` (glfc, icarl_fl, fedavg_cil) are trained by
 `fedjax_het.train.train_and_evaluate` like every other method; this class
-gives that loop what differs from a domain scenario's `train.Experiment`:
+gives that loop what differs from a domain scenario's `experiment.Experiment`:
 
   * the data: the stream's arrays on the device (`cil.stream.StreamArrays`),
     the test set, and the run record's fingerprint of both;
@@ -165,11 +165,20 @@ class StreamExperiment:
   def evaluation_record(self, state: Any, done: int) -> dict[str, Any]:
     """eval/accuracy/seen, .../task_<j>, eval/predicted_unseen after round `done`; at a task
     end also the per-class counts eval/class_correct and eval/class_total."""
-    k = self.settings.classes_per_task
-    task = min((done - 1) // self.settings.rounds_per_task, self.settings.num_tasks - 1)
     evaluate = self._evaluate_compiled or self.evaluate
-    correct, total, predicted = jax.device_get(
-        evaluate(state, (*self.test, jnp.int32((task + 1) * k))))
+    return self.evaluation_from(evaluate(state, self.evaluation_input(done)), done)
+
+  def evaluation_input(self, done: int) -> tuple[Any, Any, Any]:
+    """(test images, test labels, classes seen after round `done`): `evaluate`'s input."""
+    return (*self.test, jnp.int32((self._task(done) + 1) * self.settings.classes_per_task))
+
+  def _task(self, done: int) -> int:
+    return min((done - 1) // self.settings.rounds_per_task, self.settings.num_tasks - 1)
+
+  def evaluation_from(self, counts: Any, done: int) -> dict[str, Any]:
+    """The record of `evaluation_record` from the method's per-class counts."""
+    k, task = self.settings.classes_per_task, self._task(done)
+    correct, total, predicted = jax.device_get(counts)
     record = cil_stream.eval_record(correct, total, predicted, task, k)
     if self.task_end(done):
       record["eval/class_correct"] = [int(x) for x in correct]

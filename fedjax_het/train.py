@@ -57,10 +57,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from fedjax_het import reporting, resources
+from fedjax_het import reporting, resources, seed_stack
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding
+from fedjax_het.errors import ConfigError, WorkdirError
 from fedjax_het.experiment import Experiment
 
 
@@ -127,7 +128,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   Args:
     config: an experiment config (`fedjax_het.config.base_config(algorithm)` or
-      a scenario file's `get_config`).
+      a scenario file's `get_config`). With `config.seeds` (e.g. (0, 1, 2)),
+      every seed is a run of its own in `<workdir>/seed_<s>/`, all trained as
+      one vmapped program (`fedjax_het.seed_stack`).
     workdir: output directory.
     mesh: optional device mesh (`engine.sharding.client_mesh`); by default one
       is built when `config.sharding.num_devices != 1` or when the run spans
@@ -139,101 +142,159 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   Returns:
     {"results": the final table numbers, "last_record": the last metrics
     record, "records": all records, "rounds_done": rounds trained, "state":
-    the final training state}.
+    the final training state}; with `config.seeds`, {"seeds": {seed: that
+    dict}}.
   """
   workdir = pathlib.Path(workdir)
+  seeds = tuple(int(s) for s in config.get("seeds", ()))
+  if not seeds:
+    return train_lanes([config], [workdir], mesh=mesh, max_rounds=max_rounds)[0]
   workdir_lib.check_workdir(workdir)
+  configs = seed_stack.seed_configs(config)
+  outs = train_lanes(configs, [workdir / f"seed_{s}" for s in seeds], mesh=mesh,
+                     max_rounds=max_rounds)
+  return {"seeds": dict(zip(seeds, outs))}
+
+
+def _common_start(checkpointers: list[Any], starts: list[int | None],
+                  workdirs: list[pathlib.Path]) -> int | None:
+  """The round every lane resumes from: their common latest checkpoint (a kill between two
+  lanes' saves leaves some a round ahead: they resume from the round they all still keep)."""
+  if all(s is None for s in starts):
+    return None
+  kept = [set(c.rounds()) for c in checkpointers]
+  common = set.intersection(*kept) if kept else set()
+  if any(s is None for s in starts) or not common:
+    raise WorkdirError("config.seeds: the seeds' workdirs hold no common checkpoint ("
+                       + ", ".join(f"{w}: {s if s is not None else 'none'}"
+                                   for w, s in zip(workdirs, starts))
+                       + "); train these seeds as separate runs.")
+  return max(common)
+
+
+def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib.Path], *,
+                mesh: Any = None, max_rounds: int | None = None) -> list[dict[str, Any]]:
+  """The one loop: trains one config per workdir (several: seeds of one config, one vmapped
+  program, `seed_stack.SeedStack`) and returns each one's `train_and_evaluate` dict."""
+  workdirs = [pathlib.Path(w) for w in workdirs]
+  config = configs[0]
+  for workdir in workdirs:
+    workdir_lib.check_workdir(workdir)
   if config.compilation_cache_dir:
     # XLA compilation of a heterogeneous round takes minutes on a CPU; cache it across runs.
     jax.config.update("jax_compilation_cache_dir",
                       str(pathlib.Path(config.compilation_cache_dir).expanduser()))
+  stacked = len(configs) > 1
   sharded = "sharding" in config and config.sharding.num_devices != 1
+  if stacked and (mesh is not None or sharded or jax.process_count() > 1):
+    raise ConfigError("config.seeds: seeds on one axis run in one process without a device "
+                      "mesh (config.sharding.num_devices must be 1).")
   if mesh is None and (sharded or jax.process_count() > 1):
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
   # In a multi-process run every process trains; process 0 alone writes the workdir files.
   primary = sharding.is_primary()
   # A resumed "auto" run keeps the convolutions its memory fallback chose (the same rounding as
   # before the interruption, and no compile of a round already known not to fit).
-  experiment = build_experiment(config, mesh=mesh,
-                                **resources.recorded_conv_impls(workdir, config))
-  _log_data_provenance(experiment.scenario)
+  experiments = [build_experiment(c, mesh=mesh, **resources.recorded_conv_impls(w, c))
+                 for c, w in zip(configs, workdirs)]
+  for experiment in experiments:
+    _log_data_provenance(experiment.scenario)
+  run = seed_stack.SeedStack(experiments) if stacked else seed_stack.SingleRun(experiments[0])
+  experiment = run.experiment
   num_rounds, per_call = experiment.num_rounds, int(config.rounds_per_call)
   stop = num_rounds if max_rounds is None else min(int(max_rounds), num_rounds)
   if stop % per_call:
     raise ValueError(f"train_and_evaluate: `max_rounds`={max_rounds} must be a multiple of "
                      f"config.rounds_per_call={per_call}.")
-  # Nothing is written to the workdir before the resume guard has passed.
-  checkpointer, start = workdir_lib.open_run(workdir, config, experiment.run_record(),
-                                             experiment.metadata(), primary=primary,
-                                             sync=sharding.barrier)
-
-  # One writer; only process 0 writes (the others read what it keeps).
-  writer = reporting.MetricsWriter(
-      workdir, writers=reporting.writer_names(config.logging), enabled=primary,
-      run_name=str(config.name), config=workdir_lib.flatten_config(config),
-      wandb_mode=config.logging.get("wandb_mode", "offline"),
-      mlflow_tracking_uri=config.logging.get("mlflow_tracking_uri", ""))
+  # Nothing is written to a workdir before the resume guard has passed.
+  opened = [workdir_lib.open_run(w, c, e.run_record(), e.metadata(), primary=primary,
+                                 sync=sharding.barrier)
+            for c, w, e in zip(configs, workdirs, experiments)]
+  checkpointers = [c for c, _ in opened]
+  start = _common_start(checkpointers, [s for _, s in opened], workdirs)
+  # One writer per run; only process 0 writes (the others read what it keeps).
+  writers = [reporting.MetricsWriter(
+      w, writers=reporting.writer_names(c.logging), enabled=primary, run_name=str(c.name),
+      config=workdir_lib.flatten_config(c), wandb_mode=c.logging.get("wandb_mode", "offline"),
+      mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
+             for c, w in zip(configs, workdirs)]
   if start is None:
-    start, state = 0, experiment.init_state()
-    checkpointer.save(0, state)
+    start, state = 0, run.init_state()
+    for lane, checkpointer in enumerate(checkpointers):
+      checkpointer.save(0, run.lane_state(state, lane))
   else:
-    state = experiment.restore_state(checkpointer, start)
-    logging.info("resumed from the checkpoint of round %d in %s", start, workdir)
+    state = run.join(checkpointers, start)
+    logging.info("resumed from the checkpoint of round %d in %s", start,
+                 ", ".join(map(str, workdirs)))
   if primary:
-    records = writer.truncate_after(start)
+    records = [writer.truncate_after(start) for writer in writers]
   sharding.barrier("fedjax_het:metrics")  # the others read the records process 0 kept
   if not primary:
-    records = writer.truncate_after(start)  # reads only: this process's writer is disabled
+    records = [writer.truncate_after(start) for writer in writers]  # reads only: disabled
 
   diagnostics = experiment.algorithm.diagnostics
   diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
-  saved = _load_diagnostics(workdir / f"{diagnostics.name}.npz") if diagnostics and start else {}
+  saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
+           for w in workdirs]
   done = start
   if done < stop:
-    experiment, run_rounds = _compile_within_memory(
-        experiment, state, config, workdir, with_diagnostics=bool(diagnostic_rounds),
-        primary=primary)
+    if stacked:
+      logging.info("compiling the round of %d seeds as one program", len(configs))
+      run_rounds = run.compile(state)
+      logging.info("compiled the round in %.1f s", run.compile_secs)
+    else:
+      run.experiment, run_rounds = _compile_within_memory(
+          experiment, state, config, workdirs[0], with_diagnostics=bool(diagnostic_rounds),
+          primary=primary)
+      experiment = run.experiment
   # Made after compiling: its rate and ETA count training rounds only.
   progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
                                 start=start)
   while done < stop:
     tick = time.perf_counter()
-    state, metrics = run_rounds(state, experiment.data)
+    state, metrics = run_rounds(state, run.data)
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - tick) / per_call
-    new_records = [{"round": done + offset + 1, **record, "time/round_secs": seconds}
-                   for offset, record in enumerate(experiment.train_records(metrics, per_call))]
+    new_records = [[{"round": done + offset + 1, **record, "time/round_secs": seconds}
+                    for offset, record in enumerate(lane)]
+                   for lane in run.train_records(metrics, per_call)]
     done += per_call
-    last = new_records[-1]
     if experiment.is_eval_round(done):
-      last.update(experiment.evaluation_record(state, done))
+      for lane, record in zip(new_records, run.evaluation_records(state, done)):
+        lane[-1].update(record)
     if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
-      saved[done] = experiment.diagnostics(state)
-      if primary:
-        workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
-                                 **{f"round_{r}": m for r, m in saved.items()})
-    for record in new_records:
-      writer.write(record)
-      records.append(record)
+      for lane, (workdir, values) in enumerate(zip(workdirs, run.diagnostics(state))):
+        saved[lane][done] = values
+        if primary:
+          workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
+                                   **{f"round_{r}": m for r, m in saved[lane].items()})
+    for lane, writer in enumerate(writers):
+      for record in new_records[lane]:
+        writer.write(record)
+        records[lane].append(record)
     if experiment.is_checkpoint_round(done) or done == stop:
-      checkpointer.save(done, state)
-    progress.update(done, experiment.progress_text(last))
+      for lane, checkpointer in enumerate(checkpointers):
+        checkpointer.save(done, run.lane_state(state, lane))
+    progress.update(done, experiment.progress_text(new_records[0][-1]))
   progress.close()
-  checkpointer.close()
-  writer.close()
-
-  markdown, numbers = experiment.results(records, done)
-  result = {"results": numbers, "last_record": records[-1] if records else {},
-            "records": records, "rounds_done": done, "state": state}
-  if not primary:
-    return result
-  workdir_lib.write_atomic(workdir / "results.md", markdown)
-  workdir_lib.write_atomic(workdir / "results.json", json.dumps(numbers, indent=2) + "\n")
-  logging.info("results:\n%s", markdown)
-  if config.logging.plots:
-    experiment.plot(records, numbers, workdir, saved)
-  return result
+  results = []
+  for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):
+    checkpointers[lane].close()
+    writers[lane].close()
+    markdown, numbers = lane_experiment.results(records[lane], done)
+    results.append({"results": numbers, "last_record": records[lane][-1] if records[lane] else {},
+                    "records": records[lane], "rounds_done": done,
+                    "state": run.lane_state(state, lane)})
+    if not primary:
+      continue
+    workdir_lib.write_atomic(workdir / "results.md", markdown)
+    workdir_lib.write_atomic(workdir / "results.json", json.dumps(numbers, indent=2) + "\n")
+    logging.info("results%s:\n%s", f" of seed {lane_experiment.config.seed}" if stacked else "",
+                 markdown)
+    if config.logging.plots:
+      lane_experiment.plot(records[lane], numbers, workdir, saved[lane])
+  return results
 
 
 def _load_diagnostics(path: pathlib.Path) -> dict[int, np.ndarray]:

@@ -54,6 +54,7 @@ NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "c
 #: one of them, so older workdirs still resume (and `experiments/new_client.py` restores them).
 ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "local.momentum": (0.0,),
+    "seeds": ([],),                  # a seed's own workdir records seeds=()
     "models.compute_dtype": ("float32",),
     "local.lr_schedule": ("linear", "constant"),  # linear: FedAvg family; constant: cil
     "local.lr_decay_rate": None,     # read only by lr_schedule="exponential"

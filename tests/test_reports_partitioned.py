@@ -105,16 +105,16 @@ def test_a_seed_that_never_reaches_the_target_is_censored():
 
 
 def test_first_round_reaching_agrees_with_the_trainers_rule():
-  from fedjax_het import train  # pylint: disable=g-import-not-at-top
+  from fedjax_het import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
   records = _run(7, kind="intra")["records"]
   records[2].pop("eval/intra/mean")  # an unevaluated round
   assert pt.first_round_reaching(records, "intra", 94.0) == 7
   assert pt.first_round_reaching(records, "intra", 99.0) is None
   for target in (50.0, 94.0, 94.5, 99.0):
-    assert pt.first_round_reaching(records, "intra", target) == train.rounds_to_target(
+    assert pt.first_round_reaching(records, "intra", target) == experiment_lib.rounds_to_target(
         records, ("inter", "intra"), target)
-  assert pt.headline_kind({"inter": {}, "intra": {}}) == train.headline_kind(("inter", "intra"))
-  assert pt.headline_kind({"accuracy": {}}) == train.headline_kind(("accuracy",))
+  assert pt.headline_kind({"inter": {}, "intra": {}}) == experiment_lib.headline_kind(("inter", "intra"))
+  assert pt.headline_kind({"accuracy": {}}) == experiment_lib.headline_kind(("accuracy",))
 
 
 def test_render_setting_of_fedfusion_table2_with_the_papers_numbers():

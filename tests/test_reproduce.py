@@ -5,6 +5,7 @@ import json
 import math
 import pathlib
 
+import numpy as np
 import pytest
 
 from fedjax_het import grid
@@ -448,6 +449,29 @@ def test_end_to_end_the_command_trains_skips_and_reports(tmp_path, monkeypatch, 
                          f"--doc={doc}"]) == 0
   assert document.blocks(doc.read_text())[0][2] == markdown
   assert document.stale_blocks(doc.read_text(), results) == []
+
+
+def test_a_rows_fresh_seeds_train_as_one_program_and_equal_separate_runs(tmp_path, monkeypatch,
+                                                                        capsys, tmp_path_factory):
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  argv = ["--table=fedfusion_table2", "--methods=fedavg", "--seeds=0,1"] + [
+      a for o in TINY for a in ("--set", o)]
+  assert reproduce.main(argv + [f"--results-dir={tmp_path / 'stacked'}"]) == 0
+  out = capsys.readouterr().out
+  assert "fedavg__seed0: training seeds 0, 1 of fedavg as one program" in out
+  assert reproduce.main(argv + [f"--results-dir={tmp_path / 'separate'}",
+                                "--separate-seeds"]) == 0
+  assert "as one program" not in capsys.readouterr().out
+  for seed in (0, 1):
+    cells = [tmp_path / kind / "fedfusion_table2" / "quick" / f"fedavg__seed{seed}"
+             for kind in ("stacked", "separate")]
+    stacked, separate = [json.loads((c / "results.json").read_text()) for c in cells]
+    np.testing.assert_allclose(stacked["intra"]["AVG"], separate["intra"]["AVG"], atol=1e-6)
+    record = json.loads((cells[0] / "cell.json").read_text())
+    assert record["status"] == "finished" and record["invocations"][-1]["stacked_seeds"] == [0, 1]
+    assert "stacked_seeds" not in json.loads((cells[1] / "cell.json").read_text())[
+        "invocations"][-1]
 
 
 def _tiny(config, cell):

@@ -67,6 +67,7 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
       "name": f"cifar100_{algorithm}",
       "algorithm": algorithm,
       "seed": 0,
+      "seeds": (),                     # several seeds as one vmapped program (seed_stack.py)
       "rounds_per_call": 1,            # rounds per jitted call (a lax.scan)
       "compilation_cache_dir": "~/.cache/fedjax_het/jax",  # "" disables the persistent cache
       "resume_allow_changes": "",

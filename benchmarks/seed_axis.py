@@ -1,0 +1,92 @@
+"""Seeds as a vmapped axis: the time per seed of one seed against several on one axis.
+
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/seed_axis.py \
+        --config=digits_fcclplus_quick --seeds=0,1,2 --rounds=2 \
+        --out benchmarks/results/seed_axis__digits_fcclplus_quick__<device>.json
+
+For 1 seed (the run's own program, `seed_stack.SingleRun`) and for all `--seeds` on one axis
+(`seed_stack.SeedStack`), side by side in one process: the compile of the round program
+(no persistent cache: a fresh compile each), then `--rounds` rounds, each timed; the steady
+round is the median of the rounds after the first. The figures per seed divide by the
+number of seeds. The JSON is written after each measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import timing  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def measure(configs, rounds: int) -> dict:
+  """Compile and round times of the configs' lanes as one program."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from fedjax_het import seed_stack  # pylint: disable=import-outside-toplevel
+  from fedjax_het.train import build_experiment  # pylint: disable=import-outside-toplevel
+  tick = time.perf_counter()
+  experiments = [build_experiment(c) for c in configs]
+  run = (seed_stack.SeedStack(experiments) if len(experiments) > 1
+         else seed_stack.SingleRun(experiments[0]))
+  state = run.init_state()
+  jax.block_until_ready(state)
+  setup = time.perf_counter() - tick
+  tick = time.perf_counter()
+  if len(experiments) > 1:
+    compiled = run.compile(state)
+  else:
+    compiled = experiments[0].compile_rounds(state)  # as a run compiles it (stage programs)
+  compile_secs = time.perf_counter() - tick
+  times = []
+  for _ in range(rounds):
+    tick = time.perf_counter()
+    state, _ = compiled(state, run.data)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - tick)
+  steady = float(np.median(times[1:])) if len(times) > 1 else times[0]
+  n = len(configs)
+  return {"seeds": n, "setup_secs": setup, "compile_secs": compile_secs, "round_secs": times,
+          "steady_round_secs": steady, "steady_round_secs_per_seed": steady / n,
+          "compile_plus_rounds_secs_per_seed": (compile_secs + sum(times)) / n}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(prog="benchmarks/seed_axis.py", description=__doc__.split(
+      "\n\n")[0])
+  parser.add_argument("--config", default="digits_fcclplus_quick",
+                      help="<scenario>_<variant> as experiments/train.py takes it")
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args()
+  from fedjax_het import grid, seed_stack  # pylint: disable=import-outside-toplevel
+  from fedjax_het.config import load_module  # pylint: disable=import-outside-toplevel
+  path, variant = grid.resolve_config_name(args.config)
+  config = load_module(path).get_config(variant)
+  config.compilation_cache_dir = ""
+  config.logging.progress = False
+  config.seeds = tuple(int(s) for s in args.seeds.split(","))
+  configs = seed_stack.seed_configs(config)
+  report = {"config": args.config, "rounds": args.rounds, "measurements": []}
+  for lanes in (configs[:1], configs):
+    report["measurements"].append(measure(lanes, args.rounds))
+    one, *more = report["measurements"]
+    if more:
+      report["per_seed_speedup_steady"] = (one["steady_round_secs_per_seed"]
+                                           / more[0]["steady_round_secs_per_seed"])
+      report["per_seed_speedup_compile_plus_rounds"] = (
+          one["compile_plus_rounds_secs_per_seed"]
+          / more[0]["compile_plus_rounds_secs_per_seed"])
+    timing.write_result(args.out, report)
+    print(report["measurements"][-1], flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,154 @@
+"""Seeds as a vmapped axis (`fedjax_het.seed_stack`): one program trains every seed of
+`config.seeds`, each seed's workdir equal to a separate run of that seed.
+
+The class-incremental stream draws each client's data with the seed, so its shapes differ
+between seeds: such seeds are refused with one line (they train as separate runs).
+
+Tolerance: XLA:CPU compiles the batched (vmapped) convolutions and matrix products with
+other loop orders than the unbatched ones, so the seeds agree with their separate runs to
+float32 rounding carried through a few SGD steps: losses to rtol 1e-4, parameters to atol
+1e-5; the accuracies (counts of test images) are equal. A stacked run and its resume are
+the same program, so they agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from fedjax_het import seed_stack
+from fedjax_het.config import validate_config
+from fedjax_het.engine import rounds
+from fedjax_het.errors import ConfigError
+from fedjax_het.train import train_and_evaluate
+from tests.test_cil_train import tiny_cil_config
+from tests.test_train import tiny_config
+
+SEEDS = (0, 1)
+
+
+def _counting_round_fns(monkeypatch):
+  """Counts the traces of every round function the engine builds."""
+  traces = []
+  make_round_fn = rounds.make_round_fn
+
+  def counting(algorithm):
+    round_fn = make_round_fn(algorithm)
+
+    def traced(state, data):
+      traces.append(1)
+      return round_fn(state, data)
+
+    return traced
+
+  monkeypatch.setattr(seed_stack.rounds, "make_round_fn", counting)
+  return traces
+
+
+def _records(workdir):
+  return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+          for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_close_records(got, want):
+  assert [r["round"] for r in got] == [r["round"] for r in want]
+  for a, b in zip(got, want):
+    assert a.keys() == b.keys()
+    for name, value in b.items():
+      if name.startswith("eval/"):
+        np.testing.assert_allclose(a[name], value, atol=1e-9, err_msg=name)
+      elif isinstance(value, float):
+        np.testing.assert_allclose(a[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+      else:
+        assert a[name] == value, name
+
+
+def test_each_seed_equals_its_separate_run(tmp_path, monkeypatch):
+  make_config = lambda: tiny_config("solo")  # noqa: E731
+  traces = _counting_round_fns(monkeypatch)
+  config = make_config()
+  config.seeds = SEEDS
+  validate_config(config)
+  out = train_and_evaluate(config, tmp_path / "stacked")
+  assert len(traces) == 1   # one trace of the round serves every seed and every round
+  assert set(out["seeds"]) == set(SEEDS)
+  for seed in SEEDS:
+    alone = make_config()
+    alone.seed = seed
+    separate = train_and_evaluate(alone, tmp_path / f"alone_{seed}")
+    lane = tmp_path / "stacked" / f"seed_{seed}"
+    _assert_close_records(_records(lane), _records(tmp_path / f"alone_{seed}"))
+    chex.assert_trees_all_close(out["seeds"][seed]["state"], separate["state"], atol=1e-5,
+                                rtol=1e-4)
+    assert json.loads((lane / "run.json").read_text()) == json.loads(
+        (tmp_path / f"alone_{seed}" / "run.json").read_text())   # a seed's run, resumable alone
+  # The seeds differ: they are not one run copied.
+  assert _records(tmp_path / "stacked" / "seed_0") != _records(tmp_path / "stacked" / "seed_1")
+
+
+def test_a_stacked_run_resumes_bit_identical(tmp_path):
+  config = tiny_config("solo")
+  config.seeds = SEEDS
+  full = train_and_evaluate(config, tmp_path / "full")
+  part = train_and_evaluate(config, tmp_path / "split", max_rounds=1)
+  assert all(out["rounds_done"] == 1 for out in part["seeds"].values())
+  resumed = train_and_evaluate(config, tmp_path / "split")
+  for seed in SEEDS:
+    chex.assert_trees_all_equal(resumed["seeds"][seed]["state"], full["seeds"][seed]["state"])
+    assert (_records(tmp_path / "split" / f"seed_{seed}")
+            == _records(tmp_path / "full" / f"seed_{seed}"))
+    assert ((tmp_path / "split" / f"seed_{seed}" / "results.json").read_text()
+            == (tmp_path / "full" / f"seed_{seed}" / "results.json").read_text())
+
+
+def test_lanes_a_kill_left_a_round_apart_resume_from_their_common_checkpoint(tmp_path):
+  config = tiny_config("solo")
+  config.seeds = SEEDS
+  full = train_and_evaluate(config, tmp_path / "full")
+  train_and_evaluate(config, tmp_path / "split", max_rounds=1)
+  alone = tiny_config("solo")
+  alone.seed = 1
+  train_and_evaluate(alone, tmp_path / "split" / "seed_1", max_rounds=2)  # seed 1 a round ahead
+  resumed = train_and_evaluate(config, tmp_path / "split")
+  for seed in SEEDS:
+    chex.assert_trees_all_equal(resumed["seeds"][seed]["state"], full["seeds"][seed]["state"])
+
+
+def test_seeds_whose_data_differ_in_shape_are_refused(tmp_path):
+  """The task stream's per-client sizes depend on the seed: one line, nothing written."""
+  config = tiny_cil_config()
+  config.seeds = SEEDS
+  with pytest.raises(ConfigError, match="config.seeds: seed 1 gives data of other shapes"):
+    train_and_evaluate(config, tmp_path)
+  assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("seeds,allowed", [((0, 0), "distinct integers"),
+                                           ((0, -1), "distinct integers >= 0"),
+                                           ((0.5,), "integers")])
+def test_bad_seeds_name_the_field(seeds, allowed):
+  for config in (tiny_config("solo"), tiny_cil_config()):
+    config.seeds = seeds
+    with pytest.raises(ConfigError, match=f"config.seeds.*{allowed}"):
+      validate_config(config)
+
+
+def test_seeds_need_one_process_without_a_mesh(tmp_path):
+  config = tiny_config("solo")
+  config.seeds = SEEDS
+  config.sharding.num_devices = 2
+  with pytest.raises(ConfigError, match="config.seeds"):
+    train_and_evaluate(config, tmp_path)
+
+
+def test_seed_configs_are_single_runs():
+  config = tiny_config("solo")
+  config.seeds = (3, 5)
+  configs = seed_stack.seed_configs(config)
+  assert [(c.seed, tuple(c.seeds)) for c in configs] == [(3, ()), (5, ())]
+  assert jax.tree_util.tree_leaves(config.to_dict())  # the original is unchanged
+  assert tuple(config.seeds) == (3, 5)
