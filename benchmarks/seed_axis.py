@@ -4,10 +4,12 @@
         --config=digits_fcclplus_quick --seeds=0,1,2 --rounds=2 \
         --out benchmarks/results/seed_axis__digits_fcclplus_quick__<device>.json
 
-For 1 seed (the run's own program, `seed_stack.SingleRun`) and for all `--seeds` on one axis
-(`seed_stack.SeedStack`), side by side in one process: the compile of the round program
-(no persistent cache: a fresh compile each), then `--rounds` rounds, each timed; the steady
-round is the median of the rounds after the first. The figures per seed divide by the
+For 1 seed (the run's own programs, `seed_stack.SingleRun`) and for all `--seeds` on one axis
+(`seed_stack.SeedStack`), side by side in one process: the compile of the round as the trainer
+compiles it (no persistent cache; with its memory policy, so an "auto" CPU run whose round
+does not fit in memory compiles again with leaner convolutions, and the JSON names the
+convolutions each used), then `--rounds` rounds, each timed; the steady round is the median
+of the rounds after the first. The figures per seed divide by the
 number of seeds. The JSON is written after each measurement.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -25,12 +28,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import timing  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def measure(configs, rounds: int) -> dict:
-  """Compile and round times of the configs' lanes as one program."""
+def measure(configs, rounds: int, workdir: pathlib.Path) -> dict:
+  """Compile and round times of the configs' lanes as one program (the trainer's memory policy:
+  leaner convolutions when the round does not fit, `train.compile_within_memory`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from fedjax_het import seed_stack  # pylint: disable=import-outside-toplevel
-  from fedjax_het.train import build_experiment  # pylint: disable=import-outside-toplevel
+  from fedjax_het.train import build_experiment, compile_within_memory  # pylint: disable=import-outside-toplevel
   tick = time.perf_counter()
   experiments = [build_experiment(c) for c in configs]
   run = (seed_stack.SeedStack(experiments) if len(experiments) > 1
@@ -39,10 +43,11 @@ def measure(configs, rounds: int) -> dict:
   jax.block_until_ready(state)
   setup = time.perf_counter() - tick
   tick = time.perf_counter()
-  if len(experiments) > 1:
-    compiled = run.compile(state)
-  else:
-    compiled = experiments[0].compile_rounds(state)  # as a run compiles it (stage programs)
+  workdirs = [workdir / f"seed_{c.seed}" for c in configs]
+  for w in workdirs:
+    w.mkdir(parents=True, exist_ok=True)
+  run, compiled = compile_within_memory(run, state, configs[0], workdirs,
+                                        with_diagnostics=False, primary=True)
   compile_secs = time.perf_counter() - tick
   times = []
   for _ in range(rounds):
@@ -52,7 +57,9 @@ def measure(configs, rounds: int) -> dict:
     times.append(time.perf_counter() - tick)
   steady = float(np.median(times[1:])) if len(times) > 1 else times[0]
   n = len(configs)
-  return {"seeds": n, "setup_secs": setup, "compile_secs": compile_secs, "round_secs": times,
+  return {"seeds": n, "conv_impl": run.experiment.conv_impl,
+          "public_conv_impl": run.experiment.public_conv_impl, "setup_secs": setup,
+          "compile_secs": compile_secs, "round_secs": times,
           "steady_round_secs": steady, "steady_round_secs_per_seed": steady / n,
           "compile_plus_rounds_secs_per_seed": (compile_secs + sum(times)) / n}
 
@@ -76,7 +83,8 @@ def main() -> None:
   configs = seed_stack.seed_configs(config)
   report = {"config": args.config, "rounds": args.rounds, "measurements": []}
   for lanes in (configs[:1], configs):
-    report["measurements"].append(measure(lanes, args.rounds))
+    with tempfile.TemporaryDirectory() as workdir:
+      report["measurements"].append(measure(lanes, args.rounds, pathlib.Path(workdir)))
     one, *more = report["measurements"]
     if more:
       report["per_seed_speedup_steady"] = (one["steady_round_secs_per_seed"]

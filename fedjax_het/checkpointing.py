@@ -53,6 +53,10 @@ class Checkpointer:
     """The rounds of the complete checkpoints kept, oldest first."""
     return sorted(self._manager.all_steps())
 
+  def delete(self, round_index: int) -> None:
+    """Removes the checkpoint of `round_index` (e.g. one that cannot be restored)."""
+    self._manager.delete(round_index)
+
   def save(self, round_index: int, state: Any) -> None:
     """Saves `state` as round `round_index` (asynchronously)."""
     self._manager.save(round_index, args=ocp.args.StandardSave(state))

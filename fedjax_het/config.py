@@ -84,6 +84,9 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # numbers either way. See fedjax_het/engine/programs.py.
   c.round_programs = "auto"
   c.memory_check = True                  # fail before training if a round cannot fit in memory
+  # A non-finite loss, metric or parameter: "stop" the run there (the last finite checkpoint
+  # stays, the run exits non-zero naming the round and the metric) or "warn" and train on.
+  c.on_nonfinite = "stop"
   # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
   # machine), or concurrency (XLA's default). Same numbers either way. See engine/xla_cpu.py.
@@ -176,6 +179,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
           f"one of {stream_methods} (the methods of scenario.name={cil_stream.SCENARIO!r})")
     cil_stream.validate_stream_config(config)
     validate_seeds(config)
+    validate_run_policy(config)
     validate_logging(config)
     algorithms.get_method(config.algorithm).validate_config(config)
     return
@@ -185,6 +189,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
          config.scenario.get("name") if "scenario" in config else None)
   check(config, "seed", int_at_least(0), "an integer >= 0")
   validate_seeds(config)
+  validate_run_policy(config)
   check(config, "num_rounds", int_at_least(1), "an integer >= 1")
   check(config, "rounds_per_call", int_at_least(1), "an integer >= 1")
   check(config, "memory_check", validation.is_bool, "True or False")
@@ -250,6 +255,15 @@ def validate_seeds(config: ml_collections.ConfigDict) -> None:
           lambda v: isinstance(v, (tuple, list)) and all(int_at_least(0)(s) for s in v)
           and len(set(v)) == len(v),
           "a sequence of distinct integers >= 0 (() trains config.seed alone)")
+
+
+ON_NONFINITE = ("stop", "warn")
+
+
+def validate_run_policy(config: ml_collections.ConfigDict) -> None:
+  """`config.on_nonfinite` where present."""
+  if "on_nonfinite" in config:
+    check(config, "on_nonfinite", choice(ON_NONFINITE), f"one of {ON_NONFINITE}")
 
 
 def validate_logging(config: ml_collections.ConfigDict) -> None:

@@ -23,3 +23,7 @@ class WorkdirError(UserError):
 
 class RoundTooLargeError(UserError, MemoryError):
   """One round needs more memory than the device has (XLA memory analysis)."""
+
+
+class DivergedError(UserError, FloatingPointError):
+  """Training produced a non-finite loss, metric or parameter (`config.on_nonfinite`)."""

@@ -57,7 +57,7 @@ import ml_collections
 
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import load_module
-from fedjax_het.errors import ConfigError, UserError, WorkdirError
+from fedjax_het.errors import ConfigError, RoundTooLargeError, UserError, WorkdirError
 from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
@@ -569,6 +569,10 @@ def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
     if "config.seeds" not in str(error):
       raise
     echo(f"{label}: {error} Training the seeds one by one.")
+    return False
+  except RoundTooLargeError as error:  # raised before anything trains
+    echo(f"{label}: the seeds as one program do not fit ({str(error).split(';')[0]}). "
+         "Training the seeds one by one.")
     return False
   except BaseException:
     for cell_dir, meta in zip(dirs, metas):

@@ -19,6 +19,27 @@ from fedjax_het.errors import ConfigError
 from fedjax_het.reports import common
 
 
+def _finite(value: Any) -> Any:
+  """`value` with every non-finite float (NaN, +-inf) as None, recursively."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, Mapping):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite(v) for v in value]
+  return value
+
+
+def nonfinite_names(record: Mapping[str, Any]) -> list[str]:
+  """The names of a record's values that are non-finite floats."""
+  return sorted(k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v))
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+  """JSON without the bare NaN / Infinity tokens JSON does not allow (written as null)."""
+  return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
 #: `config.logging.writers`: where the per-round records go (metrics.jsonl always).
 WRITERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 #: `config.logging.wandb_mode`: W&B's own `mode` ("offline" writes under the workdir only).
@@ -149,14 +170,18 @@ class MetricsWriter:
     """Keeps the records of rounds <= round_number (rewritten atomically where enabled)."""
     kept = [r for r in self.read() if r["round"] <= round_number]
     if self.enabled:
-      workdir_lib.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+      workdir_lib.write_atomic(self.path, "".join(strict_json(r) + "\n" for r in kept))
     return kept
 
   def write(self, record: Mapping[str, Any]) -> None:
+    """Appends `record`; a non-finite number is written as null and named under
+    "nonfinite" (metrics.jsonl stays strict JSON)."""
     if not self.enabled:
       return
+    bad = nonfinite_names(record)
+    line = strict_json({**record, **({"nonfinite": bad} if bad else {})})
     with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(line + "\n")
     if self._backends:
       values = {name: float(value) for name, value in record.items()
                 if name != "round" and isinstance(value, (int, float))

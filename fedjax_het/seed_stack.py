@@ -15,7 +15,9 @@ A lane is one seed. `SingleRun` presents one experiment with the same
 interface (its own programs, with stage programs, the trace cache, sharding
 and the low-memory fallback); `SeedStack` presents several. The trainer's loop
 reads either through: `lanes`, `data`, `init_state`, `lane_state`, `join`,
-`compile`, `train_records`, `evaluation_records`, `diagnostics`.
+`compile_all`, `with_convs`, `train_records`, `evaluation_records`, `diagnostics`. The
+memory policy of a single run applies to the stack too: a round that does not fit is
+compiled again with leaner convolutions, then refused before training.
 
 Deviations from a separate run of each seed:
   * the values agree to float32 rounding, not bit for bit: XLA:CPU compiles a
@@ -32,7 +34,6 @@ Deviations from a separate run of each seed:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +90,12 @@ class SingleRun:
   def diagnostics(self, state: Any) -> list[Any]:
     return [self.experiment.diagnostics(state)]
 
+  def compile_all(self, state: Any, *, with_diagnostics: bool) -> Any:
+    return self.experiment.compile_all(state, with_diagnostics=with_diagnostics)
+
+  def with_convs(self, conv_impl: str, public_conv_impl: str) -> "SingleRun":
+    return SingleRun(self.experiment.with_convs(conv_impl, public_conv_impl))
+
 
 class SeedStack:
   """Several seeds' experiments (one per lane) trained as one vmapped program."""
@@ -138,12 +145,14 @@ class SeedStack:
     states = [jax.device_get(c.restore(round_index, like)) for c in checkpointers]
     return jax.device_put(jax.tree_util.tree_map(lambda *xs: np.stack(xs), *states))
 
-  def compile(self, state: Any) -> Any:
+  def compile_all(self, state: Any, *, with_diagnostics: bool = False) -> Any:
     """The vmapped round, compiled (the evaluation and diagnostics compile on first use)."""
-    tick = time.perf_counter()
-    compiled = self.run_rounds.lower(state, self.data).compile()
-    self.compile_secs = time.perf_counter() - tick
-    return compiled
+    del with_diagnostics
+    return self.run_rounds.lower(state, self.data).compile()
+
+  def with_convs(self, conv_impl: str, public_conv_impl: str) -> "SeedStack":
+    """The same seeds (the same data) with other convolutions (the trainer's memory policy)."""
+    return SeedStack([e.with_convs(conv_impl, public_conv_impl) for e in self.lanes])
 
   def train_records(self, metrics: Any, num_rounds: int) -> list[list[dict[str, Any]]]:
     metrics = jax.device_get(metrics)

@@ -47,13 +47,14 @@ a filesystem they share).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import pathlib
 import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -61,7 +62,7 @@ from fedjax_het import reporting, resources, seed_stack
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding
-from fedjax_het.errors import ConfigError, WorkdirError
+from fedjax_het.errors import ConfigError, DivergedError, WorkdirError
 from fedjax_het.experiment import Experiment
 
 
@@ -85,21 +86,25 @@ def _log_data_provenance(scenario: Any) -> None:
                     banner, ", ".join(scenario.substituted), banner)
 
 
-def _compile_within_memory(experiment: Any, state: Any, config: ml_collections.ConfigDict,
-                           workdir: pathlib.Path, *, with_diagnostics: bool,
+def compile_within_memory(run: Any, state: Any, config: ml_collections.ConfigDict,
+                           workdirs: list[pathlib.Path], *, with_diagnostics: bool,
                            primary: bool) -> tuple[Any, Any]:
-  """(the experiment, its compiled round), switching an "auto" CPU run to leaner convolutions
-  while the round does not fit (`resources.needs_low_memory_convs`); raises before training
-  when even then it does not (`resources.check_round_memory`)."""
-  logging.info("compiling the round (the first run on a machine takes minutes; later runs "
-               "reuse the compilation cache%s)",
+  """(the run, its compiled round), switching an "auto" CPU run to leaner convolutions while
+  the round does not fit (`resources.needs_low_memory_convs`); raises before training when
+  even then it does not (`resources.check_round_memory`). `run`: a `seed_stack.SingleRun` or
+  `SeedStack`."""
+  what = f"the round of {len(run.lanes)} seeds as one program" if len(run.lanes) > 1 else (
+      "the round")
+  logging.info("compiling %s (the first run on a machine takes minutes; later runs "
+               "reuse the compilation cache%s)", what,
                f" in {config.compilation_cache_dir}" if config.compilation_cache_dir else "")
   tick = time.perf_counter()
   # The evaluation (and diagnostics) compile now too, beside the round: the first round's
   # time, and so the progress bar's ETA, then count training rounds only.
-  run_rounds = experiment.compile_all(state, with_diagnostics=with_diagnostics)
+  run_rounds = run.compile_all(state, with_diagnostics=with_diagnostics)
   available = sharding.primary_bytes(resources.available_memory_bytes(jax.devices()[0]))
   need = resources.estimated_bytes(run_rounds)
+  experiment = run.experiment
   while resources.needs_low_memory_convs(config, experiment.conv_impl, need, available):
     conv_impl, public_conv_impl = resources.low_memory_conv_impls(
         config, experiment.conv_impl, experiment.public_conv_impl,
@@ -111,15 +116,17 @@ def _compile_within_memory(experiment: Any, state: Any, config: ml_collections.C
                     experiment.public_conv_impl, need / 2.0 ** 30, available / 2.0 ** 30,
                     conv_impl, public_conv_impl)
     del run_rounds
-    experiment = experiment.with_convs(conv_impl, public_conv_impl)
-    run_rounds = experiment.compile_all(state, with_diagnostics=with_diagnostics)
+    run = run.with_convs(conv_impl, public_conv_impl)
+    experiment = run.experiment
+    run_rounds = run.compile_all(state, with_diagnostics=with_diagnostics)
     need = resources.estimated_bytes(run_rounds)
     if primary:
-      workdir_lib.write_metadata(workdir, experiment.metadata())
+      for lane, workdir in zip(run.lanes, workdirs):
+        workdir_lib.write_metadata(workdir, lane.metadata())
   need = resources.check_round_memory(run_rounds, config, available)
-  logging.info("compiled the round and its evaluation in %.1f s; a round needs about %.2f GiB "
-               "(XLA memory analysis)", time.perf_counter() - tick, need / 2.0 ** 30)
-  return experiment, run_rounds
+  logging.info("compiled %s and its evaluation in %.1f s; a round needs about %.2f GiB "
+               "(XLA memory analysis)", what, time.perf_counter() - tick, need / 2.0 ** 30)
+  return run, run_rounds
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
@@ -200,15 +207,30 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
   for experiment in experiments:
     _log_data_provenance(experiment.scenario)
   run = seed_stack.SeedStack(experiments) if stacked else seed_stack.SingleRun(experiments[0])
-  experiment = run.experiment
-  num_rounds, per_call = experiment.num_rounds, int(config.rounds_per_call)
+  num_rounds, per_call = run.experiment.num_rounds, int(config.rounds_per_call)
   stop = num_rounds if max_rounds is None else min(int(max_rounds), num_rounds)
   if stop % per_call:
     raise ValueError(f"train_and_evaluate: `max_rounds`={max_rounds} must be a multiple of "
                      f"config.rounds_per_call={per_call}.")
+  # One process per workdir: process 0 takes each workdir's lock once its resume guard has
+  # passed and holds it until this function returns (or the process dies).
+  with contextlib.ExitStack() as locks:
+    return _train_locked(run, configs, workdirs, primary=primary, max_rounds=max_rounds,
+                         locks=locks)
+
+
+def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
+                  workdirs: list[pathlib.Path], *, primary: bool, max_rounds: int | None,
+                  locks: contextlib.ExitStack) -> list[dict[str, Any]]:
+  """The loop of `train_lanes`; the workdirs' locks enter `locks`."""
+  config, experiment, stacked = configs[0], run.experiment, len(configs) > 1
+  experiments = run.lanes
+  num_rounds, per_call = experiment.num_rounds, int(config.rounds_per_call)
+  stop = num_rounds if max_rounds is None else min(int(max_rounds), num_rounds)
   # Nothing is written to a workdir before the resume guard has passed.
-  opened = [workdir_lib.open_run(w, c, e.run_record(), e.metadata(), primary=primary,
-                                 sync=sharding.barrier)
+  opened = [workdir_lib.open_run(
+      w, c, e.run_record(), e.metadata(), primary=primary, sync=sharding.barrier,
+      before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)))
             for c, w, e in zip(configs, workdirs, experiments)]
   checkpointers = [c for c, _ in opened]
   start = _common_start(checkpointers, [s for _, s in opened], workdirs)
@@ -223,7 +245,7 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     for lane, checkpointer in enumerate(checkpointers):
       checkpointer.save(0, run.lane_state(state, lane))
   else:
-    state = run.join(checkpointers, start)
+    start, state = _restore(run, checkpointers, start, workdirs)
     logging.info("resumed from the checkpoint of round %d in %s", start,
                  ", ".join(map(str, workdirs)))
   if primary:
@@ -239,15 +261,10 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
            for w in workdirs]
   done = start
   if done < stop:
-    if stacked:
-      logging.info("compiling the round of %d seeds as one program", len(configs))
-      run_rounds = run.compile(state)
-      logging.info("compiled the round in %.1f s", run.compile_secs)
-    else:
-      run.experiment, run_rounds = _compile_within_memory(
-          experiment, state, config, workdirs[0], with_diagnostics=bool(diagnostic_rounds),
-          primary=primary)
-      experiment = run.experiment
+    run, run_rounds = compile_within_memory(run, state, config, workdirs,
+                                             with_diagnostics=bool(diagnostic_rounds),
+                                             primary=primary)
+    experiment, experiments = run.experiment, run.lanes
   # Made after compiling: its rate and ETA count training rounds only.
   progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
                                 start=start)
@@ -260,6 +277,7 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
                     for offset, record in enumerate(lane)]
                    for lane in run.train_records(metrics, per_call)]
     done += per_call
+    diverged = _nonfinite(new_records, state, experiments)
     if experiment.is_eval_round(done):
       for lane, record in zip(new_records, run.evaluation_records(state, done)):
         lane[-1].update(record)
@@ -273,6 +291,18 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
       for record in new_records[lane]:
         writer.write(record)
         records[lane].append(record)
+    if diverged is not None:
+      message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
+      if config.get("on_nonfinite", "stop") == "stop":
+        kept = checkpointers[0].latest_round()
+        for checkpointer, writer in zip(checkpointers, writers):
+          checkpointer.close()
+          writer.close()
+        progress.close()
+        raise DivergedError(f"{message}: training stopped; the last finite checkpoint is round "
+                            f"{kept}. Lower the learning rate (or set "
+                            "config.on_nonfinite='warn' to train on).")
+      logging.warning("%s: training goes on", message)
     if experiment.is_checkpoint_round(done) or done == stop:
       for lane, checkpointer in enumerate(checkpointers):
         checkpointer.save(done, run.lane_state(state, lane))
@@ -289,12 +319,64 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     if not primary:
       continue
     workdir_lib.write_atomic(workdir / "results.md", markdown)
-    workdir_lib.write_atomic(workdir / "results.json", json.dumps(numbers, indent=2) + "\n")
+    workdir_lib.write_atomic(workdir / "results.json",
+                             reporting.strict_json(numbers, indent=2) + "\n")
     logging.info("results%s:\n%s", f" of seed {lane_experiment.config.seed}" if stacked else "",
                  markdown)
     if config.logging.plots:
       lane_experiment.plot(records[lane], numbers, workdir, saved[lane])
   return results
+
+
+def _nonfinite(new_records: list[list[dict[str, Any]]], state: Any,
+               experiments: list[Any]) -> str | None:
+  """What went non-finite in this call (a train metric, else a parameter), or None."""
+  for lane, records in enumerate(new_records):
+    seed = f"seed {experiments[lane].config.seed}: " if len(new_records) > 1 else ""
+    for record in records:
+      for name in reporting.nonfinite_names(record):
+        return f"{seed}{name} is {record[name]} in round {record['round']}"
+  stacked = len(new_records) > 1
+  finite = np.atleast_1d(jax.device_get((_finite_per_lane if stacked else _finite)(state)))
+  for lane, ok in enumerate(finite):
+    if not ok:
+      seed = f"seed {experiments[lane].config.seed}: " if stacked else ""
+      last = new_records[lane][-1]["round"]
+      return f"{seed}a parameter or state entry is not finite after round {last}"
+  return None
+
+
+def _all_finite(state: Any) -> jax.Array:
+  """Whether every float of `state` is finite (one bool)."""
+  leaves = [x for x in jax.tree_util.tree_leaves(state)
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+_finite = jax.jit(_all_finite)
+_finite_per_lane = jax.jit(jax.vmap(_all_finite))   # a state with a leading lane axis
+
+
+def _restore(run: Any, checkpointers: list[Any], start: int,
+             workdirs: list[pathlib.Path]) -> tuple[int, Any]:
+  """(round, state) of the newest checkpoint every lane can restore, from `start` down; a
+  checkpoint that cannot be restored is named in one line and removed."""
+  rounds_kept = sorted(set.intersection(*[set(c.rounds()) for c in checkpointers]), reverse=True)
+  for round_index in [r for r in rounds_kept if r <= start]:
+    try:
+      return round_index, run.join(checkpointers, round_index)
+    except Exception as error:  # pylint: disable=broad-except
+      reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+      logging.warning("the checkpoint of round %d in %s cannot be restored (%s: %s); it is "
+                      "removed and the run resumes from the checkpoint before it",
+                      round_index, ", ".join(map(str, workdirs)), type(error).__name__, reason)
+      for checkpointer in checkpointers:
+        if round_index in checkpointer.rounds():
+          checkpointer.delete(round_index)
+  raise WorkdirError(f"no checkpoint in {', '.join(map(str, workdirs))} can be restored (see "
+                     "the warnings above); move the workdir aside to start the run afresh.")
 
 
 def _load_diagnostics(path: pathlib.Path) -> dict[int, np.ndarray]:

@@ -9,6 +9,8 @@ method module and engine block checks its own sections with these helpers.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,8 +59,14 @@ def choice(options: Sequence[str]) -> Callable[[Any], bool]:
   return lambda v: v in options
 
 
+def finite_number(value: Any) -> bool:
+  """An int or float (not a bool) that is neither infinite nor NaN."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def positive(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+  """A finite number > 0 (an infinite learning rate is refused, not trained)."""
+  return finite_number(value) and value > 0
 
 
 def is_bool(value: Any) -> bool:

@@ -39,7 +39,8 @@ RUN_FILE = "run.json"
 METADATA_FILE = "metadata.json"
 
 #: Config fields (or section prefixes) that never change a run's numbers.
-NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "checkpoint.keep",
+NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "on_nonfinite",
+                  "checkpoint.keep",
                   "checkpoint.every", "eval.last_rounds", "eval.targets",
                   "eval.target_accuracy",  # the single target that eval.targets replaced
                   "scenario.data_dir", "resume_allow_changes",
@@ -157,6 +158,53 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
   return lines
 
 
+LOCK_FILE = ".lock"
+
+
+class WorkdirLock:
+  """An exclusive OS lock on `<workdir>/.lock`, held while a run trains in the workdir.
+
+  `fcntl.flock` on an open file: the kernel releases it when the holder exits or dies
+  (kill -9 included), so no lock is ever stale. The file says who holds it (PID, host, start
+  time); a second process that finds it held raises `WorkdirError` naming the holder before
+  it touches anything else. Where `fcntl` is missing (Windows) the lock is a no-op.
+  """
+
+  def __init__(self, workdir: pathlib.Path):
+    self.path = pathlib.Path(workdir) / LOCK_FILE
+    self._file = None
+
+  def __enter__(self) -> "WorkdirLock":
+    try:
+      import fcntl  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      return self
+    import datetime  # pylint: disable=g-import-not-at-top
+    import socket  # pylint: disable=g-import-not-at-top
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(self.path, "a+")  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      handle.seek(0)
+      holder = handle.read().strip() or "another process"
+      handle.close()
+      raise WorkdirError(f"workdir {str(self.path.parent)!r} is in use by {holder}; wait for it "
+                         "to finish (or stop it), or pass another --workdir.") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"PID {os.getpid()} on {socket.gethostname()} since "
+                 f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}\n")
+    handle.flush()
+    self._file = handle
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    if self._file is not None:
+      self._file.close()  # closing the file releases the lock
+      self._file = None
+
+
 def check_workdir(workdir: pathlib.Path) -> None:
   """Raises `WorkdirError` when `workdir` exists but is not a directory."""
   if workdir.exists() and not workdir.is_dir():
@@ -187,7 +235,8 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
 
 def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: Mapping[str, Any],
              metadata: Mapping[str, Any], *, primary: bool = True,
-             sync: Callable[[str], None] | None = None) -> tuple[Any, int | None]:
+             sync: Callable[[str], None] | None = None,
+             before_write: Callable[[], None] | None = None) -> tuple[Any, int | None]:
   """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
 
   Nothing is written to `workdir` before `check_resume` has passed (a changed
@@ -200,7 +249,9 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   except `primary` (True in process 0 only, the one that writes the record
   files) and `sync` (a barrier across processes, called with a name): every
   process looks at the workdir and passes the resume guard before any of them
-  writes, so all of them resume from the same round.
+  writes, so all of them resume from the same round. `before_write` (process 0 only) is
+  called once the guard has passed and before anything is written: the trainer takes the
+  workdir's lock there, so a refused resume leaves the workdir untouched.
   """
   from fedjax_het import checkpointing  # pylint: disable=g-import-not-at-top
   checkpoints = workdir / "checkpoints"
@@ -215,6 +266,8 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   if sync is not None:
     sync("fedjax_het:open_run:checked")
   if primary:
+    if before_write is not None:
+      before_write()
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, record)
     write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")

@@ -408,7 +408,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   local.validate_config(config)
   validation.require_section(config, "fedmatch")
   v = validation
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  number = validation.finite_number
   v.check(config, "fedmatch.confidence_threshold", lambda x: number(x) and 0 <= x <= 1,
           "a number in [0, 1]")
   for field in ("consistency_weight", "pseudo_label_weight"):

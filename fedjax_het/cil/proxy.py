@@ -119,7 +119,7 @@ def validate_proxy_config(config: ml_collections.ConfigDict) -> None:
   if "proxy" not in config.glfc:
     v.fail("glfc.proxy", "a section (build it with fedjax_het.cil.proxy.proxy_section())",
            None)
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+  number = v.finite_number
   v.check(config, "glfc.proxy.reconstruction_steps", v.int_at_least(1), "an integer >= 1")
   v.check(config, "glfc.proxy.linesearch", v.choice(LINESEARCHES), f"one of {LINESEARCHES}")
   v.check(config, "glfc.proxy.reconstruction_lr", lambda x: number(x) and x > 0,

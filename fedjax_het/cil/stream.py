@@ -72,6 +72,7 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
       "compilation_cache_dir": "~/.cache/fedjax_het/jax",  # "" disables the persistent cache
       "resume_allow_changes": "",
       "memory_check": True,
+      "on_nonfinite": "stop",          # as config.base_config
       "xla_cpu_scheduler": "auto",     # as config.base_config: fixed when JAX starts
       "scenario": {
           "name": SCENARIO,
@@ -119,7 +120,7 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
     if section not in config:
       v.fail(section, "a section (build the config with "
              "fedjax_het.config.base_config('<class-incremental algorithm>'))", None)
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+  number = v.finite_number
   v.check(config, "seed", v.int_at_least(0), "an integer >= 0")
   v.check(config, "xla_cpu_scheduler", v.choice(xla_cpu.SCHEDULERS),
           f"one of {xla_cpu.SCHEDULERS}")

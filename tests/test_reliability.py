@@ -1,0 +1,123 @@
+"""A run that survives: one process per workdir, strict JSON records, divergence stopped, a bad
+latest checkpoint survived."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import chex
+import pytest
+
+from fedjax_het import reporting
+from fedjax_het import workdir as workdir_lib
+from fedjax_het.config import validate_config
+from fedjax_het.errors import ConfigError, DivergedError, WorkdirError
+from fedjax_het.train import train_and_evaluate
+from tests.test_train import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+_HOLDER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from fedjax_het import workdir as workdir_lib
+with workdir_lib.WorkdirLock(__import__("pathlib").Path({workdir!r})):
+  print("locked", flush=True)
+  time.sleep(120)
+"""
+
+
+def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_frees_it(tmp_path):
+  holder = subprocess.Popen([sys.executable, "-c", _HOLDER.format(repo=str(REPO),
+                                                                  workdir=str(tmp_path))],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(WorkdirError, match=rf"is in use by PID {holder.pid} on .* since "):
+      with workdir_lib.WorkdirLock(tmp_path):
+        pass
+    with pytest.raises(WorkdirError, match="is in use by PID"):  # the trainer takes it too
+      train_and_evaluate(tiny_config("solo"), tmp_path)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "run.json").exists()
+  finally:
+    holder.kill()
+    holder.wait()
+  with workdir_lib.WorkdirLock(tmp_path) as lock:  # the kernel released the dead holder's lock
+    assert f"PID {os.getpid()}" in lock.path.read_text()
+
+
+def test_the_lock_is_exclusive_within_a_process_and_released_on_exit(tmp_path):
+  with workdir_lib.WorkdirLock(tmp_path):
+    with pytest.raises(WorkdirError, match="in use"):
+      workdir_lib.WorkdirLock(tmp_path).__enter__()
+  with workdir_lib.WorkdirLock(tmp_path):
+    pass
+
+
+def test_non_finite_values_are_written_as_null_and_named(tmp_path):
+  writer = reporting.MetricsWriter(tmp_path)
+  writer.write({"round": 1, "train/loss": math.nan, "eval/accuracy/mean": 10.0,
+                "train/gc": -math.inf})
+  line = (tmp_path / "metrics.jsonl").read_text()
+  assert "NaN" not in line and "Infinity" not in line
+  assert json.loads(line) == {"round": 1, "train/loss": None, "eval/accuracy/mean": 10.0,
+                              "train/gc": None, "nonfinite": ["train/gc", "train/loss"]}
+  assert reporting.strict_json({"a": [1.0, math.inf]}) == '{"a": [1.0, null]}'
+
+
+@pytest.mark.parametrize("lr", [math.inf, math.nan, -1.0])
+def test_non_finite_hyper_parameters_are_refused(lr):
+  config = tiny_config("solo")
+  config.local.lr = lr
+  with pytest.raises(ConfigError, match="config.local.lr"):
+    validate_config(config)
+
+
+def test_divergence_stops_the_run_naming_the_round_and_keeps_the_last_finite_checkpoint(
+    tmp_path):
+  config = tiny_config("solo")
+  config.local.lr = 1e38
+  with pytest.raises(DivergedError, match=r"train/local/\w+/\w+ is (nan|inf) in round 1 .*the "
+                                          r"last finite checkpoint is round 0"):
+    train_and_evaluate(config, tmp_path)
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["round"] == 1 and records[-1]["nonfinite"]
+  assert workdir_lib.read_metadata(tmp_path) and not (tmp_path / "results.json").exists()
+  from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").rounds() == [0]
+  config.on_nonfinite = "warn"   # an output-only field: the same workdir trains on
+  out = train_and_evaluate(config, tmp_path)
+  assert out["rounds_done"] == 3
+
+
+def _scramble(step_dir: pathlib.Path) -> None:
+  for path in step_dir.rglob("*"):
+    if path.is_file() and path.stat().st_size > 0:
+      path.write_bytes(b"\x00garbage" * 4)
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+  config = tiny_config("solo")
+  full = train_and_evaluate(config, tmp_path / "full")
+  train_and_evaluate(config, tmp_path / "split", max_rounds=2)
+  _scramble(tmp_path / "split" / "checkpoints" / "2")
+  time.sleep(0.1)
+  resumed = train_and_evaluate(config, tmp_path / "split")
+  assert "the checkpoint of round 2" in caplog.text and "cannot be restored" in caplog.text
+  chex.assert_trees_all_equal(resumed["state"], full["state"])
+  assert ((tmp_path / "split" / "results.json").read_text()
+          == (tmp_path / "full" / "results.json").read_text())
+
+
+def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
+  config = tiny_config("solo")
+  config.local.lr = 1e38
+  config.seeds = (0, 1)
+  with pytest.raises(DivergedError, match=r"^seed 0: train/local/.* in round 1 "):
+    train_and_evaluate(config, tmp_path)
