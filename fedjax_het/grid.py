@@ -564,7 +564,7 @@ def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
   commit, dirty = git_commit()
   started, tick = _now(), time.perf_counter()
   try:
-    train_lanes([configs[c] for c in group], dirs)
+    train_lanes([configs[c] for c in group], dirs, leaner_convs_for_seeds=False)
   except ConfigError as error:
     if "config.seeds" not in str(error):
       raise
@@ -609,7 +609,8 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
   With `stack_seeds` (and no child process), a fresh cell trains together with the other
   fresh cells of its table, setting and row that differ from it only by the seed: one
   vmapped program for those seeds (`fedjax_het.seed_stack`), each into its own cell. Seeds
-  whose data differ in shape train one by one.
+  whose data differ in shape, or whose program would need leaner (slower) convolutions to
+  fit in memory than one seed alone, train one by one.
 
   Args:
     cells: from `plan` or `queue_plan`.

@@ -62,7 +62,7 @@ from fedjax_het import reporting, resources, seed_stack
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding
-from fedjax_het.errors import ConfigError, DivergedError, WorkdirError
+from fedjax_het.errors import ConfigError, DivergedError, RoundTooLargeError, WorkdirError
 from fedjax_het.experiment import Experiment
 
 
@@ -88,11 +88,14 @@ def _log_data_provenance(scenario: Any) -> None:
 
 def compile_within_memory(run: Any, state: Any, config: ml_collections.ConfigDict,
                            workdirs: list[pathlib.Path], *, with_diagnostics: bool,
-                           primary: bool) -> tuple[Any, Any]:
+                           primary: bool, leaner_convs_for_seeds: bool = True
+                           ) -> tuple[Any, Any]:
   """(the run, its compiled round), switching an "auto" CPU run to leaner convolutions while
   the round does not fit (`resources.needs_low_memory_convs`); raises before training when
   even then it does not (`resources.check_round_memory`). `run`: a `seed_stack.SingleRun` or
-  `SeedStack`."""
+  `SeedStack`; with `leaner_convs_for_seeds=False` a stack that would need leaner
+  convolutions raises `RoundTooLargeError` instead (the runner then trains its seeds one by
+  one, each with the faster convolutions)."""
   what = f"the round of {len(run.lanes)} seeds as one program" if len(run.lanes) > 1 else (
       "the round")
   logging.info("compiling %s (the first run on a machine takes minutes; later runs "
@@ -106,6 +109,11 @@ def compile_within_memory(run: Any, state: Any, config: ml_collections.ConfigDic
   need = resources.estimated_bytes(run_rounds)
   experiment = run.experiment
   while resources.needs_low_memory_convs(config, experiment.conv_impl, need, available):
+    if len(run.lanes) > 1 and not leaner_convs_for_seeds:
+      raise RoundTooLargeError(
+          f"config.seeds: the {len(run.lanes)} seeds as one program need about "
+          f"{need / 2.0 ** 30:.1f} GiB of the {available / 2.0 ** 30:.1f} GiB available with "
+          f"{experiment.conv_impl} convolutions; train them one by one")
     conv_impl, public_conv_impl = resources.low_memory_conv_impls(
         config, experiment.conv_impl, experiment.public_conv_impl,
         has_public=experiment.has_public)
@@ -180,7 +188,8 @@ def _common_start(checkpointers: list[Any], starts: list[int | None],
 
 
 def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib.Path], *,
-                mesh: Any = None, max_rounds: int | None = None) -> list[dict[str, Any]]:
+                mesh: Any = None, max_rounds: int | None = None,
+                leaner_convs_for_seeds: bool = True) -> list[dict[str, Any]]:
   """The one loop: trains one config per workdir (several: seeds of one config, one vmapped
   program, `seed_stack.SeedStack`) and returns each one's `train_and_evaluate` dict."""
   workdirs = [pathlib.Path(w) for w in workdirs]
@@ -216,12 +225,13 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
   # passed and holds it until this function returns (or the process dies).
   with contextlib.ExitStack() as locks:
     return _train_locked(run, configs, workdirs, primary=primary, max_rounds=max_rounds,
-                         locks=locks)
+                         locks=locks, leaner_convs_for_seeds=leaner_convs_for_seeds)
 
 
 def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                   workdirs: list[pathlib.Path], *, primary: bool, max_rounds: int | None,
-                  locks: contextlib.ExitStack) -> list[dict[str, Any]]:
+                  locks: contextlib.ExitStack,
+                  leaner_convs_for_seeds: bool = True) -> list[dict[str, Any]]:
   """The loop of `train_lanes`; the workdirs' locks enter `locks`."""
   config, experiment, stacked = configs[0], run.experiment, len(configs) > 1
   experiments = run.lanes
@@ -261,9 +271,16 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
            for w in workdirs]
   done = start
   if done < stop:
-    run, run_rounds = compile_within_memory(run, state, config, workdirs,
-                                             with_diagnostics=bool(diagnostic_rounds),
-                                             primary=primary)
+    try:
+      run, run_rounds = compile_within_memory(run, state, config, workdirs,
+                                               with_diagnostics=bool(diagnostic_rounds),
+                                               primary=primary,
+                                               leaner_convs_for_seeds=leaner_convs_for_seeds)
+    except BaseException:
+      for checkpointer, writer in zip(checkpointers, writers):  # the round-0 saves finish
+        checkpointer.close()
+        writer.close()
+      raise
     experiment, experiments = run.experiment, run.lanes
   # Made after compiling: its rate and ETA count training rounds only.
   progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
