@@ -25,6 +25,7 @@ import logging as std_logging
 import os
 import pathlib
 import re
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -78,7 +79,11 @@ def main(argv):
   from fedjax_het.errors import ConfigError, UserError  # pylint: disable=g-import-not-at-top
   from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  config = _CONFIG.value
+  try:
+    config = _CONFIG.value
+    config.name  # pylint: disable=pointless-statement (a config file that failed to load raises here)
+  except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+    _flag_error(error)
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
   logging.info("workdir: %s", workdir)
   try:
@@ -99,14 +104,56 @@ def main(argv):
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
                         "'class_incremental' (the task stream runs in one process).")
+    # SIGTERM (a scheduler, `kill`) stops the run as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     train_and_evaluate(config, workdir)
   except UserError as error:
-    if _VERBOSE.value or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    if _verbose():
       raise
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt:
+    if _verbose():
+      raise
+    print(f"stopped; rerun the same command to resume from the latest checkpoint in {workdir}",
+          file=sys.stderr)
+    sys.exit(130)
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def _verbose() -> bool:
+  return ("--verbose" in sys.argv or "--verbose=true" in sys.argv
+          or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a mistake in a flag or a config override (a misspelt field, a
+  value of the wrong type, a config file or variant that does not exist) as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+    _flag_error(error)
+
+
+def _flag_error(error: BaseException) -> None:
+  """Prints a flag or config-file mistake as one line and exits 1 (re-raises when verbose)."""
+  if _verbose():
+    raise error
+  text = str(error)
+  if "Traceback (most recent call last)" in text:  # keep the original error's own message
+    text = re.split(r"\n\w*(?:Error|Exception): ", text)[-1]
+  text = re.sub(r"\\n|\s+", " ", text).strip(" '\"").replace("\\'", "'")
+  missing = re.search(r"No such file or directory: '([^']+)", text)
+  if missing:
+    text = f"--config: no config file {missing.group(1)!r}"
+  print(f"error: {text} (run with --verbose for the traceback)", file=sys.stderr)
+  sys.exit(1)
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main, argv=expand_config_name(sys.argv))
+  app.run(main, argv=expand_config_name(sys.argv), flags_parser=parse_flags)

@@ -285,45 +285,54 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   # Made after compiling: its rate and ETA count training rounds only.
   progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
                                 start=start)
-  while done < stop:
-    tick = time.perf_counter()
-    state, metrics = run_rounds(state, run.data)
-    jax.block_until_ready(state)
-    seconds = (time.perf_counter() - tick) / per_call
-    new_records = [[{"round": done + offset + 1, **record, "time/round_secs": seconds}
-                    for offset, record in enumerate(lane)]
-                   for lane in run.train_records(metrics, per_call)]
-    done += per_call
-    diverged = _nonfinite(new_records, state, experiments)
-    if experiment.is_eval_round(done):
-      for lane, record in zip(new_records, run.evaluation_records(state, done)):
-        lane[-1].update(record)
-    if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
-      for lane, (workdir, values) in enumerate(zip(workdirs, run.diagnostics(state))):
-        saved[lane][done] = values
-        if primary:
-          workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
-                                   **{f"round_{r}": m for r, m in saved[lane].items()})
-    for lane, writer in enumerate(writers):
-      for record in new_records[lane]:
-        writer.write(record)
-        records[lane].append(record)
-    if diverged is not None:
-      message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
-      if config.get("on_nonfinite", "stop") == "stop":
-        kept = checkpointers[0].latest_round()
-        for checkpointer, writer in zip(checkpointers, writers):
-          checkpointer.close()
-          writer.close()
-        progress.close()
-        raise DivergedError(f"{message}: training stopped; the last finite checkpoint is round "
-                            f"{kept}. Lower the learning rate (or set "
-                            "config.on_nonfinite='warn' to train on).")
-      logging.warning("%s: training goes on", message)
-    if experiment.is_checkpoint_round(done) or done == stop:
-      for lane, checkpointer in enumerate(checkpointers):
-        checkpointer.save(done, run.lane_state(state, lane))
-    progress.update(done, experiment.progress_text(new_records[0][-1]))
+  try:
+    while done < stop:
+      tick = time.perf_counter()
+      state, metrics = run_rounds(state, run.data)
+      jax.block_until_ready(state)
+      seconds = (time.perf_counter() - tick) / per_call
+      new_records = [[{"round": done + offset + 1, **record, "time/round_secs": seconds}
+                      for offset, record in enumerate(lane)]
+                     for lane in run.train_records(metrics, per_call)]
+      done += per_call
+      diverged = _nonfinite(new_records, state, experiments)
+      if experiment.is_eval_round(done):
+        for lane, record in zip(new_records, run.evaluation_records(state, done)):
+          lane[-1].update(record)
+      if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
+        for lane, (workdir, values) in enumerate(zip(workdirs, run.diagnostics(state))):
+          saved[lane][done] = values
+          if primary:
+            workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
+                                     **{f"round_{r}": m for r, m in saved[lane].items()})
+      for lane, writer in enumerate(writers):
+        for record in new_records[lane]:
+          writer.write(record)
+          records[lane].append(record)
+      if diverged is not None:
+        message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
+        if config.get("on_nonfinite", "stop") == "stop":
+          kept = checkpointers[0].latest_round()
+          for checkpointer, writer in zip(checkpointers, writers):
+            checkpointer.close()
+            writer.close()
+          progress.close()
+          raise DivergedError(f"{message}: training stopped; the last finite checkpoint is round "
+                              f"{kept}. Lower the learning rate (or set "
+                              "config.on_nonfinite='warn' to train on).")
+        logging.warning("%s: training goes on", message)
+      if experiment.is_checkpoint_round(done) or done == stop:
+        for lane, checkpointer in enumerate(checkpointers):
+          checkpointer.save(done, run.lane_state(state, lane))
+      progress.update(done, experiment.progress_text(new_records[0][-1]))
+  except KeyboardInterrupt:
+    # Ctrl-C or SIGTERM: the checkpoint writes under way finish, the records are flushed.
+    for checkpointer, writer in zip(checkpointers, writers):
+      checkpointer.close()
+      writer.close()
+    progress.close()
+    logging.info("stopped after round %d", done)
+    raise
   progress.close()
   results = []
   for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):

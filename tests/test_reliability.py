@@ -121,3 +121,41 @@ def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
   config.seeds = (0, 1)
   with pytest.raises(DivergedError, match=r"^seed 0: train/local/.* in round 1 "):
     train_and_evaluate(config, tmp_path)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--config=digits_solo_quick", "--config.num_round=3"], 'Did you mean "num_rounds"'),
+    (["--config=digits_solo_quick", "--config.num_rounds=abc"], "--config.num_rounds=abc"),
+    (["--config=experiments/configs/digits.py:nosuch"], "got 'nosuch'"),
+    (["--config=experiments/configs/nofile.py"], "no config file 'experiments/configs/nofile.py'"),
+])
+def test_flag_and_config_file_mistakes_are_one_line(args, expected, tmp_path):
+  out = subprocess.run([sys.executable, "experiments/train.py", *args,
+                        f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env={k: v for k, v in os.environ.items()
+                                         if k != "FEDJAX_HET_TRACEBACK"})
+  assert out.returncode == 1
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_sigterm_stops_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
+  args = [sys.executable, "experiments/train.py", "--config=digits_solo_quick",
+          f"--workdir={tmp_path}", "--config.num_rounds=40", "--config.local.epochs=1",
+          "--config.models.architectures=('simple_cnn',)", "--config.scenario.test_size=30",
+          "--config.scenario.public_size=64", "--config.compilation_cache_dir=",
+          "--config.logging.plots=False"]
+  env = {k: v for k, v in os.environ.items() if k not in ("FEDJAX_HET_TRACEBACK",
+                                                          "FEDJAX_HET_DATA_DIR")}
+  child = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
+  for line in child.stderr:
+    if "round 1/40" in line:
+      break
+  child.terminate()   # SIGTERM
+  rest = child.stderr.read()
+  assert child.wait(timeout=120) == 130
+  assert any(line.startswith("stopped; rerun the same command to resume") for line in rest.splitlines())
+  assert "Traceback" not in rest
+  from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
+  assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round() >= 1
