@@ -1,8 +1,9 @@
 """Seeds as a vmapped axis (`fedjax_het.seed_stack`): one program trains every seed of
 `config.seeds`, each seed's workdir equal to a separate run of that seed.
 
-The class-incremental stream draws each client's data with the seed, so its shapes differ
-between seeds: such seeds are refused with one line (they train as separate runs).
+The class-incremental stream draws each client's data with the seed; where that changes its
+padded shapes (the tiny synthetic stream), such seeds are refused with one line (they train as
+separate runs).
 
 Tolerance: XLA:CPU compiles the batched (vmapped) convolutions and matrix products with
 other loop orders than the unbatched ones, so the seeds agree with their separate runs to
