@@ -126,8 +126,13 @@ def _interrupt(signum, frame):
 
 
 def _verbose() -> bool:
-  return ("--verbose" in sys.argv or "--verbose=true" in sys.argv
-          or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"))
+  """--verbose (read from the command line while the flags are being parsed) or
+  FEDJAX_HET_TRACEBACK=1."""
+  if os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    return True
+  if flags.FLAGS.is_parsed():
+    return _VERBOSE.value
+  return "--verbose" in sys.argv or "--verbose=true" in sys.argv
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -20,7 +20,6 @@ import concurrent.futures
 import json
 import logging
 import pathlib
-import platform
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,11 +32,12 @@ from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
-from fedjax_het.engine import programs, rounds, sharding, xla_cpu, xla_gpu
+from fedjax_het.engine import programs, rounds, sharding
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
 from fedjax_het.errors import ConfigError
 from fedjax_het.evaluation import intra_inter, stack_test_sets
+from fedjax_het import resources
 from fedjax_het.resources import release_freed_host_memory, resolve_conv_impl, resolve_public_conv_impl
 
 
@@ -485,14 +485,7 @@ class Experiment:
                          zip(self.client_names, sc.domains, self.architectures)],
         "groups": {g.name: {"clients": list(g.clients), "slots": g.num_slots} for g in self.groups},
         "conv_impl": self.conv_impl, "public_conv_impl": self.public_conv_impl,
-        "backend": jax.default_backend(),
-        **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()}
-           if jax.default_backend() == "cpu" else {}),
-        **({"xla_gpu_triton_gemm": xla_gpu.triton_gemm_in_force()}
-           if jax.default_backend() == "gpu" else {}),
-        "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-        "python": platform.python_version(),
-        **({"processes": jax.process_count()} if jax.process_count() > 1 else {}),
+        **resources.runtime_metadata(),
     }
 
 

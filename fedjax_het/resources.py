@@ -22,6 +22,7 @@ Triton GEMM) are `engine.xla_cpu` and `engine.xla_gpu`.
 from __future__ import annotations
 
 import pathlib
+import platform
 from typing import Any
 
 import jax
@@ -29,7 +30,7 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.engine import xla_cpu
+from fedjax_het.engine import xla_cpu, xla_gpu
 from fedjax_het.errors import RoundTooLargeError
 
 
@@ -222,3 +223,15 @@ def _batch_size_fields(config: ml_collections.ConfigDict) -> list[tuple[str, Any
     if isinstance(value, ml_collections.ConfigDict) and "batch_size" in value and section != "eval":
       fields.append((f"{section}.batch_size", value.batch_size))
   return fields
+
+
+def runtime_metadata() -> dict[str, Any]:
+  """What metadata.json records of the machine a run trains on: the backend, the XLA settings
+  in force, the devices, the jax and Python versions and the process count (when several)."""
+  backend = jax.default_backend()
+  return {"backend": backend,
+          **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()} if backend == "cpu" else {}),
+          **({"xla_gpu_triton_gemm": xla_gpu.triton_gemm_in_force()} if backend == "gpu" else {}),
+          "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+          "python": platform.python_version(),
+          **({"processes": jax.process_count()} if jax.process_count() > 1 else {})}

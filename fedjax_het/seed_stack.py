@@ -103,7 +103,7 @@ class SeedStack:
   def __init__(self, experiments: Sequence[Any]):
     self.lanes = list(experiments)
     first = self.lanes[0]
-    shapes = [jax.tree_util.tree_map(lambda x: (np.shape(x), np.asarray(x).dtype), e.data)
+    shapes = [jax.tree_util.tree_map(lambda x: (np.shape(x), x.dtype), e.data)
               for e in self.lanes]
     for experiment, shape in zip(self.lanes[1:], shapes[1:]):
       if shape != shapes[0] or repr(experiment.setup) != repr(first.setup):

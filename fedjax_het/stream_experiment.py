@@ -36,7 +36,6 @@ References:
 from __future__ import annotations
 
 import pathlib
-import platform
 from typing import Any
 
 import jax
@@ -48,7 +47,7 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.config import validate_config
-from fedjax_het.engine import rounds, xla_cpu
+from fedjax_het.engine import rounds
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import class_incremental as cil_report
 
@@ -120,11 +119,7 @@ class StreamExperiment:
             "test_size": int(len(stream.test_labels)),
             "sequential_clients": self.settings.sequential,
             "conv_impl": self.conv_impl, "public_conv_impl": self.public_conv_impl,
-            "backend": jax.default_backend(),
-            **({"xla_cpu_scheduler": xla_cpu.scheduler_in_force()}
-               if jax.default_backend() == "cpu" else {}),
-            "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-            "python": platform.python_version()}
+            **resources.runtime_metadata()}
 
   def init_state(self) -> Any:
     return self._init(jax.random.key(int(self.config.seed)), self.data)

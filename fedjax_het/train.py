@@ -171,20 +171,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   return {"seeds": dict(zip(seeds, outs))}
 
 
-def _common_start(checkpointers: list[Any], starts: list[int | None],
-                  workdirs: list[pathlib.Path]) -> int | None:
-  """The round every lane resumes from: their common latest checkpoint (a kill between two
-  lanes' saves leaves some a round ahead: they resume from the round they all still keep)."""
+def _common_rounds(checkpointers: list[Any], starts: list[int | None],
+                   workdirs: list[pathlib.Path]) -> list[int]:
+  """The checkpoint rounds every lane keeps, newest first ([] for a fresh run). A kill between
+  two lanes' saves leaves some a round ahead: they resume from a round they all still keep."""
   if all(s is None for s in starts):
-    return None
-  kept = [set(c.rounds()) for c in checkpointers]
-  common = set.intersection(*kept) if kept else set()
+    return []
+  common = set.intersection(*[set(c.rounds()) for c in checkpointers])
   if any(s is None for s in starts) or not common:
     raise WorkdirError("config.seeds: the seeds' workdirs hold no common checkpoint ("
                        + ", ".join(f"{w}: {s if s is not None else 'none'}"
                                    for w, s in zip(workdirs, starts))
                        + "); train these seeds as separate runs.")
-  return max(common)
+  return sorted(common, reverse=True)
 
 
 def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib.Path], *,
@@ -224,38 +223,37 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
   # One process per workdir: process 0 takes each workdir's lock once its resume guard has
   # passed and holds it until this function returns (or the process dies).
   with contextlib.ExitStack() as locks:
-    return _train_locked(run, configs, workdirs, primary=primary, max_rounds=max_rounds,
-                         locks=locks, leaner_convs_for_seeds=leaner_convs_for_seeds)
+    return _train_locked(run, configs, workdirs, primary=primary, stop=stop, locks=locks,
+                         leaner_convs_for_seeds=leaner_convs_for_seeds)
 
 
 def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
-                  workdirs: list[pathlib.Path], *, primary: bool, max_rounds: int | None,
+                  workdirs: list[pathlib.Path], *, primary: bool, stop: int,
                   locks: contextlib.ExitStack,
                   leaner_convs_for_seeds: bool = True) -> list[dict[str, Any]]:
-  """The loop of `train_lanes`; the workdirs' locks enter `locks`."""
+  """The loop of `train_lanes` up to round `stop`; the workdirs' locks enter `locks`."""
   config, experiment, stacked = configs[0], run.experiment, len(configs) > 1
   experiments = run.lanes
   num_rounds, per_call = experiment.num_rounds, int(config.rounds_per_call)
-  stop = num_rounds if max_rounds is None else min(int(max_rounds), num_rounds)
   # Nothing is written to a workdir before the resume guard has passed.
   opened = [workdir_lib.open_run(
       w, c, e.run_record(), e.metadata(), primary=primary, sync=sharding.barrier,
       before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)))
             for c, w, e in zip(configs, workdirs, experiments)]
   checkpointers = [c for c, _ in opened]
-  start = _common_start(checkpointers, [s for _, s in opened], workdirs)
+  kept_rounds = _common_rounds(checkpointers, [s for _, s in opened], workdirs)
   # One writer per run; only process 0 writes (the others read what it keeps).
   writers = [reporting.MetricsWriter(
       w, writers=reporting.writer_names(c.logging), enabled=primary, run_name=str(c.name),
       config=workdir_lib.flatten_config(c), wandb_mode=c.logging.get("wandb_mode", "offline"),
       mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
              for c, w in zip(configs, workdirs)]
-  if start is None:
+  if not kept_rounds:
     start, state = 0, run.init_state()
     for lane, checkpointer in enumerate(checkpointers):
       checkpointer.save(0, run.lane_state(state, lane))
   else:
-    start, state = _restore(run, checkpointers, start, workdirs)
+    start, state = _restore(run, checkpointers, kept_rounds, workdirs)
     logging.info("resumed from the checkpoint of round %d in %s", start,
                  ", ".join(map(str, workdirs)))
   if primary:
@@ -269,23 +267,17 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
            for w in workdirs]
-  done = start
-  if done < stop:
-    try:
+  done, progress = start, None
+  try:
+    if done < stop:
       run, run_rounds = compile_within_memory(run, state, config, workdirs,
                                                with_diagnostics=bool(diagnostic_rounds),
                                                primary=primary,
                                                leaner_convs_for_seeds=leaner_convs_for_seeds)
-    except BaseException:
-      for checkpointer, writer in zip(checkpointers, writers):  # the round-0 saves finish
-        checkpointer.close()
-        writer.close()
-      raise
-    experiment, experiments = run.experiment, run.lanes
-  # Made after compiling: its rate and ETA count training rounds only.
-  progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
-                                start=start)
-  try:
+      experiment, experiments = run.experiment, run.lanes
+    # Made after compiling: its rate and ETA count training rounds only.
+    progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
+                                  start=start)
     while done < stop:
       tick = time.perf_counter()
       state, metrics = run_rounds(state, run.data)
@@ -312,32 +304,26 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
       if diverged is not None:
         message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
         if config.get("on_nonfinite", "stop") == "stop":
-          kept = checkpointers[0].latest_round()
-          for checkpointer, writer in zip(checkpointers, writers):
-            checkpointer.close()
-            writer.close()
-          progress.close()
           raise DivergedError(f"{message}: training stopped; the last finite checkpoint is round "
-                              f"{kept}. Lower the learning rate (or set "
-                              "config.on_nonfinite='warn' to train on).")
+                              f"{checkpointers[0].latest_round()}. Lower the learning rate (or "
+                              "set config.on_nonfinite='warn' to train on).")
         logging.warning("%s: training goes on", message)
       if experiment.is_checkpoint_round(done) or done == stop:
         for lane, checkpointer in enumerate(checkpointers):
           checkpointer.save(done, run.lane_state(state, lane))
       progress.update(done, experiment.progress_text(new_records[0][-1]))
-  except KeyboardInterrupt:
-    # Ctrl-C or SIGTERM: the checkpoint writes under way finish, the records are flushed.
+  except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+    logging.info("stopped after round %d", done)
+    raise
+  finally:
+    # However the loop ends: the checkpoint writes under way finish, the records are flushed.
+    if progress is not None:
+      progress.close()
     for checkpointer, writer in zip(checkpointers, writers):
       checkpointer.close()
       writer.close()
-    progress.close()
-    logging.info("stopped after round %d", done)
-    raise
-  progress.close()
   results = []
   for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):
-    checkpointers[lane].close()
-    writers[lane].close()
     markdown, numbers = lane_experiment.results(records[lane], done)
     results.append({"results": numbers, "last_record": records[lane][-1] if records[lane] else {},
                     "records": records[lane], "rounds_done": done,
@@ -385,12 +371,11 @@ _finite = jax.jit(_all_finite)
 _finite_per_lane = jax.jit(jax.vmap(_all_finite))   # a state with a leading lane axis
 
 
-def _restore(run: Any, checkpointers: list[Any], start: int,
+def _restore(run: Any, checkpointers: list[Any], kept_rounds: list[int],
              workdirs: list[pathlib.Path]) -> tuple[int, Any]:
-  """(round, state) of the newest checkpoint every lane can restore, from `start` down; a
+  """(round, state) of the newest of `kept_rounds` (newest first) every lane can restore; a
   checkpoint that cannot be restored is named in one line and removed."""
-  rounds_kept = sorted(set.intersection(*[set(c.rounds()) for c in checkpointers]), reverse=True)
-  for round_index in [r for r in rounds_kept if r <= start]:
+  for round_index in kept_rounds:
     try:
       return round_index, run.join(checkpointers, round_index)
     except Exception as error:  # pylint: disable=broad-except

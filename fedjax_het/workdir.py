@@ -21,12 +21,14 @@ is written, listing every differing field (recorded -> now).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
 import json
 import logging
 import os
 import pathlib
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -176,11 +178,9 @@ class WorkdirLock:
 
   def __enter__(self) -> "WorkdirLock":
     try:
-      import fcntl  # pylint: disable=g-import-not-at-top
+      import fcntl  # pylint: disable=g-import-not-at-top (POSIX only)
     except ImportError:
       return self
-    import datetime  # pylint: disable=g-import-not-at-top
-    import socket  # pylint: disable=g-import-not-at-top
     self.path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(self.path, "a+")  # pylint: disable=consider-using-with
     try:
