@@ -41,11 +41,13 @@ def free_port() -> int:
 
 def launch(train_args: list[str], *, num_processes: int, num_cpu_devices: int,
            log_dir: pathlib.Path, timeout: float | None = None,
-           env: dict[str, str] | None = None) -> list[int]:
+           env: dict[str, str] | None = None, grace: float = 30.0) -> list[int]:
   """Starts `num_processes` train.py processes and waits for them; returns their exit codes.
 
-  If one exits non-zero, or `timeout` seconds pass, the processes still
-  running are terminated (status -15, or -9 if they ignore it).
+  If one exits non-zero, the others get `grace` seconds to exit on their own
+  (a refused config stops every process, each at its own pace); then, or when
+  `timeout` seconds pass, the processes still running are terminated (status
+  -15, or -9 if they ignore it).
   """
   if num_processes < 1:
     raise ValueError(f"--num_processes must be an integer >= 1, got {num_processes}.")
@@ -64,10 +66,14 @@ def launch(train_args: list[str], *, num_processes: int, num_cpu_devices: int,
     processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                       cwd=REPO))
   deadline = None if timeout is None else time.monotonic() + timeout
+  failed_at = None
   try:
     while any(p.poll() is None for p in processes):
-      failed = any(p.returncode not in (None, 0) for p in processes)
-      if failed or (deadline is not None and time.monotonic() > deadline):
+      if any(p.returncode not in (None, 0) for p in processes):
+        failed_at = failed_at or time.monotonic()
+        if time.monotonic() > failed_at + grace:
+          break
+      if deadline is not None and time.monotonic() > deadline:
         break
       time.sleep(0.2)
   finally:
