@@ -1,5 +1,6 @@
 """Tests of GLFC's client side on the class-incremental task stream (`fedjax_het.algorithms.glfc`)."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -203,4 +204,67 @@ def test_experiment_configs_validate():
   broken = module.get_config("glfc")
   broken.glfc.transition = "oracle"
   with pytest.raises(Exception, match="config.glfc.transition"):
+    validate_config(broken)
+
+
+@pytest.mark.parametrize("use_old", [True, False])
+def test_ablated_objective_is_weighted_bce_plus_old_class_kd(use_old):
+  """w/oCGC and w/oCRD with custom weights, against a NumPy computation of the objective."""
+  model = TinyLinear(num_classes=6)
+  keys = jax.random.split(jax.random.key(5), 4)
+  variables = models.init_variables(model, keys[0])
+  old = models.init_variables(model, keys[1])
+  images = jax.random.normal(keys[2], (5, 32, 32, 3))
+  labels = jnp.asarray([0, 1, 2, 3, 1], jnp.int32)
+  mask = np.asarray([True, True, True, True, False])
+  class_mask = masking.seen_class_mask(4, 6)
+  aux = {"class_mask": class_mask, "old_model": old, "use_old": jnp.asarray(use_old),
+         "num_old": jnp.int32(2), "gc_old": jnp.int32(0)}
+  loss_fn = jax.jit(glfc_lib.glfc_local_loss(model, relation_distillation=False, gc_weight=0.3,
+                                             rd_weight=0.7, first_task_gc_weight=2.0))
+  loss, (_, parts) = loss_fn(variables["params"], variables["batch_stats"], images, labels,
+                             mask, jax.random.key(3), aux)
+  _, logits, _ = models.apply_model(model, variables, images, train=True)
+  _, old_logits, _ = models.apply_model(model, old, images, train=False)
+  z, z_old = np.asarray(logits, np.float64)[:4], np.asarray(old_logits, np.float64)[:4]
+  bce = lambda x, t: np.logaddexp(0.0, x) - x * t  # noqa: E731
+  onehot = np.eye(6)[np.asarray(labels)[:4]]
+  plain = np.mean(bce(z[:, :4], onehot[:, :4]))                  # w/oCGC: plain BCE
+  kd = np.mean(bce(z[:, :2], 1 / (1 + np.exp(-z_old[:, :2]))))   # w/oCRD: old classes only
+  np.testing.assert_allclose(parts["gc"], plain, rtol=1e-5)
+  np.testing.assert_allclose(parts["rd"], kd, rtol=1e-5)
+  np.testing.assert_allclose(loss, 0.3 * plain + 0.7 * kd if use_old else 2.0 * plain,
+                             rtol=1e-5)
+
+
+def test_glfc_ablations_train(stream):
+  """Without CGC and CRD: the gradient compensation is off (gc_old 0) and training runs."""
+  glfc = dataclasses.replace(_glfc(stream), gradient_compensation=False,
+                             relation_distillation=False)
+  _, _, history = _run(stream, _settings(), glfc, 4)
+  for _, metrics in history[1:]:
+    assert np.isfinite(float(metrics["train/loss"])) and np.isfinite(float(metrics["train/rd"]))
+  assert int(history[-1][1]["task"]) == 1 and float(history[-1][1]["train/rd"]) > 0
+
+
+def test_ablation_configs():
+  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  paper = module.get_config("glfc")
+  assert paper.glfc.use_gradient_compensation and paper.glfc.use_relation_distillation
+  assert (paper.glfc.gc_weight, paper.glfc.rd_weight, paper.glfc.first_task_gc_weight) == (
+      0.5, 0.5, 1.0)
+  for name, field in (("glfc_no_cgc", "use_gradient_compensation"),
+                      ("glfc_no_crd", "use_relation_distillation")):
+    for variant, tasks in ((name, 10), (f"{name}_tasks20", 20), (f"{name}_quick", 4)):
+      config = module.get_config(variant)
+      validate_config(config)
+      assert config.algorithm == "glfc" and config.name == f"cifar100_{variant}"
+      assert config.glfc[field] is False and config.scenario.num_tasks == tasks
+      reference = module.get_config(variant.replace(name, "glfc"))
+      reference.glfc[field] = False
+      reference.name = config.name
+      assert config.to_dict() == reference.to_dict()
+  broken = module.get_config("glfc")
+  broken.glfc.rd_weight = -1.0
+  with pytest.raises(Exception, match="config.glfc.rd_weight"):
     validate_config(broken)

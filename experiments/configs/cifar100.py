@@ -12,7 +12,7 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar100_glfc_tasks20       # T=20 (5 classes per task)
 
 Variant names: <method>[_tasks<T>] and <method>_quick, method in fedavg_cil, icarl_fl,
-glfc and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
+glfc, glfc_no_cgc, glfc_no_crd and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
 under another name). _tasks<T> sets scenario.num_tasks = T (100 / T classes per task)
 and keeps everything else: 30 clients at the start, 10 new clients per task, each client
 drawing 60% of its task's classes, 10 rounds per task. The paper's text gives these
@@ -49,6 +49,10 @@ seen classes, SGD lr 2.0 (the code's), weight decay 1e-5, and the proxy server
 gradient per class (50 SGD steps at lr 0.2, feature noise gamma 0.1), the proxy
 reconstructs them (2000 L-BFGS iterations, fixed step 1.0, the last 20 iterates kept as
 monitor images) and hands out the best global models on them as the old models of L_RD.
+GLFC Table 1's ablations: glfc_no_cgc ("Ours-w/oCGC": glfc.use_gradient_compensation =
+False, plain class-averaged sigmoid BCE instead of L_GC), glfc_no_crd ("Ours-w/oCRD":
+glfc.use_relation_distillation = False, iCaRL's KD on the old classes instead of L_RD),
+each with the _tasks<T> and _quick forms of glfc;
 --config.glfc.old_model=previous_task_global is the ablation without the proxy (the old
 model is the global model at the end of the previous task);
 --config.glfc.proxy.rebuild=new_classes rebuilds the proxy's monitor set only from
@@ -106,7 +110,12 @@ import ml_collections
 
 from fedjax_het.config import base_config
 
-METHODS = ("fedavg_cil", "icarl_fl", "glfc")
+#: GLFC Table 1's ablation rows: the glfc config with one component switched off.
+GLFC_ABLATIONS = {
+    "glfc_no_cgc": (("use_gradient_compensation", False),),   # Ours-w/oCGC
+    "glfc_no_crd": (("use_relation_distillation", False),),   # Ours-w/oCRD
+}
+METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS)
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
 TASK_COUNTS = (5, 10, 20)
 VARIANTS = tuple(name for method in METHODS
@@ -127,7 +136,8 @@ def _parse(arg: str) -> tuple[str, int | None, bool]:
 
 def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
   """`arg`: one of `VARIANTS` (module docstring)."""
-  method, num_tasks, quick = _parse(arg)
+  variant, num_tasks, quick = _parse(arg)
+  method = "glfc" if variant in GLFC_ABLATIONS else variant
   c = base_config(method)
   c.name = f"cifar100_{arg}"
   if method == "fedavg_cil":
@@ -160,4 +170,6 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
     if method == "icarl_fl":
       c.icarl.memory_size = 90  # as glfc_quick
       c.local.lr = 0.5          # as glfc_quick (the same sigmoid BCE)
+  for field, value in GLFC_ABLATIONS.get(variant, ()):
+    c.glfc[field] = value
   return c

@@ -29,6 +29,27 @@
      the proxy reconstructs the round's prototypes (if any), and keeps the
      best global model on its monitor set.
 
+Ablations of GLFC Table 1 (each a config field; the defaults are GLFC):
+  * `glfc.use_gradient_compensation = False` ("Ours-w/oCGC"): L_GC is
+    replaced by the plain sigmoid BCE averaged over the seen classes (every
+    sample's weight 1: `losses.glfc.class_aware_gradient_compensation_loss`
+    with no old group).
+  * `glfc.use_relation_distillation = False` ("Ours-w/oCRD"): L_RD is
+    replaced by iCaRL's distillation on the old classes only, the old model's
+    sigmoid outputs as BCE targets of the old-class logits
+    (`losses.incremental.old_class_distillation_loss`); L_RD's target also
+    holds the one-hot label on the new classes (the relation between old and
+    new classes that the paper's CRD adds).
+  * `glfc.old_model = "previous_task_global"` ("Ours-w/oPRS", below).
+  * Loss weights: lambda_1 * L_GC + lambda_2 * L_RD from task 1 on
+    (`glfc.gc_weight`, `glfc.rd_weight`, paper and code 0.5 / 0.5; Eq. 6)
+    and `glfc.first_task_gc_weight` * L_GC in the first task and while no
+    old model exists (1.0: L_GC alone).
+
+The perturbation learning rate of the clients' prototype-gradient LeNet,
+`glfc.proxy.perturbation_lr`: the paper's text gives 0.1, the authors' code
+0.2 (its local lr / 10); the default is the code's 0.2 (`cil.proxy`).
+
 The old model (L_RD), `glfc.old_model`:
   * "proxy" (default, the paper): GLFC's proxy server (`cil.proxy`) holds the
     best global model on the previous monitor set (Theta_{t-1}) and on the
@@ -100,6 +121,7 @@ from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import make_optimizer
 from fedjax_het.losses import glfc as glfc_losses
+from fedjax_het.losses import incremental as incremental_losses
 
 TRANSITIONS = ("entropy", "stream")
 #: Where the old model of L_RD comes from: GLFC's proxy server (`cil.proxy`), or the
@@ -115,6 +137,11 @@ def glfc_section() -> ml_collections.ConfigDict:
       "entropy_threshold": glfc_losses.TASK_TRANSITION_THRESHOLD,  # r_h
       "distinct_exemplars": False,                   # False: the code's herding (repeats)
       "old_model": "proxy",                          # or "previous_task_global" (no proxy)
+      "use_gradient_compensation": True,             # False: plain BCE ("w/oCGC")
+      "use_relation_distillation": True,             # False: iCaRL's old-class KD ("w/oCRD")
+      "gc_weight": 0.5,                              # lambda_1 of Eq. 6 (from task 1 on)
+      "rd_weight": 0.5,                              # lambda_2 of Eq. 6 (from task 1 on)
+      "first_task_gc_weight": 1.0,                   # L_GC's weight without an old model
       "proxy": proxy_lib.proxy_section(),            # the proxy server (cil.proxy)
   })
 
@@ -128,6 +155,12 @@ def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
           "a number >= 0")
   v.check(config, "glfc.distinct_exemplars", v.is_bool, "True or False")
   v.check(config, "glfc.old_model", v.choice(OLD_MODELS), f"one of {OLD_MODELS}")
+  v.check(config, "glfc.use_gradient_compensation", v.is_bool, "True or False")
+  v.check(config, "glfc.use_relation_distillation", v.is_bool, "True or False")
+  for name in ("gc_weight", "rd_weight", "first_task_gc_weight"):
+    v.check(config, f"glfc.{name}",
+            lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0,
+            "a number >= 0")
   proxy_lib.validate_proxy_config(config)
 
 
@@ -154,6 +187,11 @@ class GLFCSettings:
   max_client_classes: int     # static: most classes one client holds in one task
   old_model: str = "previous_task_global"
   proxy: proxy_lib.ProxySettings = proxy_lib.ProxySettings()
+  gradient_compensation: bool = True
+  relation_distillation: bool = True
+  gc_weight: float = 0.5
+  rd_weight: float = 0.5
+  first_task_gc_weight: float = 1.0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
@@ -165,7 +203,11 @@ class GLFCSettings:
                distinct=bool(config.glfc.distinct_exemplars),
                max_per_class=max_per_class, max_client_classes=most,
                old_model=config.glfc.old_model,
-               proxy=proxy_lib.ProxySettings.from_config(config))
+               proxy=proxy_lib.ProxySettings.from_config(config),
+               gradient_compensation=bool(config.glfc.use_gradient_compensation),
+               relation_distillation=bool(config.glfc.use_relation_distillation),
+               gc_weight=float(config.glfc.gc_weight), rd_weight=float(config.glfc.rd_weight),
+               first_task_gc_weight=float(config.glfc.first_task_gc_weight))
 
 
 def encode_pool_indices(indices: jax.Array) -> jax.Array:
@@ -276,13 +318,18 @@ def previous_task_model(server: Any, old_model: Any, round_index: jax.Array,
   return jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server, old_model)
 
 
-def glfc_local_loss(model: Any) -> local.LocalLossFn:
+def glfc_local_loss(model: Any, *, relation_distillation: bool = True, gc_weight: float = 0.5,
+                    rd_weight: float = 0.5, first_task_gc_weight: float = 1.0
+                    ) -> local.LocalLossFn:
   """The local objective of GLFC Eq. 6 on one batch.
 
   aux: "class_mask" (C,) seen classes, "old_model" variables, "use_old" ()
-  bool (a task >= 1: 0.5 * L_GC + 0.5 * L_RD; else L_GC alone), "num_old" ()
-  int32 old classes of L_RD (t * k), "gc_old" () int32 old classes of L_GC
-  (t * k once the client has exemplars, else 0: the code's plain BCE).
+  bool (a task >= 1: gc_weight * L_GC + rd_weight * L_RD; else
+  first_task_gc_weight * L_GC), "num_old" () int32 old classes of L_RD (t *
+  k), "gc_old" () int32 old classes of L_GC (t * k once the client has
+  exemplars, else 0: the code's plain BCE; always 0 without gradient
+  compensation). `relation_distillation=False` replaces L_RD by iCaRL's
+  old-class distillation (`losses.incremental.old_class_distillation_loss`).
   """
 
   def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
@@ -294,10 +341,15 @@ def glfc_local_loss(model: Any) -> local.LocalLossFn:
     gc = glfc_losses.class_aware_gradient_compensation_loss(
         logits=logits, labels=labels, num_old_classes=aux["gc_old"],
         class_mask=aux["class_mask"], mask=mask)
-    rd = glfc_losses.class_semantic_relation_distillation_loss(
-        logits=logits, labels=labels, old_logits=old_logits, num_old_classes=aux["num_old"],
-        class_mask=aux["class_mask"], mask=mask)
-    loss = jnp.where(aux["use_old"], 0.5 * gc + 0.5 * rd, gc)
+    if relation_distillation:
+      rd = glfc_losses.class_semantic_relation_distillation_loss(
+          logits=logits, labels=labels, old_logits=old_logits, num_old_classes=aux["num_old"],
+          class_mask=aux["class_mask"], mask=mask)
+    else:
+      rd = incremental_losses.old_class_distillation_loss(
+          logits=logits, old_logits=old_logits, num_old_classes=aux["num_old"], mask=mask)
+    first = gc if first_task_gc_weight == 1.0 else first_task_gc_weight * gc
+    loss = jnp.where(aux["use_old"], gc_weight * gc + rd_weight * rd, first)
     return loss, (new_variables["batch_stats"], {"gc": gc, "rd": rd})
 
   return loss_fn
@@ -366,7 +418,10 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
   preprocess, trainer, forward, client_map = make_replay_training(
-      settings, glfc_local_loss(model), model, mean, std, n_max + mem, eval_batch_size)
+      settings, glfc_local_loss(model, relation_distillation=glfc.relation_distillation,
+                                gc_weight=glfc.gc_weight, rd_weight=glfc.rd_weight,
+                                first_task_gc_weight=glfc.first_task_gc_weight),
+      model, mean, std, n_max + mem, eval_batch_size)
 
   use_proxy = glfc.old_model == "proxy"
   slots = glfc.max_client_classes
@@ -466,7 +521,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
            "old_model": old_models,
            "use_old": use_old,
            "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
-           "gc_old": jnp.where(has_memory, task * k, 0).astype(jnp.int32)}
+           "gc_old": (jnp.where(has_memory, task * k, 0) if glfc.gradient_compensation
+                      else jnp.zeros((m,))).astype(jnp.int32)}
     learning_rates = epoch_learning_rates(settings, round_index)
     trained, local_metrics = local.train_clients(
         trainer, aggregation.broadcast(server, m), aux, members,
