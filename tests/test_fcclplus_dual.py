@@ -141,7 +141,7 @@ def test_dual_settings_are_validated_naming_the_field():
   assert config.fcclplus.dual_weight == 1.0 and config.fcclplus.dual_temperature == 1.0
   assert config.fcclplus.pretrain_epochs == 50  # FCCL's defaults (config.fccl)
   bad = _config("dual_kd")
-  allowed = r"\('fntd', 'kd', 'kd_then_fntd', 'none', 'dual'\)"
+  allowed = r"\('fntd', 'kd', 'kd_then_fntd', 'none', 'dual', 'ewc'\)"
   with pytest.raises(ValueError, match=r"config.fcclplus.local_distillation must be one of "
                      + allowed + r", got 'dual_kd'"):
     validate_config(bad)

@@ -12,7 +12,8 @@
   2. Homogeneous variant only: parameter (and BatchNorm statistics) averaging.
   3. Local updating on private data: L_local = CE + FNTD(teacher) (Eq. 14),
      the teacher being the participant's model at the END of the previous
-     round's local updating (theta^{e-1}; round 0: the initial model).
+     round's local updating (theta^{e-1}; round 0: the initial model;
+     `fcclplus.fntd_teacher`).
 
 Defaults follow the authors' code; every deviation is a config field:
   * collaborative optimiser: Adam(lr 1e-3) re-created for every participant on
@@ -27,7 +28,7 @@ Defaults follow the authors' code; every deviation is a config field:
     second forward for the features, updating BatchNorm statistics twice).
   * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.use_fccm=False` (FISL
     only; FCCL+ Table X's rows without FCCM), `fcclplus.local_distillation`
-    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual"}; "kd_then_fntd"
+    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual", "ewc"}; "kd_then_fntd"
     is Table XVII's schedule: KD in the first round(fcclplus.kd_fraction * local.epochs)
     local epochs of every round, FNTD in the rest (one optimiser over all of them).
   * `fcclplus.local_distillation="dual"`: the conference version's local objective,
@@ -49,6 +50,29 @@ Defaults follow the authors' code; every deviation is a config field:
     (FCCM + FISL, omega varied): "For the local updating phase without FNTD module,
     experiments remain same optimization objective as our conference version in Eq. 19"
     (FCCL+ Sec. 4.3). The other choices neither pretrain nor keep "pretrained".
+  * `fcclplus.fntd_teacher`: the teacher T of the local objective (FCCL+ Eq. 13-14; the
+    previous model of "kd", "kd_then_fntd" and "dual" and EWC's anchor too).
+    "previous_local" (default, Eq. 14): theta^{e-1}, the participant's model at the end of
+    the previous round's local updating. "after_collaborative": theta^e, the model after this
+    round's collaborative updating, i.e. the model local updating starts from (homogeneous
+    variant: after the averaging). FCCL+ Fig. 9 compares the two ("theta^{e-1} (after local
+    updating) and theta^e (after collaborative updating)") and finds theta^{e-1} better. The
+    state keeps "teacher" = theta^{e-1} either way.
+  * `fcclplus.local_distillation="ewc"`: FCCL+ Table XVI's replacement of FNTD by the EWC
+    penalty (Kirkpatrick et al., PNAS 2017, Eq. 3; `losses/ewc.py`),
+      L_local = CE + (lambda / 2) sum_i F_i (theta_i - theta*_i)^2,
+    theta* the teacher above (theta^{e-1} by default), lambda = `fcclplus.ewc_weight` (Table
+    XVI tries 0.01, 0.1, 0.7, 1.0; default 1.0), F the diagonal Fisher of theta* on the
+    participant's private data, computed once per round before local updating, per
+    participant (vmapped over the group's slots) inside the jitted round: the mean over the
+    participant's examples of the squared per-example gradient of log p(y | x; theta*),
+    theta* in eval mode (running BatchNorm statistics, no dropout: a per-example gradient
+    needs a per-example forward pass), `fcclplus.ewc_batch_size` examples at a time. Labels
+    (`fcclplus.ewc_labels`): "sampled" (default) draws y from the model's own softmax, one
+    label per example, the Monte-Carlo estimate of the Fisher information EWC defines;
+    "true" uses the private labels (the empirical Fisher, Kunstner et al., NeurIPS 2019).
+    The paper gives neither choice nor code for its EWC row. F covers the parameters
+    ("params"), not the BatchNorm statistics. `local/distill` is the penalty.
   * the metric `local/distill` (FNTD) can be slightly negative (about -0.02):
     the authors' form is the KL sum without the target class's term and
     without renormalising over the C-1 non-target classes, and such a partial
@@ -69,13 +93,23 @@ import ml_collections
 
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
+from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
-                                       where_active)
+                                       vmap_slots, where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
+from fedjax_het.losses import ewc as ewc_lib
 
-LOCAL_DISTILLATIONS = ("fntd", "kd", "kd_then_fntd", "none", "dual")
+LOCAL_DISTILLATIONS = ("fntd", "kd", "kd_then_fntd", "none", "dual", "ewc")
+#: The teacher T of the local objective (FCCL+ Eq. 13-14, Fig. 9): theta^{e-1}, the model at
+#: the end of the previous round's local updating, or theta^e, the model after this round's
+#: collaborative updating.
+FNTD_TEACHERS = ("previous_local", "after_collaborative")
+#: Folded into the local phase's key for the EWC labels' key (the training keys are unchanged).
+EWC_KEY_STREAM = 0xE3C
+#: Labels of EWC's Fisher: drawn from the model's predictive distribution, or the true ones.
+EWC_LABELS = ("sampled", "true")
 
 
 class Phases(NamedTuple):
@@ -110,6 +144,13 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   dual_weight = float(cfg.dual_weight)
   dual_tau = float(cfg.dual_temperature)
   teacher_train_mode = bool(cfg.teacher_train_mode)
+  teacher_choice = common.check_choice("fcclplus.fntd_teacher",
+                                       cfg.get("fntd_teacher", "previous_local"), FNTD_TEACHERS)
+  ewc = distillation == "ewc"
+  ewc_weight = float(cfg.get("ewc_weight", 1.0))
+  ewc_labels = common.check_choice("fcclplus.ewc_labels", cfg.get("ewc_labels", "sampled"),
+                                   EWC_LABELS)
+  ewc_chunk = int(cfg.get("ewc_batch_size", ewc_lib.FISHER_CHUNK_SIZE))
   average = common.check_parameter_averaging("fcclplus.average_parameters",
                                               cfg.average_parameters, setup)
   reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
@@ -203,6 +244,9 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       ce = losses.softmax_cross_entropy(logits=z, labels=labels, mask=mask)
       if distillation == "none":
         distill = jnp.zeros_like(ce)
+      elif ewc:  # EWC Eq. 3 around the teacher theta*, its Fisher computed once per round
+        distill = ewc_lib.ewc_penalty(params=params, anchor_params=aux["teacher"]["params"],
+                                      fisher=aux["fisher"], weight=ewc_weight)
       elif dual:  # FCCL Eq. 4-7 (FCCL+ Eq. 19), the same loss as fccl.py's local update
         teacher, pre = aux["teacher"], aux["pretrained"]
         _, z_prev, _ = teacher_forward(teacher["params"], teacher["batch_stats"], images,
@@ -235,6 +279,26 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       setup, local_loss_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
       epochs=int(loc.epochs), batch_size=int(loc.batch_size), with_epoch=True)
 
+  preprocess = normalizer(setup.private_mean, setup.private_std)
+
+  def fisher_for(group):
+    """(teacher variables, images, labels, size, key) -> the teacher's Fisher diagonal on the
+    participant's private data (eval mode: running BatchNorm statistics, no dropout)."""
+    forward = common.forward_fn(group, train=False)
+
+    def fisher(teacher, images, labels, size, key):
+      logits_fn = lambda p, x: forward(p, teacher["batch_stats"], x[None])[1][0]  # noqa: E731
+      mask = jnp.arange(images.shape[0]) < size
+      sampled = ewc_labels == "sampled"
+      return ewc_lib.fisher_diagonal(
+          logits_fn=logits_fn, params=teacher["params"], inputs=preprocess(images),
+          labels=None if sampled else labels, key=key if sampled else None, mask=mask,
+          chunk_size=ewc_chunk)
+
+    return fisher
+
+  fishers = {group.name: vmap_slots(fisher_for(group)) for group in setup.groups}
+
   def local_update(state, data, key, round_index):
     learning_rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
     groups, metrics = {}, {}
@@ -243,9 +307,17 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       variables = g["variables"]
       if average:
         variables = aggregation.average_over_active(variables, active[group.name])
-      aux = {"teacher": g["teacher"]}
+      # theta^{e-1} (end of the previous round's local updating) or theta^e (the model local
+      # updating starts from, after this round's collaborative phase and any averaging).
+      teacher = g["teacher"] if teacher_choice == "previous_local" else variables
+      aux = {"teacher": teacher}
       if dual:
         aux["pretrained"] = g["pretrained"]
+      if ewc:
+        d = data[group.name]
+        aux["fisher"] = fishers[group.name](
+            teacher, d.images, d.labels, d.sizes,
+            client_keys(jax.random.fold_in(key, EWC_KEY_STREAM), ids[group.name]))
       new_vars, m = local.train_clients(
           trainers[group.name], variables, aux, data[group.name],
           client_keys(key, ids[group.name]), learning_rates)
@@ -298,6 +370,13 @@ def default_config() -> ml_collections.ConfigDict:
           "pretrain_lr": 1e-3,
           "pretrain_min_lr": 1e-6,
           "average_parameters": False,                             # True: homogeneous variant
+          # The teacher T of the local objective (FCCL+ Eq. 13-14, Fig. 9): "previous_local"
+          # (theta^{e-1}, the paper's) | "after_collaborative" (theta^e).
+          "fntd_teacher": "previous_local",
+          # local_distillation="ewc" only (FCCL+ Table XVI; EWC Eq. 3 around the teacher):
+          "ewc_weight": 1.0,                                       # lambda: 0.01/0.1/0.7/1.0 in Table XVI
+          "ewc_labels": "sampled",                                 # Fisher labels: "sampled" | "true"
+          "ewc_batch_size": ewc_lib.FISHER_CHUNK_SIZE,             # examples per Fisher chunk
       },
   })
 
@@ -327,6 +406,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fcclplus.pretrain_lr", v.positive, "a number > 0")
   v.check(config, "fcclplus.pretrain_min_lr", lambda x: 0 <= x <= config.fcclplus.pretrain_lr,
           "a number in [0, fcclplus.pretrain_lr]")
+  # Configs written before these fields existed lack them (the defaults then apply).
+  if "fntd_teacher" in config.fcclplus:
+    v.check(config, "fcclplus.fntd_teacher", v.choice(FNTD_TEACHERS), f"one of {FNTD_TEACHERS}")
+  if "ewc_weight" in config.fcclplus:
+    v.check(config, "fcclplus.ewc_weight", lambda x: v.finite_number(x) and x >= 0,
+            "a finite number >= 0")
+  if "ewc_labels" in config.fcclplus:
+    v.check(config, "fcclplus.ewc_labels", v.choice(EWC_LABELS), f"one of {EWC_LABELS}")
+  if "ewc_batch_size" in config.fcclplus:
+    v.check(config, "fcclplus.ewc_batch_size", v.int_at_least(1), "an integer >= 1")
   if config.fcclplus.average_parameters and len(set(config.models.architectures)) > 1:
     v.fail("fcclplus.average_parameters",
            "False unless every participant uses the same architecture", True)
