@@ -12,7 +12,7 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar100_glfc_tasks20       # T=20 (5 classes per task)
 
 Variant names: <method>[_tasks<T>] and <method>_quick, method in fedavg_cil, icarl_fl,
-glfc, glfc_no_cgc, glfc_no_crd and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
+glfc, glfc_no_cgc, glfc_no_crd, ssil_fl and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
 under another name). _tasks<T> sets scenario.num_tasks = T (100 / T classes per task)
 and keeps everything else: 30 clients at the start, 10 new clients per task, each client
 drawing 60% of its task's classes, 10 rounds per task. The paper's text gives these
@@ -30,6 +30,14 @@ means are federated statistics of the sampled clients), FedAvg of the models. Lo
 lr 2.0 like glfc (the same class-averaged sigmoid BCE). icarl_fl_quick: the
 fedavg_cil_quick stream and model with a memory of 90 images per client and lr 0.5
 (glfc_quick's values; not tuned for iCaRL).
+
+SS-IL + FL (fedjax_het/algorithms/ssil_fl.py; GLFC Table 1 row "SS-IL + FL"): every client
+runs SS-IL (separated softmax over the new classes for new data and over the old classes
+for exemplars, task-wise KD at T = 2 from the global model at the end of the previous task,
+ratio-preserving batches of 128 new rows plus ceil(128 * memory / n_max) exemplars), with
+iCaRL + FL's memory (2000 distinct images per client by herding), FedAvg of the models.
+Softmax cross-entropy: local lr 0.1 as fedavg_cil. ssil_fl_quick: the fedavg_cil_quick
+stream and model with a memory of 90 images per client.
 
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size
 variant): the GLFC code's step decays, lr / 5, lr / 25, lr / 125 from the in-task epochs
@@ -115,7 +123,9 @@ GLFC_ABLATIONS = {
     "glfc_no_cgc": (("use_gradient_compensation", False),),   # Ours-w/oCGC
     "glfc_no_crd": (("use_relation_distillation", False),),   # Ours-w/oCRD
 }
-METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS)
+#: The softmax baselines of GLFC Table 1 with an exemplar memory (local lr 0.1, as fedavg_cil).
+SOFTMAX_REPLAY = ("ssil_fl",)
+METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS, *SOFTMAX_REPLAY)
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
 TASK_COUNTS = (5, 10, 20)
 VARIANTS = tuple(name for method in METHODS
@@ -140,7 +150,7 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
   method = "glfc" if variant in GLFC_ABLATIONS else variant
   c = base_config(method)
   c.name = f"cifar100_{arg}"
-  if method == "fedavg_cil":
+  if method == "fedavg_cil" or method in SOFTMAX_REPLAY:
     c.local.lr = 0.1  # softmax cross-entropy, not GLFC's class-averaged BCE (docstring)
   else:
     c.local.lr = 2.0  # GLFC's code: sigmoid BCE averaged over the seen classes
@@ -170,6 +180,8 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
     if method == "icarl_fl":
       c.icarl.memory_size = 90  # as glfc_quick
       c.local.lr = 0.5          # as glfc_quick (the same sigmoid BCE)
+    if method in SOFTMAX_REPLAY:
+      c[method.removesuffix("_fl")].memory_size = 90  # as icarl_fl_quick
   for field, value in GLFC_ABLATIONS.get(variant, ()):
     c.glfc[field] = value
   return c

@@ -22,6 +22,8 @@ On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
              the proxy server that picks the old model from reconstructed prototypes.
   icarl_fl   iCaRL + FL (GLFC Table 1): iCaRL on every client, FedAvg of the models.
   fedavg_cil FedAvg on the task stream (GLFC Table 1's lower bound: fine-tuning).
+  ssil_fl    SS-IL + FL (GLFC Table 1): separated softmax, task-wise KD, ratio-preserving
+             batches on every client, FedAvg of the models.
 
 A class-incremental method's `make(config, setup)` receives a
 `cil.stream.StreamSetup` instead of an `engine.api.Setup`; its `evaluate(state,
@@ -72,7 +74,7 @@ import ml_collections
 
 from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fedfusion, fedmatch,
                                    fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
-                                   solo)
+                                   solo, ssil_fl)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -135,7 +137,7 @@ register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
          validate_config=feddf.validate_config)
 register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.default_config,
          validate_config=fedmatch.validate_config)
-for _module in (glfc, icarl_fl, fedavg_cil):
+for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,
            default_config=_module.default_config, validate_config=_module.validate_config,
            class_incremental=_module.CLASS_INCREMENTAL)

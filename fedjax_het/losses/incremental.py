@@ -9,17 +9,17 @@ selected away before any arithmetic: they get no value and no gradient.
   * `old_class_distillation_loss`: iCaRL's distillation [iCaRL Alg. 3]
     alone, sigmoid BCE of the old-class logits against the old model's
     sigmoid outputs (GLFC's ablation without L_RD).
-  * `separated_softmax_cross_entropy`: SS-IL's separated softmax [SS-IL
-    Eq. 5]: a sample of a new class is classified among the new classes, a
-    sample of an old class (an exemplar) among the old classes.
-  * `task_wise_distillation_loss`: SS-IL's task-wise KD [SS-IL Eq. 6]: per
-    past task, the KL divergence between the old and the current model's
-    temperature softmax over that task's classes.
-  * `bic_distillation_loss`: BiC's distillation L_d [BiC Eq. 1]: the soft
+  * `separated_softmax_cross_entropy`: SS-IL's separated softmax: a sample
+    of a new class is classified among the new classes, a sample of an old
+    class (an exemplar) among the old classes.
+  * `task_wise_distillation_loss`: SS-IL's task-wise KD: per past task, the
+    KL divergence between the old and the current model's temperature
+    softmax over that task's classes.
+  * `bic_distillation_loss`: BiC's distillation loss L_d: the soft
     cross-entropy between the old and the current model's temperature
     softmax over the old classes.
-  * `bias_corrected_logits`: BiC's bias correction layer [BiC Eq. 5]:
-    alpha_s * o + beta_s on the logits of task s's classes.
+  * `bias_corrected_logits`: BiC's bias correction layer, alpha_s * o +
+    beta_s on the logits of task s's classes.
 
 References:
   [iCaRL] S.-A. Rebuffi, A. Kolesnikov, G. Sperl, C. H. Lampert. iCaRL:
@@ -68,7 +68,7 @@ def old_class_distillation_loss(*, logits: jax.Array, old_logits: jax.Array,
   L = mean_b mean_{c < C_old} BCE(z_bc, sigmoid(z^old_bc)): the old model's
   sigmoid outputs are the targets of the current logits on the old classes
   [0, C_old) only (no term on the new classes: that is what GLFC's L_RD
-  adds, Eq. 5). 0 when there are no old classes.
+  adds, GLFC Eq. 5). 0 when there are no old classes.
 
   Args:
     logits: (B, C) current model outputs.
@@ -95,7 +95,7 @@ def separated_softmax_cross_entropy(*, logits: jax.Array, labels: jax.Array,
                                     num_old_classes: int | jax.Array,
                                     num_seen_classes: int | jax.Array,
                                     mask: jax.Array | None = None) -> jax.Array:
-  """SS-IL's separated-softmax cross-entropy L_ce-ss [SS-IL Eq. 5].
+  """SS-IL's separated-softmax cross-entropy L_ce-ss [SS-IL, separated softmax].
 
   A sample of a new class (label in [C_old, C_seen)) gets the cross-entropy
   of the softmax over the new classes [C_old, C_seen) only; a sample of an
@@ -132,7 +132,7 @@ def task_wise_distillation_loss(*, logits: jax.Array, old_logits: jax.Array,
                                 classes_per_task: int, num_old_tasks: int | jax.Array,
                                 temperature: float = DISTILLATION_TEMPERATURE,
                                 mask: jax.Array | None = None) -> jax.Array:
-  """SS-IL's task-wise knowledge distillation L_tkd [SS-IL Eq. 6].
+  """SS-IL's task-wise knowledge distillation L_tkd [SS-IL, task-wise KD].
 
   L = T^2 * mean_b sum_{s < t} KL(softmax(z^old_b[C_s] / T) || softmax(z_b[C_s] / T))
   over the past tasks s < t = `num_old_tasks`, C_s = [s*k, (s+1)*k) the
@@ -175,7 +175,7 @@ def bic_distillation_loss(*, logits: jax.Array, old_logits: jax.Array,
                           num_old_classes: int | jax.Array,
                           temperature: float = DISTILLATION_TEMPERATURE,
                           mask: jax.Array | None = None) -> jax.Array:
-  """BiC's distillation loss L_d [BiC Eq. 1].
+  """BiC's distillation loss L_d [BiC, distillation loss].
 
   L_d = mean_b sum_{c < C_old} -pi^old_bc log pi_bc with pi = softmax(z / T)
   over the old classes [0, C_old) for both models (the soft cross-entropy of
@@ -205,7 +205,7 @@ def bic_distillation_loss(*, logits: jax.Array, old_logits: jax.Array,
 
 def bias_corrected_logits(logits: jax.Array, alpha: jax.Array, beta: jax.Array,
                           classes_per_task: int) -> jax.Array:
-  """BiC's bias correction [BiC Eq. 5]: alpha_s * o + beta_s on task s's logits.
+  """BiC's bias correction [BiC, bias correction layer]: alpha_s * o + beta_s on task s's logits.
 
   `logits` (..., C), `alpha` and `beta` (T,) one pair per task (C = T * k,
   k = `classes_per_task`); a task whose pair is (1, 0) is left unchanged.
