@@ -316,12 +316,34 @@ def _real_pool(domain: str, spec: _Spec, scenario: str, data_dir: str | os.PathL
   return _ArrayPool(train, test, f"npz:{path}[{domain}]", names)
 
 
+#: Digit domains and public sets that `python -m fedjax_het.data.download` fetches (or, with
+#: `--from`, converts), by name; docs/data.md lists them.
+_DOWNLOADABLE = {"mnist": "mnist", "usps": "usps", "svhn": "svhn",
+                 "syn": "syn --from <SYN archive>", "cifar100": "cifar100", "fmnist": "fmnist",
+                 "tinyimagenet": "tinyimagenet"}
+
+
+def _download_hint(name: str, source: str = "real") -> str:
+  """How to get `name`'s real data into the data directory ('' if the command has no such set).
+
+  `source` is the domain's requested source; the command writes the bundle, which
+  the "real" source reads.
+  """
+  if name not in _DOWNLOADABLE:
+    return ""
+  switch = "" if source == "real" else f" and set scenario.sources.{name}=real"
+  return (f" Real data: python -m fedjax_het.data.download {_DOWNLOADABLE[name]} "
+          f"--data_dir <dir>{switch} (docs/data.md).")
+
+
 def _how_to(domain: str, source: str, spec: _Spec, scenario: str) -> str:
   bundle = npz.BUNDLE[spec.bundle].filename
   hints = []
   if source == "real":
+    command = (f": python -m fedjax_het.data.download {_DOWNLOADABLE[domain]}"
+               if domain in _DOWNLOADABLE else "")
     hints.append(f"put {bundle} with keys for {domain!r} in the data directory (data_dir=... or "
-                 f"${DATA_DIR_ENV})")
+                 f"${DATA_DIR_ENV}){command}")
   if domain in _TFDS_DOMAINS and source != "tfds":
     hints.append(f"sources={{{domain!r}: 'tfds'}} (TFDS {_TFDS_DOMAINS[domain]!r}, prepared)")
   if not source.startswith("folder:"):
@@ -581,8 +603,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
         logger.warning(
             "SYNTHETIC SUBSTITUTION in scenario %r: domain %r requested source %r, which is "
             "unavailable (%s). Using the synthetic %s domain instead because "
-            "synthetic_fallback=True; results are not comparable with real-data runs.",
-            name, d, source, str(e).splitlines()[0], d)
+            "synthetic_fallback=True; results are not comparable with real-data runs.%s",
+            name, d, source, str(e).splitlines()[0], d, _download_hint(d, source))
         pools[d] = _SyntheticPool(d, needed[d], synthetic_test, seed,
                                   f"synthetic(seed={seed}; substituted for {source!r})")
         substituted.append(d)
@@ -657,8 +679,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
         ) from e
       logger.warning(
           "SYNTHETIC SUBSTITUTION in scenario %r: public set %r is unavailable (%s). Using the "
-          "synthetic public set instead because synthetic_fallback=True.", name, public_name,
-          str(e).splitlines()[0])
+          "synthetic public set instead because synthetic_fallback=True.%s", name, public_name,
+          str(e).splitlines()[0], _download_hint(public_name))
       public = synthetic.synthetic_public(public_size, seed=int(seed), cache=True)
       sources_used["public"] = f"synthetic(seed={seed}; substituted for {public_name!r})"
       substituted.append("public")
