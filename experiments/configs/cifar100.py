@@ -12,7 +12,7 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar100_glfc_tasks20       # T=20 (5 classes per task)
 
 Variant names: <method>[_tasks<T>] and <method>_quick, method in fedavg_cil, icarl_fl,
-glfc, glfc_no_cgc, glfc_no_crd, ssil_fl and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
+glfc, glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
 under another name). _tasks<T> sets scenario.num_tasks = T (100 / T classes per task)
 and keeps everything else: 30 clients at the start, 10 new clients per task, each client
 drawing 60% of its task's classes, 10 rounds per task. The paper's text gives these
@@ -38,6 +38,15 @@ ratio-preserving batches of 128 new rows plus ceil(128 * memory / n_max) exempla
 iCaRL + FL's memory (2000 distinct images per client by herding), FedAvg of the models.
 Softmax cross-entropy: local lr 0.1 as fedavg_cil. ssil_fl_quick: the fedavg_cil_quick
 stream and model with a memory of 90 images per client.
+
+BiC + FL (fedjax_het/algorithms/bic_fl.py; GLFC Table 1 row "BiC + FL"): every client runs
+BiC's first stage (softmax CE over the seen classes and KD at T = 2 on the old classes,
+lambda * L_d + (1 - lambda) * L_c with lambda = n_old / n_seen, on bias-corrected logits)
+with iCaRL + FL's memory, less a class-balanced validation split (10% of every class's
+exemplar share, from the exemplars and the new data); at the last round of every task
+t >= 1 the sampled clients fit that task's bias pair (alpha, beta) on their splits under
+the new global model and the server averages the pairs. Local lr 0.1 as fedavg_cil.
+bic_fl_quick: the fedavg_cil_quick stream and model with a memory of 90 images per client.
 
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size
 variant): the GLFC code's step decays, lr / 5, lr / 25, lr / 125 from the in-task epochs
@@ -124,7 +133,7 @@ GLFC_ABLATIONS = {
     "glfc_no_crd": (("use_relation_distillation", False),),   # Ours-w/oCRD
 }
 #: The softmax baselines of GLFC Table 1 with an exemplar memory (local lr 0.1, as fedavg_cil).
-SOFTMAX_REPLAY = ("ssil_fl",)
+SOFTMAX_REPLAY = ("ssil_fl", "bic_fl")
 METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS, *SOFTMAX_REPLAY)
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
 TASK_COUNTS = (5, 10, 20)

@@ -24,6 +24,8 @@ On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
   fedavg_cil FedAvg on the task stream (GLFC Table 1's lower bound: fine-tuning).
   ssil_fl    SS-IL + FL (GLFC Table 1): separated softmax, task-wise KD, ratio-preserving
              batches on every client, FedAvg of the models.
+  bic_fl     BiC + FL (GLFC Table 1): KD weighted n_old / n_seen, a bias correction layer
+             per task fitted on held-out exemplars by the clients, FedAvg of both.
 
 A class-incremental method's `make(config, setup)` receives a
 `cil.stream.StreamSetup` instead of an `engine.api.Setup`; its `evaluate(state,
@@ -74,7 +76,8 @@ import ml_collections
 
 from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fedfusion, fedmatch,
                                    fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
-                                   solo, ssil_fl)
+                                   solo)
+from fedjax_het.algorithms import bic_fl, ssil_fl  # class-incremental baselines (GLFC Table 1)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -137,7 +140,7 @@ register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
          validate_config=feddf.validate_config)
 register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.default_config,
          validate_config=fedmatch.validate_config)
-for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl):
+for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,
            default_config=_module.default_config, validate_config=_module.validate_config,
            class_incremental=_module.CLASS_INCREMENTAL)

@@ -216,7 +216,8 @@ def bias_corrected_logits(logits: jax.Array, alpha: jax.Array, beta: jax.Array,
                      f"({width} classes / classes_per_task {classes_per_task}), got "
                      f"{alpha.shape}.")
   group = jnp.arange(width) // classes_per_task
-  return logits * alpha[group] + beta[group]
+  shape = (1,) * (logits.ndim - 1) + (width,)
+  return logits * alpha[group].reshape(shape) + beta[group].reshape(shape)
 
 
 __all__ = ["DISTILLATION_TEMPERATURE", "bias_corrected_logits", "bic_distillation_loss",
