@@ -64,6 +64,9 @@ def test_the_fccl_rows_follow_their_papers_protocols():
   assert {c.scenario.num_tasks for c in glfc.values()} == {20}
   assert glfc["glfc_no_proxy"].glfc.old_model == "previous_task_global"
   assert glfc["glfc"].glfc.old_model == "proxy"
+  assert glfc["glfc_no_cgc"].glfc.use_gradient_compensation is False
+  assert glfc["glfc_no_crd"].glfc.use_relation_distillation is False
+  assert (glfc["ssil_fl"].algorithm, glfc["bic_fl"].algorithm) == ("ssil_fl", "bic_fl")
 
 
 def test_a_shared_setting_has_the_same_rows_and_cells():
@@ -93,7 +96,7 @@ def test_paper_rows_are_rows_of_their_setting():
         assert set(setting.paper) <= keys
   assert tables.get_table("glfc_tasks5").settings[0].paper == {}
   assert set(tables.get_table("glfc_table1").settings[0].paper) == {
-      "icarl_fl", "glfc_no_proxy", "glfc"}
+      "icarl_fl", "bic_fl", "ssil_fl", "glfc_no_cgc", "glfc_no_crd", "glfc_no_proxy", "glfc"}
 
 
 def test_fcclplus_conference_rows_equal_fccl_tables_1_and_2_digit_for_digit():
@@ -175,7 +178,8 @@ def test_printed_deltas_are_avg_minus_base_except_the_noted_slips():
 def test_glfc_and_two_stream_numbers_agree_with_their_own_summaries():
   for row, printed in P.GLFC_TABLE1.items():
     assert len(printed["seen"]) == 10
-    assert round(float(np.mean(printed["seen"])), 1) == printed["avg"], row
+    agrees = round(float(np.mean(printed["seen"])), 1) == printed["avg"]
+    assert agrees != (row in P.GLFC_AVG_SLIPS), row
   for (dataset, setting), paper in P.TWO_STREAM.items():
     assert set(paper.get("final", {})) <= set(tables.TWO_STREAM_METHODS)
     for key, printed in paper.get("reduction", {}).items():

@@ -28,7 +28,8 @@ from fedjax_het.errors import ConfigError
 from fedjax_het.reports import common
 
 #: Row labels of GLFC Table 1's methods.
-METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)", "glfc": "GLFC", "icarl_fl": "iCaRL + FL"}
+METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)", "glfc": "GLFC", "icarl_fl": "iCaRL + FL",
+                 "ssil_fl": "SS-IL + FL", "bic_fl": "BiC + FL"}
 
 
 def method_label(config: Any) -> str:
@@ -36,6 +37,10 @@ def method_label(config: Any) -> str:
   label = METHOD_LABELS.get(config.algorithm, config.algorithm)
   if config.algorithm == "glfc" and config.glfc.old_model != "proxy":
     label += f" (no proxy: old model = {config.glfc.old_model})"
+  if config.algorithm == "glfc" and not config.glfc.get("use_gradient_compensation", True):
+    label += " (w/o CGC)"
+  if config.algorithm == "glfc" and not config.glfc.get("use_relation_distillation", True):
+    label += " (w/o CRD)"
   return label
 
 
