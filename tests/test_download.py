@@ -373,3 +373,32 @@ def test_from_office_folders_merge_a_domain_and_check_checksums(monkeypatch, tmp
                      r"\(published in ContinualAI/avalanche"):
     dl.download("tinyimagenet", bundle, from_path=bad)
   assert not (bundle / "tinyimagenet.npz").exists()
+
+
+def _py2_cifar_pickle(array: np.ndarray, labels: list[int]) -> bytes:
+  """A protocol-2 pickle as Python 2 and NumPy 1 wrote CIFAR's batches: py2 `str` (BINSTRING)
+  array bytes, numpy.core.multiarray._reconstruct and a dtype built from py2 strings."""
+
+  def short(text: bytes) -> bytes:  # SHORT_BINSTRING
+    return b"U" + bytes([len(text)]) + text
+
+  raw = array.tobytes()
+  rows, cols = array.shape
+  return (b"\x80\x02}(" + short(b"data")
+          + b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" + short(b"b")
+          + b"\x87R(K\x01K" + bytes([rows]) + b"M" + cols.to_bytes(2, "little") + b"\x86"
+          + b"cnumpy\ndtype\n" + short(b"u1") + b"K\x00K\x01\x87R(K\x03" + short(b"|")
+          + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89"
+          + b"T" + len(raw).to_bytes(4, "little") + raw + b"tb"
+          + short(b"labels") + b"](" + b"".join(b"K" + bytes([y]) for y in labels) + b"eu.")
+
+
+def test_cifar_batches_in_the_python2_format_load_and_other_objects_are_refused():
+  array = (np.arange(2 * 3072) % 251).astype(np.uint8).reshape(2, 3072)
+  batch = dl.read_cifar_batch(_py2_cifar_pickle(array, [3, 7]), "data_batch_1")
+  assert batch["labels"] == [3, 7]
+  np.testing.assert_array_equal(batch["data"], array)
+  evil = pickle.dumps({"data": 0}, protocol=2).replace(b"}", b"cos\nsystem\n(U\x04trueR}", 1)
+  with pytest.raises(data.DataError, match=r"data_batch_2: not a CIFAR python batch: "
+                     r"unexpected object os\.system"):
+    dl.read_cifar_batch(evil, "data_batch_2")

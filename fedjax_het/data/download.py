@@ -223,9 +223,13 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def read_cifar_batch(data: bytes, where: str) -> dict[str, object]:
-  """A CIFAR python batch (pickle of a dict) with str keys."""
+  """A CIFAR python batch (a Python 2 pickle of a dict) with str keys.
+
+  Read with encoding="latin1", as torchvision reads it, so that Python 2
+  strings holding array bytes load into numpy arrays.
+  """
   try:
-    batch = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
+    batch = _ArrayUnpickler(io.BytesIO(data), encoding="latin1").load()
   except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
     raise DataError(f"{where}: not a CIFAR python batch: {e}") from e
   return {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
@@ -933,6 +937,11 @@ def download(name: str, data_dir: str | os.PathLike | None = None, *,
     DataError: unknown name, or files that are not the dataset's format.
   """
   dataset = _dataset(name)
+  if from_path is None and not dataset.files:
+    raise DataUnavailableError(
+        f"{dataset.name} ({dataset.title}) has no public URL to download from; "
+        f"{dataset.manual}: python -m fedjax_het.data.download {dataset.name} --from PATH (see "
+        f"{_DOCS}).")
   directory = _data_dir(data_dir)
   raw = directory / DOWNLOADS / dataset.name
   with tempfile.TemporaryDirectory(prefix=".download-", dir=directory) as scratch:
@@ -948,10 +957,6 @@ def download(name: str, data_dir: str | os.PathLike | None = None, *,
       else:
         source = _unpack(path, pathlib.Path(scratch))
         sources = [{"from": str(path), "bytes": path.stat().st_size if path.is_file() else None}]
-    elif not dataset.files:
-      raise DataUnavailableError(
-          f"{dataset.name} ({dataset.title}) has no public URL to download from: {dataset.manual}: "
-          f"python -m fedjax_het.data.download {dataset.name} --from PATH (see {_DOCS}).")
     else:
       source = {f.filename: fetch(dataset, f, raw, timeout=timeout, progress=progress)
                 for f in dataset.files}
@@ -969,10 +974,11 @@ def download(name: str, data_dir: str | os.PathLike | None = None, *,
 
 
 def status(data_dir: str | os.PathLike | None = None) -> dict[str, str]:
-  """{dataset: "downloaded <date>" | "present" | "missing"} for a data directory.
+  """{dataset: "downloaded <date>" | "present" | "partial" | "missing"} for a data directory.
 
   "present": the bundle files hold the dataset's arrays but the manifest does
-  not record a download (e.g. files copied from elsewhere).
+  not record a download (e.g. files copied from elsewhere); "partial": some
+  of them (e.g. an Office-Caltech file without its caltech domain).
   """
   directory = resolve_data_dir(data_dir)
   if directory is None:
@@ -981,10 +987,12 @@ def status(data_dir: str | os.PathLike | None = None) -> dict[str, str]:
   recorded = read_manifest(directory)["datasets"] if directory.is_dir() else {}
   result = {}
   for name, dataset in DATASETS.items():
-    present = all(set(keys) <= _npz_keys(directory / filename)
-                  for filename, keys in dataset.outputs.items())
-    if not present:
+    found = [set(keys) & _npz_keys(directory / filename)
+             for filename, keys in dataset.outputs.items()]
+    if not any(found):
       result[name] = "missing"
+    elif any(f != set(keys) for f, keys in zip(found, dataset.outputs.values())):
+      result[name] = "partial"
     elif name in recorded:
       result[name] = f"downloaded {str(recorded[name].get('date', ''))[:10]}"
     else:

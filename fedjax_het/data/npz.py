@@ -14,10 +14,12 @@ key and say what was expected and what was found:
     is missing, images are not uint8 (N, 32, 32, 3), labels are not integer,
     lie outside [0, num_classes), or their count differs from the images'.
 
-Bundle files beyond the shipped ones follow the same layout, so users can add
-domains: e.g. `svhn_train_x` / `svhn_train_y` / `svhn_test_x` / `svhn_test_y`
-in digits.npz, `caltech_x` / `caltech_y` in office_caltech10.npz, or an
-`office_home.npz` with `art_x`, `art_y`, `clipart_x`, ... (65 classes).
+`python -m fedjax_het.data.download` writes these files from the official
+datasets (`fedjax_het.data.download`, docs/data.md): e.g. `svhn_train_x` /
+`svhn_train_y` / `svhn_test_x` / `svhn_test_y` and the `syn_*` keys in
+digits.npz, `caltech_x` / `caltech_y` in office_caltech10.npz, or an
+`office_home.npz` with `art_x`, `art_y`, `clipart_x`, ... (65 classes). Files
+made by other means with the same layout load the same way.
 """
 
 from __future__ import annotations
@@ -43,28 +45,35 @@ class BundleFile:
     filename: file name inside the data directory.
     num_classes: labels must lie in [0, num_classes).
     description: what the file holds (used in error messages).
+    download: the arguments of `python -m fedjax_het.data.download` that write
+      the file (used in error messages).
   """
   filename: str
   num_classes: int
   description: str
+  download: str
 
 
 #: The files of the offline bundle, by short name.
 BUNDLE: dict[str, BundleFile] = {
-    "digits": BundleFile("digits.npz", 10, "MNIST and USPS train/test splits"),
-    "office31": BundleFile("office31.npz", 31, "Office-31 amazon/dslr/webcam"),
+    "digits": BundleFile("digits.npz", 10, "MNIST, USPS, SVHN and SYN train/test splits",
+                         "mnist usps svhn; and syn --from PATH"),
+    "office31": BundleFile("office31.npz", 31, "Office-31 amazon/dslr/webcam",
+                           "office31 --from PATH"),
     "office_caltech": BundleFile("office_caltech10.npz", 10,
-                                 "Office-Caltech-10 amazon/dslr/webcam (no caltech domain)"),
-    "office_home": BundleFile("office_home.npz", 65,
-                              "Office-Home art/clipart/product/real_world (not shipped; build it "
-                              "yourself with the same layout)"),
-    "cifar10": BundleFile("cifar10.npz", 10, "CIFAR-10 train/test"),
-    "cifar100_glfc": BundleFile("cifar100_glfc.npz", 100, "CIFAR-100 subset for GLFC"),
+                                 "Office-Caltech-10 amazon/caltech/dslr/webcam",
+                                 "office_caltech --from PATH"),
+    "office_home": BundleFile("office_home.npz", 65, "Office-Home art/clipart/product/real_world",
+                              "office_home --from PATH"),
+    "cifar10": BundleFile("cifar10.npz", 10, "CIFAR-10 train/test", "cifar10"),
+    "cifar100_glfc": BundleFile("cifar100_glfc.npz", 100, "CIFAR-100 train/test for GLFC",
+                                "cifar100"),
     "public_cifar100": BundleFile("public_cifar100_5000.npz", 100,
-                                  "5000 CIFAR-100 images (FCCL public data)"),
-    "public_fmnist": BundleFile("public_fmnist_5000.npz", 10, "5000 Fashion-MNIST images"),
+                                  "5000 CIFAR-100 images (FCCL public data)", "cifar100"),
+    "public_fmnist": BundleFile("public_fmnist_5000.npz", 10, "5000 Fashion-MNIST images",
+                                "fmnist"),
     "public_tinyimagenet": BundleFile("public_tinyimagenet_5000.npz", 200,
-                                      "5000 Tiny-ImageNet images"),
+                                      "5000 Tiny-ImageNet images", "tinyimagenet"),
 }
 
 #: Public-set names accepted by `load_public`, mapped to bundle entries.
@@ -93,7 +102,8 @@ def bundle_path(entry: str, data_dir: str | os.PathLike | None = None) -> pathli
     raise DataUnavailableError(
         f"No data directory is configured, so {spec.filename} ({spec.description}) cannot be "
         f"found. Pass data_dir=... or set the environment variable {DATA_DIR_ENV} to the "
-        f"directory holding the fedjax_het .npz bundle.")
+        f"directory holding the fedjax_het .npz bundle (python -m fedjax_het.data.download "
+        f"{spec.download} --data_dir DIR writes it; docs/data.md).")
   return directory / spec.filename
 
 
@@ -106,8 +116,9 @@ class _NpzReader:
     if not path.is_file():
       raise DataUnavailableError(
           f"{path}: file not found. Expected the bundle file {spec.filename} "
-          f"({spec.description}) in {path.parent}. Put it there, or point data_dir / "
-          f"{DATA_DIR_ENV} at the directory that holds it.")
+          f"({spec.description}) in {path.parent}. Write it there with: python -m "
+          f"fedjax_het.data.download {spec.download} --data_dir {path.parent} (docs/data.md), "
+          f"or point data_dir / {DATA_DIR_ENV} at the directory that holds it.")
     try:
       self._npz = np.load(path, allow_pickle=False)
       self.keys = tuple(self._npz.files)
@@ -201,14 +212,15 @@ def load_npz_digits(data_dir: str | os.PathLike | None = None,
 
   Args:
     data_dir: bundle directory (else $FEDJAX_HET_DATA_DIR).
-    domains: domains to read (default: every domain with `<d>_train_x` keys,
-      i.e. mnist and usps in the shipped file). A requested domain whose keys
-      are absent raises DataUnavailableError.
+    domains: domains to read (default: every domain with `<d>_train_x` keys:
+      mnist, usps, svhn, syn, those the file holds). A requested domain whose
+      keys are absent raises DataUnavailableError.
 
   Returns:
-    dict domain -> (train Split, test Split). Shipped sizes: mnist 10000 /
-    10000 (1000 per class of the official train set, full test), usps 7291 /
-    2007.
+    dict domain -> (train Split, test Split). Sizes as downloaded: mnist
+    60000 / 10000, usps 7291 / 2007, svhn 73257 / 26032 (official splits);
+    a compact copy may hold fewer (e.g. mnist 1000 per class of the official
+    train set).
   """
   with open_bundle("digits", data_dir) as reader:
     wanted = _domains(reader, "_train_x", domains, "{d}_train_x/_train_y/_test_x/_test_y")
@@ -251,8 +263,9 @@ def load_office_caltech(data_dir: str | os.PathLike | None = None
                         ) -> dict[str, tuple[Split, Split]]:
   """Office-Caltech-10 domains present in the bundle, split like `load_office31`.
 
-  The shipped file holds amazon, dslr and webcam (the Office-31 images of the
-  10 shared classes); the caltech domain must come from an image folder.
+  The domains are those the file holds (`download office_caltech --from PATH`
+  merges the ones it finds); a domain missing from the file can also come
+  from an image folder.
   """
   domains, _ = load_office_domains("office_caltech", data_dir)
   return {d: index_split(s) for d, s in domains.items()}
@@ -265,10 +278,12 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> tuple[Split, Spli
 
 
 def load_cifar100_glfc(data_dir: str | os.PathLike | None = None) -> tuple[Split, Split]:
-  """CIFAR-100 (train, test) from cifar100_glfc.npz (120 / 50 per class).
+  """CIFAR-100 (train, test) from cifar100_glfc.npz.
 
-  Not the official split (docs/data.md): fine for development, but
-  paper-exact GLFC numbers need the official CIFAR-100 (e.g. via TFDS).
+  `python -m fedjax_het.data.download cifar100` writes the official split
+  (500 / 100 per class); a compact copy with 120 / 50 per class drawn from
+  the merged sets is not the official split (docs/data.md), fine for
+  development but not for paper-exact GLFC numbers.
   """
   with open_bundle("cifar100_glfc", data_dir) as reader:
     return reader.split("train_x", "train_y"), reader.split("test_x", "test_y")
