@@ -70,7 +70,8 @@ class _Server:
         pass
 
     self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                   daemon=True)
     self.thread.start()
 
   def url(self, path: str) -> str:
@@ -122,7 +123,8 @@ def _usps_bz2(n: int) -> tuple[bytes, np.ndarray, np.ndarray]:
   labels = np.arange(n) % 10
   lines = [f"{y + 1} " + " ".join(f"{i + 1}:{float(v)!r}" for i, v in enumerate(row))
            for y, row in zip(labels, values)]
-  expected = ((values + 1.0) / 2.0 * 255.0).astype(np.uint8).reshape(n, 16, 16)
+  # torchvision's conversion, in float32.
+  expected = ((values.astype(np.float32) + 1) / 2 * 255).astype(np.uint8).reshape(n, 16, 16)
   return bz2.compress(("\n".join(lines) + "\n").encode()), expected, labels
 
 
@@ -234,21 +236,27 @@ def test_download_and_convert_usps_svhn_cifar100_tinyimagenet(server, monkeypatc
   assert not list(tmp_path.glob("**/*.part")) and not list(tmp_path.glob(".*tmp"))
 
 
-def test_cli_downloads_mnist_and_lists_it(server, monkeypatch, tmp_path, capsys):
+def test_cli_downloads_mnist_and_fmnist_and_lists_them(server, monkeypatch, tmp_path, capsys):
   train = _RNG.integers(0, 256, (10, 28, 28), dtype=np.uint8)
   test = _RNG.integers(0, 256, (4, 28, 28), dtype=np.uint8)
   bodies = dict(zip(dl._IDX_NAMES, (_idx(train), _idx(np.arange(10)), _idx(test),
                                     _idx(np.arange(4)))))
   _serve(server, monkeypatch, "mnist", bodies)
-  assert dl.main(["mnist", "--data_dir", str(tmp_path)]) == 0
+  fashion = _RNG.integers(0, 256, (12, 28, 28), dtype=np.uint8)
+  fashion_labels = np.asarray([0, 1, 2] * 4)
+  _serve(server, monkeypatch, "fmnist", {**bodies, dl._IDX_NAMES[0]: _idx(fashion),
+                                         dl._IDX_NAMES[1]: _idx(fashion_labels)})
+  assert dl.main(["mnist", "fmnist", "--data_dir", str(tmp_path)]) == 0
   (mnist_train, mnist_test), = npz.load_npz_digits(tmp_path).values()
   np.testing.assert_array_equal(mnist_train.images, to_rgb32(train))
   np.testing.assert_array_equal(mnist_test.labels, np.arange(4))
+  np.testing.assert_array_equal(npz.load_public("fmnist", tmp_path), to_rgb32(fashion))
   assert (tmp_path / "downloads" / "mnist" / "train-images-idx3-ubyte.gz").is_file()
   capsys.readouterr()
   assert dl.main(["--list", "--data_dir", str(tmp_path)]) == 0
   rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
-  assert "downloaded" in rows["mnist"] and "missing" in rows["svhn"]
+  assert "downloaded" in rows["mnist"] and "downloaded" in rows["fmnist"]
+  assert "missing" in rows["svhn"]
   assert "--from PATH" in rows["office_home"] and "Venkateswara" in rows["office_home"]
 
 

@@ -171,8 +171,8 @@ def read_usps(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
   """USPS in LIBSVM format (bz2): uint8 (N, 16, 16) images and labels 0..9.
 
   Each line is `label index:value ...` with labels 1..10 and 256 values in
-  [-1, 1]; pixels are uint8((v + 1) / 2 * 255) and labels label - 1, as
-  torchvision's USPS.
+  [-1, 1]; pixels are uint8((v + 1) / 2 * 255) computed in float32 and labels
+  label - 1, as torchvision's USPS (which the FCCL code reads).
   """
   images, labels = [], []
   with bz2.open(path, "rt") as f:
@@ -180,7 +180,7 @@ def read_usps(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
       fields = line.split()
       if not fields:
         continue
-      row = np.zeros(256, np.float64)
+      row = np.zeros(256, np.float32)
       try:
         for item in fields[1:]:
           index, value = item.split(":")
@@ -189,7 +189,7 @@ def read_usps(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray]:
       except (ValueError, IndexError) as e:
         raise DataError(f"{path}:{number}: not a LIBSVM line with 256 features: {e}") from e
       images.append(row)
-  pixels = ((np.stack(images) + 1.0) / 2.0 * 255.0).astype(np.uint8)
+  pixels = ((np.stack(images) + np.float32(1)) / np.float32(2) * np.float32(255)).astype(np.uint8)
   return pixels.reshape(-1, 16, 16), np.asarray(labels, np.int64)
 
 
@@ -277,26 +277,32 @@ def _files(source) -> Mapping[str, pathlib.Path]:
   return source
 
 
-def _convert_mnist_like(source, names: tuple[str, str, str, str]) -> dict[str, np.ndarray]:
-  files = _files(source)
-  train_x, train_y, test_x, test_y = (read_idx(files[n]) for n in names)
-  return {"train_x": to_rgb32(train_x), "train_y": train_y.astype(np.int64),
-          "test_x": to_rgb32(test_x), "test_y": test_y.astype(np.int64)}
-
-
+#: The IDX files of MNIST and Fashion-MNIST: train images, train labels, test images, labels.
 _IDX_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 
+def _read_idx_pair(source, images: str, labels: str) -> tuple[np.ndarray, np.ndarray]:
+  files = _files(source)
+  x, y = read_idx(files[images]), read_idx(files[labels]).astype(np.int64)
+  if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+    raise DataError(f"{files[images]}: {x.shape} images for {y.shape} labels in "
+                    f"{files[labels]}; expected (N, H, W) and (N,).")
+  return x, y
+
+
 def _convert_mnist(source):
-  arrays = _convert_mnist_like(source, _IDX_NAMES)
-  return {"digits.npz": {f"mnist_{k}": v for k, v in arrays.items()}}
+  out = {}
+  for split, (images, labels) in (("train", _IDX_NAMES[:2]), ("test", _IDX_NAMES[2:])):
+    x, out[f"mnist_{split}_y"] = _read_idx_pair(source, images, labels)
+    out[f"mnist_{split}_x"] = to_rgb32(x)
+  return {"digits.npz": out}
 
 
 def _convert_fmnist(source):
-  arrays = _convert_mnist_like(source, _IDX_NAMES)
-  keep = per_class_subset(arrays["train_y"], 500)
-  return {"public_fmnist_5000.npz": {"x": arrays["train_x"][keep], "y": arrays["train_y"][keep]}}
+  x, y = _read_idx_pair(source, *_IDX_NAMES[:2])
+  keep = per_class_subset(y, 500)
+  return {"public_fmnist_5000.npz": {"x": to_rgb32(x[keep]), "y": y[keep]}}
 
 
 def _convert_usps(source):
