@@ -352,13 +352,14 @@ def test_from_converts_syn_into_digits_for_the_scenario(monkeypatch, tmp_path):
   assert not list(bundle.glob(".download-*"))
 
 
-def test_from_office_folders_merge_a_domain_and_check_checksums(monkeypatch, tmp_path):
+def test_from_office_folders_and_archives_and_checked_official_files(monkeypatch, tmp_path):
   classes = [f"class_{i:02d}" for i in range(10)]
   bundle = tmp_path / "bundle"
   bundle.mkdir()
   amazon = _RNG.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)
   np.savez(bundle / "office_caltech10.npz", amazon_x=amazon, amazon_y=np.arange(10),
-           classes=np.asarray(classes), missing_domains=np.asarray(["caltech"]))
+           classes=np.asarray(classes), missing_domains=np.asarray(["caltech"]),
+           meta=np.asarray('{"domains_missing": ["caltech"]}'))
   caltech = _RNG.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8)
   folder = tmp_path / "office_caltech_10" / "caltech"
   for i, image in enumerate(caltech):
@@ -370,7 +371,24 @@ def test_from_office_folders_merge_a_domain_and_check_checksums(monkeypatch, tmp
   np.testing.assert_array_equal(domains["amazon"].images, amazon)
   np.testing.assert_array_equal(domains["caltech"].labels, np.sort(np.arange(20) % 10))
   with np.load(bundle / "office_caltech10.npz") as merged:
-    assert "missing_domains" not in merged.files
+    assert "missing_domains" not in merged.files and "meta" not in merged.files
+
+  # Office-31 as its tar.gz lays it out: <domain>/images/<class>/*.jpg.
+  office31 = _RNG.integers(0, 256, (3, 31, 32, 32, 3), dtype=np.uint8)
+  archive = tmp_path / "domain_adaptation_images.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    for d, domain in enumerate(("amazon", "dslr", "webcam")):
+      for c in range(31):
+        body = _png(office31[d, c])
+        info = tarfile.TarInfo(f"{domain}/images/object_{c:02d}/frame_0001.png")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+  dl.download("office31", bundle, from_path=archive)
+  office = npz.load_office31(bundle)
+  _, names = npz.load_office_domains("office31", bundle)
+  assert names == tuple(f"object_{c:02d}" for c in range(31))
+  np.testing.assert_array_equal(office["dslr"][0].images, office31[1, np.arange(31) % 10 <= 7])
+  np.testing.assert_array_equal(office["webcam"][1].labels, np.flatnonzero(np.arange(31) % 10 > 7))
 
   with pytest.raises(data.DataUnavailableError, match=r"hemanthdv.*--from PATH"):
     dl.download("office_home", bundle)

@@ -786,7 +786,9 @@ def write_npz(path: pathlib.Path, arrays: Mapping[str, np.ndarray], merge: bool 
   With `merge`, an existing file's arrays are kept except those of the
   domains written (keys `<domain>_...`) and `classes`, which must then agree
   with the existing class names; a `missing_domains` entry loses the domains
-  written.
+  written, and a free-text `meta` entry (a copied bundle's description of its
+  domains, stale once they change) is dropped: `manifest.json` records what
+  was written.
   """
   domains = {k.split("_")[0] for k in arrays if k != "classes"}
   existing = merge and path.is_file()
@@ -811,7 +813,8 @@ def write_npz(path: pathlib.Path, arrays: Mapping[str, np.ndarray], merge: bool 
         with zipfile.ZipFile(path) as old_zip:
           for info in old_zip.infolist():
             key = info.filename[:-len(".npy")]
-            if key in arrays or key.split("_")[0] in domains or key == "missing_domains":
+            if (key in arrays or key.split("_")[0] in domains
+                or key in ("missing_domains", "meta")):
               continue
             with old_zip.open(info) as src, out.open(info.filename, "w", force_zip64=True) as dst:
               shutil.copyfileobj(src, dst, _CHUNK)
