@@ -57,7 +57,7 @@ class BundleFile:
 #: The files of the offline bundle, by short name.
 BUNDLE: dict[str, BundleFile] = {
     "digits": BundleFile("digits.npz", 10, "MNIST, USPS, SVHN and SYN train/test splits",
-                         "mnist usps svhn; and syn --from PATH"),
+                         "mnist usps svhn (SYN: syn --from PATH)"),
     "office31": BundleFile("office31.npz", 31, "Office-31 amazon/dslr/webcam",
                            "office31 --from PATH"),
     "office_caltech": BundleFile("office_caltech10.npz", 10,
@@ -103,7 +103,7 @@ def bundle_path(entry: str, data_dir: str | os.PathLike | None = None) -> pathli
         f"No data directory is configured, so {spec.filename} ({spec.description}) cannot be "
         f"found. Pass data_dir=... or set the environment variable {DATA_DIR_ENV} to the "
         f"directory holding the fedjax_het .npz bundle (python -m fedjax_het.data.download "
-        f"{spec.download} --data_dir DIR writes it; docs/data.md).")
+        f"--data_dir DIR {spec.download} writes it; docs/data.md).")
   return directory / spec.filename
 
 
@@ -117,7 +117,7 @@ class _NpzReader:
       raise DataUnavailableError(
           f"{path}: file not found. Expected the bundle file {spec.filename} "
           f"({spec.description}) in {path.parent}. Write it there with: python -m "
-          f"fedjax_het.data.download {spec.download} --data_dir {path.parent} (docs/data.md), "
+          f"fedjax_het.data.download --data_dir {path.parent} {spec.download} (docs/data.md), "
           f"or point data_dir / {DATA_DIR_ENV} at the directory that holds it.")
     try:
       self._npz = np.load(path, allow_pickle=False)

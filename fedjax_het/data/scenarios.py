@@ -332,8 +332,8 @@ def _download_hint(name: str, source: str = "real") -> str:
   if name not in _DOWNLOADABLE:
     return ""
   switch = "" if source == "real" else f" and set scenario.sources.{name}=real"
-  return (f" Real data: python -m fedjax_het.data.download {_DOWNLOADABLE[name]} "
-          f"--data_dir <dir>{switch} (docs/data.md).")
+  return (f" Real data: python -m fedjax_het.data.download --data_dir <dir> "
+          f"{_DOWNLOADABLE[name]}{switch} (docs/data.md).")
 
 
 def _how_to(domain: str, source: str, spec: _Spec, scenario: str) -> str:
