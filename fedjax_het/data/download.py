@@ -583,10 +583,11 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
         "https://www.kaggle.com/datasets/prasunroy/synthetic-digits",
         "research use (Roy et al. 2018; backgrounds from COCO)", "12,000 images", (),
         {"digits.npz": ("syn_train_x", "syn_test_x")}, _convert_syn, merge=("digits.npz",),
-        manual="download the archive of "
-               "https://www.kaggle.com/datasets/prasunroy/synthetic-digits (Kaggle login) and "
-               "pass it, or a folder with train/ and val/ class folders 0..9 (the FCCL code's "
-               "syn/ layout)"),
+        manual="download the FCCL authors' syn/ folder (the Google Drive 'Digits' link in the "
+               "README of https://github.com/WenkeHuang/RethinkFL) or Roy et al.'s archive "
+               "(https://www.kaggle.com/datasets/prasunroy/synthetic-digits, Kaggle login) and "
+               "pass it: a folder or archive with train/ and val/ (or imgs_train/ and "
+               "imgs_valid/) class folders 0..9"),
     Dataset(
         "cifar10", "CIFAR-10", _CIFAR_URL + "cifar.html", _CIFAR_LICENCE,
         "60,000 images, 163 MB",
