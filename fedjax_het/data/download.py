@@ -4,9 +4,10 @@
   python -m fedjax_het.data.download syn --from ~/Downloads/synthetic-digits.zip
   python -m fedjax_het.data.download --list
 
-Each dataset with a stable public URL is fetched from its publisher (the URL
-and checksum published by torchvision or the dataset's own page; the source of
-every checksum is named beside it in `DATASETS`), verified, and converted into
+Each dataset with a stable public URL is fetched from its publisher (the URLs
+and MD5 checksums torchvision publishes; Avalanche's for Tiny-ImageNet, which
+torchvision lacks; the source of every checksum is named beside it in
+`DATASETS` and recorded in the manifest), verified, and converted into
 the layout `fedjax_het.data.npz` reads (uint8 (N, 32, 32, 3) RGB images, int64
 labels; grey images resized with Pillow's BILINEAR filter to 32x32 and repeated
 to three channels, as `torchvision.transforms.Resize((32, 32))` does). Datasets
@@ -74,6 +75,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError, resolve_data_dir
 from fedjax_het.data._imageops import resize_uint8_like_pil, to_rgb32
@@ -695,7 +697,6 @@ def _transfer(url: str, part: pathlib.Path, timeout: float, progress: bool) -> N
     length = response.headers.get("Content-Length")
     total = offset + int(length) if length is not None else None
     received = 0
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     with open(part, "ab" if offset else "wb") as f, tqdm(
         total=total, initial=offset, unit="B", unit_scale=True, desc=part.name[:-len(".part")],
         disable=None if progress and (total is None or total > 8 * _CHUNK) else True) as bar:
@@ -713,11 +714,10 @@ def _transfer(url: str, part: pathlib.Path, timeout: float, progress: bool) -> N
       raise _Cut(f"connection closed after {offset + received} of {total} bytes", received)
 
 
-def _manual_hint(dataset: Dataset, remote: RemoteFile | None = None) -> str:
-  what = (f"download {remote.urls[0]}" if remote else "download the files") + (
-      f" (see {dataset.homepage})")
-  return (f"{what} by hand and run: python -m fedjax_het.data.download {dataset.name} "
-          f"--from <file or folder>")
+def _manual_hint(dataset: Dataset, remote: RemoteFile) -> str:
+  """The manual alternative to a failed download: fetch the file by hand, then `--from`."""
+  return (f"download {remote.urls[0]} (see {dataset.homepage}) by hand and run: python -m "
+          f"fedjax_het.data.download {dataset.name} --from <file or folder>")
 
 
 def fetch(dataset: Dataset, remote: RemoteFile, directory: pathlib.Path, *,
