@@ -37,6 +37,7 @@ class _Server:
   def __init__(self):
     self.files: dict[str, bytes] = {}
     self.cut: dict[str, int] = {}
+    self.stall = threading.Event()  # set: every request waits (until released) before answering
     self.requests: list[tuple[str, str | None]] = []
     server = self
 
@@ -44,6 +45,8 @@ class _Server:
 
       def do_GET(self):  # pylint: disable=invalid-name
         server.requests.append((self.path, self.headers.get("Range")))
+        if server.stall.is_set():
+          server.release.wait(5)
         body = server.files.get(self.path)
         if body is None:
           self.send_error(404)
@@ -69,6 +72,7 @@ class _Server:
       def log_message(self, *args):
         pass
 
+    self.release = threading.Event()
     self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                    daemon=True)
@@ -78,6 +82,7 @@ class _Server:
     return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
   def close(self):
+    self.release.set()
     self.httpd.shutdown()
     self.httpd.server_close()
 
@@ -312,6 +317,17 @@ def test_a_refused_connection_names_the_url_and_the_manual_alternative(monkeypat
   assert f"cannot download {url}" in err and "refused" in err.lower()
   assert "python -m fedjax_het.data.download cifar10 --from" in err
   assert not (tmp_path / "cifar10.npz").exists()
+
+
+def test_a_silent_server_times_out_with_one_line(server, monkeypatch, tmp_path):
+  body, _, _ = _svhn_mat(5)
+  _serve(server, monkeypatch, "svhn_extra", {"extra_32x32.mat": body})
+  server.stall.set()
+  with pytest.raises(dl.DownloadError, match=r"^cannot download http://127\.0\.0\.1:\d+/"
+                     r"svhn_extra/extra_32x32\.mat: no data for 0\.3 s \(timeout\)\. Without "
+                     r"network: .* --from <file or folder>\.$"):
+    dl.download("svhn_extra", tmp_path, timeout=0.3, progress=False)
+  assert not (tmp_path / "svhn_extra.npz").exists()
 
 
 def test_from_converts_syn_into_digits_for_the_scenario(monkeypatch, tmp_path):
