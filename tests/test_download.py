@@ -118,7 +118,7 @@ def _svhn_mat(n: int) -> tuple[bytes, np.ndarray, np.ndarray]:
   labels = np.arange(n) % 10  # 0 is stored as 10, as in SVHN
   buffer = io.BytesIO()
   scipy_io.savemat(buffer, {"X": np.transpose(images, (1, 2, 3, 0)),
-                            "y": np.where(labels == 0, 10, labels).reshape(-1, 1).astype(np.uint8)})
+                            "y": np.where(labels == 0, 10, labels).reshape(-1, 1).astype(np.float64)})
   return buffer.getvalue(), images, labels
 
 

@@ -394,10 +394,13 @@ def read_tinyimagenet(path: pathlib.Path) -> dict[str, np.ndarray]:
           annotations[fields[0]] = fields[1]
     out = {}
     for split in ("train", "val"):
-      images, labels = [], []
-      for name in sorted(names):
-        if not name.startswith(prefix + split + "/") or not name.lower().endswith(IMAGE_EXTENSIONS):
-          continue
+      members = sorted(n for n in names if n.startswith(f"{prefix}{split}/")
+                       and n.lower().endswith(IMAGE_EXTENSIONS))
+      if not members:
+        raise DataError(f"{path}: no {split} images under {prefix}{split}/.")
+      images = np.empty((len(members), 64, 64, 3), np.uint8)
+      labels = np.empty((len(members),), np.int64)
+      for i, name in enumerate(members):
         parts = name[len(prefix):].split("/")
         wnid = parts[1] if split == "train" else annotations.get(parts[-1])
         if wnid not in label:
@@ -405,11 +408,8 @@ def read_tinyimagenet(path: pathlib.Path) -> dict[str, np.ndarray]:
         image = _decode_rgb(archive.read(name), f"{path}[{name}]")
         if image.shape != (64, 64, 3):
           raise DataError(f"{path}[{name}]: expected a 64x64 image, got {image.shape}.")
-        images.append(image)
-        labels.append(label[wnid])
-      if not images:
-        raise DataError(f"{path}: no {split} images under {prefix}{split}/.")
-      out[f"{split}_x"], out[f"{split}_y"] = np.stack(images), np.asarray(labels, np.int64)
+        images[i], labels[i] = image, label[wnid]
+      out[f"{split}_x"], out[f"{split}_y"] = images, labels
   out["wnids"] = np.asarray(wnids)
   return out
 
