@@ -444,3 +444,19 @@ def test_cifar_batches_in_the_python2_format_load_and_other_objects_are_refused(
   with pytest.raises(data.DataError, match=r"data_batch_2: not a CIFAR python batch: "
                      r"unexpected object os\.system"):
     dl.read_cifar_batch(evil, "data_batch_2")
+
+
+@pytest.mark.parametrize("filters", [True, False])
+def test_from_refuses_an_archive_that_writes_outside_its_folder(tmp_path, monkeypatch, filters):
+  if not filters:  # as on Python < 3.11.4
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+  archive = tmp_path / "office.tar"
+  with tarfile.open(archive, "w") as tar:
+    info = tarfile.TarInfo("../escaped.txt")
+    info.size = 2
+    tar.addfile(info, io.BytesIO(b"hi"))
+  with pytest.raises(data.DataError, match=r"--from .*office\.tar: (cannot be unpacked|unsafe "
+                     r"archive member '\.\./escaped\.txt')"):
+    dl.download("office31", tmp_path / "bundle", from_path=archive)
+  assert not (tmp_path / "bundle" / "escaped.txt").exists() and not (tmp_path /
+                                                                     "escaped.txt").exists()

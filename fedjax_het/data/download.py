@@ -895,7 +895,15 @@ def _unpack(path: pathlib.Path, scratch: pathlib.Path) -> pathlib.Path:
         archive.extractall(target)  # zipfile drops absolute and ".." path parts
     elif tarfile.is_tarfile(path):
       with tarfile.open(path) as archive:
-        archive.extractall(target, filter="data")
+        if hasattr(tarfile, "data_filter"):
+          archive.extractall(target, filter="data")
+        else:  # Python < 3.11.4 has no extraction filters: refuse what "data" would refuse
+          for member in archive.getmembers():
+            parts = pathlib.PurePosixPath(member.name).parts
+            if member.name.startswith("/") or ".." in parts or not (member.isfile()
+                                                                     or member.isdir()):
+              raise DataError(f"--from {path}: unsafe archive member {member.name!r}.")
+          archive.extractall(target)
     else:
       raise DataError(f"--from {path}: not a folder, zip or tar archive.")
   except (OSError, zipfile.BadZipFile, tarfile.TarError, EOFError) as e:
