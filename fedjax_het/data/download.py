@@ -916,8 +916,9 @@ def _official_files(dataset: Dataset, path: pathlib.Path) -> dict[str, pathlib.P
   folder = path.parent if path.is_file() else path
   found = {}
   for remote in dataset.files:
-    candidates = [folder / remote.filename] + sorted(folder.rglob(remote.filename))
-    match = next((c for c in candidates if c.is_file()), None)
+    match = folder / remote.filename
+    if not match.is_file():  # look deeper only when the file is not at the top
+      match = next((c for c in sorted(folder.rglob(remote.filename)) if c.is_file()), None)
     if match is None:
       raise DataUnavailableError(
           f"--from {path}: {remote.filename} not found; {dataset.name} needs "
