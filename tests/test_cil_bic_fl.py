@@ -75,7 +75,17 @@ def test_bias_correction_scales_each_task_group():
   np.testing.assert_allclose(q, [[0.0, 1.0, 3.0, 5.0, 5.0, 5.5]])
 
 
-def test_local_loss_is_lambda_weighted_kd_plus_ce_on_corrected_logits():
+def test_latest_layer_keeps_one_pair():
+  bias = {"alpha": jnp.asarray([0.5, 0.8, 1.0]), "beta": jnp.asarray([1.0, -2.0, 0.0])}
+  alpha, beta = bic_fl.latest_layer(bias, jnp.int32(1))
+  np.testing.assert_allclose(alpha, [1.0, 0.8, 1.0])
+  np.testing.assert_allclose(beta, [0.0, -2.0, 0.0])
+  alpha, beta = bic_fl.latest_layer(bias, jnp.int32(-1))
+  np.testing.assert_allclose(alpha, [1.0, 1.0, 1.0])
+  np.testing.assert_allclose(beta, [0.0, 0.0, 0.0])
+
+
+def test_local_loss_is_lambda_weighted_kd_plus_ce_with_a_corrected_teacher():
   model = TinyLinear(num_classes=6)
   keys = jax.random.split(jax.random.key(0), 3)
   variables = models.init_variables(model, keys[0])
@@ -83,17 +93,16 @@ def test_local_loss_is_lambda_weighted_kd_plus_ce_on_corrected_logits():
   images = jax.random.normal(keys[2], (4, 32, 32, 3))
   labels = jnp.asarray([0, 2, 3, 1], jnp.int32)
   mask = jnp.asarray([True, True, True, False])
-  alpha, beta = jnp.asarray([1.0, 1.0, 1.0]), jnp.asarray([0.0, 0.0, 0.0])
-  alpha, beta = alpha.at[0].set(0.8), beta.at[0].set(0.3)   # task 0's learned pair
-  aux = {"class_mask": masking.seen_class_mask(4, 6), "old_model": old, "alpha": alpha,
-         "beta": beta, "task": jnp.int32(1)}
+  alpha, beta = jnp.asarray([0.8, 1.0, 1.0]), jnp.asarray([0.3, 0.0, 0.0])  # task 0's pair
+  aux = {"class_mask": masking.seen_class_mask(4, 6), "old_model": old, "old_alpha": alpha,
+         "old_beta": beta, "task": jnp.int32(1)}
   loss_fn = jax.jit(bic_fl.bic_local_loss(model, classes_per_task=2, temperature=2.0))
   loss, (_, parts) = loss_fn(variables["params"], variables["batch_stats"], images, labels,
                              mask, jax.random.key(1), aux)
   _, z, _ = models.apply_model(model, variables, images, train=False)
   _, z_old, _ = models.apply_model(model, old, images, train=False)
   fix = np.asarray([0.8, 0.8, 1, 1, 1, 1]), np.asarray([0.3, 0.3, 0, 0, 0, 0])
-  q, q_old = np.asarray(z) * fix[0] + fix[1], np.asarray(z_old) * fix[0] + fix[1]
+  q, q_old = np.asarray(z), np.asarray(z_old) * fix[0] + fix[1]  # the teacher is corrected
   valid = np.asarray([1, 1, 1, 0], np.float32)
   ce_rows = -_log_softmax(q[:, :4])[np.arange(4), np.asarray(labels)]
   ce = float(np.sum(ce_rows * valid) / 3)
@@ -129,11 +138,16 @@ def test_fit_bias_undoes_a_new_class_bias():
   z = rng.standard_normal((40, 4)).astype(np.float32)
   z[np.arange(40), labels] += 2.0
   z[:, 2:] += 3.0
-  alpha, beta = bic_fl.fit_bias(jnp.asarray(z), jnp.asarray(labels), jnp.ones((40,), bool),
-                                jnp.ones((2,)), jnp.zeros((2,)), jnp.int32(1),
-                                classes_per_task=2, class_mask=jnp.ones((4,), bool), steps=300,
-                                learning_rate=0.05)
+  fit = jax.jit(lambda z: bic_fl.fit_bias(
+      z, jnp.asarray(labels), jnp.ones((40,), bool), jnp.int32(1), num_tasks=2,
+      classes_per_task=2, class_mask=jnp.ones((4,), bool), steps=300, learning_rate=0.05))
+  alpha, beta = fit(jnp.asarray(z))
   assert float(beta) < -1.0 and np.isfinite(float(alpha))
+  def ce(a, b):
+    q = z.astype(np.float64).copy()
+    q[:, 2:] = a * q[:, 2:] + b
+    return -np.mean(_log_softmax(q)[np.arange(40), labels])
+  assert ce(float(alpha), float(beta)) < ce(1.0, 0.0) - 0.5
 
 
 def test_rounds_learn_a_bias_pair_at_the_end_of_task_1():

@@ -41,11 +41,12 @@ stream and model with a memory of 90 images per client.
 
 BiC + FL (fedjax_het/algorithms/bic_fl.py; GLFC Table 1 row "BiC + FL"): every client runs
 BiC's first stage (softmax CE over the seen classes and KD at T = 2 on the old classes,
-lambda * L_d + (1 - lambda) * L_c with lambda = n_old / n_seen, on bias-corrected logits)
-with iCaRL + FL's memory, less a class-balanced validation split (10% of every class's
-exemplar share, from the exemplars and the new data); at the last round of every task
-t >= 1 the sampled clients fit that task's bias pair (alpha, beta) on their splits under
-the new global model and the server averages the pairs. Local lr 0.1 as fedavg_cil.
+lambda * L_d + (1 - lambda) * L_c with lambda = n_old / n_seen, the old model's outputs
+through its task's bias layer) with iCaRL + FL's memory, less a class-balanced validation
+split (10% of every class's exemplar share, from the exemplars and the new data); at the
+last round of every task t >= 1 the sampled clients fit that task's bias pair (alpha,
+beta) on their splits under the new global model and the server averages the pairs.
+Local lr 0.1 as fedavg_cil.
 bic_fl_quick: the fedavg_cil_quick stream and model with a memory of 90 images per client.
 
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size

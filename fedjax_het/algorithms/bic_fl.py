@@ -6,16 +6,16 @@ GLFC's paper combines every class-incremental method with FL [GLFC Sec. 5],
 on the same stream and with the same exemplar memory as iCaRL + FL
 (`algorithms.icarl_fl`, `algorithms.cil_replay`).
 
-BiC's model is the network followed by bias correction layers, one pair
-(alpha_s, beta_s) per task s acting on that task's k logits [BiC, bias
-correction layer]:
+BiC's model after task t is the network followed by one bias correction
+layer on the logits of that task's new classes [BiC, bias correction layer]:
 
-    q_c = alpha_s * o_c + beta_s   for c in C_s = [s*k, (s+1)*k)
+    q_c = alpha_t * o_c + beta_t   for c in C_t = [t*k, (t+1)*k),   q_c = o_c otherwise
 
-(`losses.incremental.bias_corrected_logits`; state["bias"] = {"alpha",
-"beta"} (T,), every pair (1, 0) until its task's correction is learned; the
-first task has none, as BiC corrects only incremental steps). One round, for
-the sampled clients:
+(`losses.incremental.bias_corrected_logits`). state["bias"] = {"alpha",
+"beta"} (T,) keeps the pair learned at the end of every task ((1, 0) until
+then; the first task has none, as BiC corrects only incremental steps); only
+the latest one acts: on the old model's outputs while the next task trains,
+and at evaluation. One round, for the sampled clients:
 
   1. the client receives the global model and the bias pairs; at a task
      transition (read from the stream) it adds the classes of its previous
@@ -26,28 +26,31 @@ the sampled clients:
      herding picks, and of every class of its current data the first v
      samples (so the split is class-balanced, new data in the ratio of the
      memory); a client without exemplars holds nothing out;
-  3. stage 1: it trains on the rest of its current data plus the rest of its
-     exemplars, on the bias-corrected logits (the corrections of past tasks
-     frozen, the current task's pair (1, 0)), with
+  3. stage 1: it trains the network (no bias layer on its own outputs) on the
+     rest of its current data plus the rest of its exemplars, with
 
         L = lambda * L_d + (1 - lambda) * L_c,   lambda = n_old / n_seen = t / (t + 1),
 
      L_c the softmax cross-entropy over the seen classes, L_d the
      distillation [BiC, distillation loss] sum_{c < n_old} -pi^old_c log pi_c,
-     pi = softmax(q / T) over the old classes, T = `bic.temperature` = 2, the
-     old model being the global model at the end of the previous task with
-     its bias layers (`losses.incremental.bic_distillation_loss`);
+     pi = softmax(o / T) over the old classes, T = `bic.temperature` = 2, the
+     old model being the global model at the end of the previous task
+     followed by that task's bias layer, (alpha_{t-1}, beta_{t-1}) on C_{t-1}
+     (`losses.incremental.bic_distillation_loss`);
   4. the server averages the trained models (plain mean);
   5. stage 2, at the LAST round of every task t >= 1 only: every sampled
      client with a validation split fits the current task's pair (alpha_t,
      beta_t) from (1, 0) with the new global model frozen: `bic.bias_steps`
      full-batch Adam steps at `bic.bias_lr` on the softmax cross-entropy over
-     the seen classes of the corrected logits of its validation split; the
+     the seen classes of its validation split's logits with (alpha_t, beta_t)
+     on the new classes C_t (the other logits as they are); the
      server averages the clients' pairs (equal weights, like the models) and
      stores it; with no such client the pair stays (1, 0).
 
 Classifier (`evaluate`): argmax over the seen classes of the global model's
-bias-corrected logits.
+logits with the bias layer of the newest seen task (t = num_seen / k - 1;
+identity until its pair is learned, so mid-task evaluations see the raw
+network).
 
 Federated reading and deviations:
   * The bias layer is learned once per task, after the task's last FedAvg
@@ -60,8 +63,12 @@ Federated reading and deviations:
     data); its size per class v = floor(fraction * m) is set from the
     client's exemplar share m. The held-out images are not trained on in
     stage 1 (BiC: the same).
+  * Only the newest bias layer acts (the paper's single layer; the earlier
+    corrections reach the network through the distillation targets), as the
+    BiC trainer of the SS-IL authors' code does.
   * Stage 2's optimiser (full-batch Adam, 100 steps, lr 0.01 by default)
-    is this library's choice: the paper fixes the parameters only.
+    is this library's choice: the paper fixes the parameters only (that code
+    runs SGD at lr / 100 over mini-batches).
   * Local SGD, lr and schedule as the trainer's `local` section; BiC's own
     optimiser settings and its data augmentation are not used.
 
@@ -124,9 +131,9 @@ def bic_local_loss(model: Any, *, classes_per_task: int, temperature: float
                    ) -> local.LocalLossFn:
   """BiC's stage-1 loss on one batch: lambda * L_d + (1 - lambda) * L_c (module docstring).
 
-  aux: "class_mask" (C,) seen classes, "old_model" variables, "alpha" /
-  "beta" (T,) the bias pairs, "task" () int32 (t: lambda = t / (t + 1), old
-  classes [0, t*k)).
+  aux: "class_mask" (C,) seen classes, "old_model" variables, "old_alpha" /
+  "old_beta" (T,) the bias layer of the old model (`latest_layer`), "task" ()
+  int32 (t: lambda = t / (t + 1), old classes [0, t*k)).
   """
 
   def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
@@ -134,19 +141,24 @@ def bic_local_loss(model: Any, *, classes_per_task: int, temperature: float
     _, logits, new_variables = models.apply_model(model, variables, images, train=True,
                                                   rng=rng, mask=mask)
     _, old_logits, _ = models.apply_model(model, aux["old_model"], images, train=False)
-    correct = lambda z: incremental_losses.bias_corrected_logits(  # noqa: E731
-        z, aux["alpha"], aux["beta"], classes_per_task)
-    q = correct(logits)
-    ce = losses.softmax_cross_entropy(logits=masking.mask_logits(q, aux["class_mask"]),
+    old_logits = incremental_losses.bias_corrected_logits(
+        old_logits, aux["old_alpha"], aux["old_beta"], classes_per_task)
+    ce = losses.softmax_cross_entropy(logits=masking.mask_logits(logits, aux["class_mask"]),
                                       labels=labels, mask=mask)
     task = aux["task"]
     kd = incremental_losses.bic_distillation_loss(
-        logits=q, old_logits=jax.lax.stop_gradient(correct(old_logits)),
+        logits=logits, old_logits=jax.lax.stop_gradient(old_logits),
         num_old_classes=task * classes_per_task, temperature=temperature, mask=mask)
     lam = task.astype(jnp.float32) / (task + 1).astype(jnp.float32)
     return lam * kd + (1.0 - lam) * ce, (new_variables["batch_stats"], {"ce": ce, "kd": kd})
 
   return loss_fn
+
+
+def latest_layer(bias: dict[str, jax.Array], task: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(alpha, beta) (T,) that apply task `task`'s pair only (identity elsewhere; -1: none)."""
+  only = jnp.arange(bias["alpha"].shape[0]) == task
+  return jnp.where(only, bias["alpha"], 1.0), jnp.where(only, bias["beta"], 0.0)
 
 
 def validation_split(memory: exemplars.ExemplarMemory, labels: jax.Array, valid: jax.Array, *,
@@ -176,21 +188,21 @@ def compact_rows(rows: jax.Array, keep: jax.Array) -> tuple[jax.Array, jax.Array
   return rows[order], jnp.sum(keep).astype(jnp.int32)
 
 
-def fit_bias(logits: jax.Array, labels: jax.Array, valid: jax.Array, alpha: jax.Array,
-             beta: jax.Array, task: jax.Array, *, classes_per_task: int, class_mask: jax.Array,
-             steps: int, learning_rate: float) -> tuple[jax.Array, jax.Array]:
+def fit_bias(logits: jax.Array, labels: jax.Array, valid: jax.Array, task: jax.Array, *,
+             num_tasks: int, classes_per_task: int, class_mask: jax.Array, steps: int,
+             learning_rate: float) -> tuple[jax.Array, jax.Array]:
   """Stage 2 of BiC: fits (alpha_t, beta_t) of task `task` on held-out logits.
 
-  `logits` (n, C) of the frozen model, `labels` (n,), `valid` (n,); the
-  other tasks' pairs stay as in `alpha` / `beta` (T,). Full-batch Adam from
-  (1, 0) on the softmax cross-entropy over the seen classes (`class_mask`)
-  of the corrected logits. Returns the fitted (alpha_t, beta_t).
+  `logits` (n, C) of the frozen model, `labels` (n,), `valid` (n,). The pair
+  acts on task `task`'s k logits, the others stay as they are. Full-batch
+  Adam from (1, 0) on the softmax cross-entropy over the seen classes
+  (`class_mask`). Returns the fitted (alpha_t, beta_t).
   """
   logits = jax.lax.stop_gradient(logits)
+  ones, zeros = jnp.ones((num_tasks,), jnp.float32), jnp.zeros((num_tasks,), jnp.float32)
 
   def loss(pair):
-    a = alpha.at[task].set(pair[0])
-    b = beta.at[task].set(pair[1])
+    a, b = latest_layer({"alpha": ones * pair[0], "beta": zeros + pair[1]}, task)
     q = incremental_losses.bias_corrected_logits(logits, a, b, classes_per_task)
     return losses.softmax_cross_entropy(logits=masking.mask_logits(q, class_mask),
                                         labels=labels, mask=valid)
@@ -262,10 +274,11 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
     members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
                         sizes=train_sizes, client_ids=clients, active=jnp.ones((m,), bool))
     class_mask = masking.seen_class_mask((task + 1) * k, c)
+    old_alpha, old_beta = latest_layer(bias, task - 1)
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
            "old_model": aggregation.broadcast(old_model, m),
-           "alpha": jnp.broadcast_to(bias["alpha"], (m, num_tasks)),
-           "beta": jnp.broadcast_to(bias["beta"], (m, num_tasks)),
+           "old_alpha": jnp.broadcast_to(old_alpha, (m, num_tasks)),
+           "old_beta": jnp.broadcast_to(old_beta, (m, num_tasks)),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
     trained, local_metrics = local.train_clients(
         trainer, aggregation.broadcast(server, m), aux, members,
@@ -277,7 +290,7 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
       def one(rows, size):
         _, logits = forward(new_server, data.images[rows])
         valid = jnp.arange(rows.shape[0]) < size
-        return fit_bias(logits, data.labels[rows], valid, bias["alpha"], bias["beta"], task,
+        return fit_bias(logits, data.labels[rows], valid, task, num_tasks=num_tasks,
                         classes_per_task=k, class_mask=class_mask, steps=bias_steps,
                         learning_rate=bias_lr)
 
@@ -307,11 +320,11 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
     images, labels, num_seen = test
     preprocess = normalizer(mean, std)
     class_mask = masking.seen_class_mask(num_seen, c)
+    alpha, beta = latest_layer(state["bias"], jnp.asarray(num_seen) // k - 1)
 
     def scores(x):
       _, logits, _ = models.apply_model(model, state["server"], preprocess(x), train=False)
-      return incremental_losses.bias_corrected_logits(
-          logits, state["bias"]["alpha"], state["bias"]["beta"], k), class_mask
+      return incremental_losses.bias_corrected_logits(logits, alpha, beta, k), class_mask
 
     return batched_class_counts(scores, c, images, labels, eval_batch_size)
 

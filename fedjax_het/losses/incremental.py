@@ -184,8 +184,8 @@ def bic_distillation_loss(*, logits: jax.Array, old_logits: jax.Array,
   classes.
 
   Args:
-    logits: (B, C) current model outputs (BiC: after the frozen bias layers).
-    old_logits: (B, C) the old model's outputs (constant).
+    logits: (B, C) current model outputs.
+    old_logits: (B, C) the old model's outputs (BiC: after its bias layer; constant).
     num_old_classes: C_old (may be traced).
     temperature: T (BiC: 2).
     mask: optional (B,) validity mask.
