@@ -38,12 +38,17 @@ Classifier (`evaluate`): the global model's argmax over all seen classes
 
 Interpretations and deviations:
   * "New" and "old" samples are grouped by label (old: y < t*k), not by
-    source: a client that kept an old task's data classifies those samples
-    among the old classes, like exemplars.
-  * SS-IL's ratio is per dataset; here R is one static number for every
-    client (static shapes): a client with less data than n_max sees
-    relatively more exemplars. In the first task the memory is empty and
-    every batch holds B new rows (R rows masked).
+    source as in the SS-IL code (its new data hold new classes only): a
+    client that kept an old task's data classifies those samples among the
+    old classes, like exemplars.
+  * The SS-IL code draws a fixed replay batch (32 exemplars beside 128 new
+    samples on ImageNet, `--replay-batch-size`) and ends an epoch with the
+    shorter of the two loaders; here an epoch is a pass over the client's
+    new data, and R is one static number for every client (static shapes),
+    by default from the ratio of the memory to the largest client data (a
+    client with less data sees relatively more exemplars). In the first
+    task the memory is empty and every batch holds B new rows (R rows
+    masked).
   * SS-IL's own exemplar selection is not used: the memory is iCaRL + FL's
     (herding), the one memory mechanism of GLFC's FL baselines.
   * The KD term runs on all rows (new data and exemplars), as in the SS-IL
