@@ -22,6 +22,14 @@ Data: MNIST from digits.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
 logged and recorded.
 
 Quick variant: 3000 training images (30 per client), 10 rounds of E = 5.
+
+Dropout variants (FedMMD and FedFusion): a `dropout` token anywhere in the name, e.g.
+`mnist_fedfusion_permuted_conv_dropout_quick`, `mnist_fedmmd_shards_dropout`,
+`mnist_fedfusion_dropout_quick`: the config without the token plus
+`models.dropout_rate = 0.2`, the FedAvg CNN with the dropout FedMMD/FedFusion describe
+("a fully connected layer with 512 units (with a ReLU activation and random dropout)",
+Sec. 4.1) at the authors' FedFusion code's rate, after fc 512, in local training only. The
+other names keep the CNN without dropout (no `models.dropout_rate` field).
 """
 
 from __future__ import annotations
@@ -36,10 +44,24 @@ from fedjax_het.config import base_config, load_module
 two_stream = load_module(pathlib.Path(__file__).with_name("_two_stream.py"))
 
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
+#: The methods that read `models.dropout_rate` (their `make` puts it in the model's tail).
+DROPOUT_METHODS = ("fedmmd", "fedfusion")
+#: The dropout of the FedFusion code's CNNs.
+DROPOUT_RATE = 0.2
 
 
 def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_quick] (this file's setting), or a FedMMD/FedFusion paper setting."""
+  """`arg` = <method>[_quick] (this file's setting), or a FedMMD/FedFusion paper setting;
+  with a `dropout` token, its dropout variant."""
+  tokens = arg.split("_")
+  if "dropout" in tokens:
+    if tokens[0] not in DROPOUT_METHODS or tokens.count("dropout") > 1:
+      raise ValueError(f"mnist config {arg!r}: the dropout variants exist for "
+                       f"{DROPOUT_METHODS} (one 'dropout' token).")
+    c = get_config("_".join(t for t in tokens if t != "dropout"))
+    c.name = f"mnist_{arg}"
+    c.models.dropout_rate = DROPOUT_RATE
+    return c
   if two_stream.parse("mnist", arg) is not None:
     return two_stream.get_config("mnist", arg)
   method, _, rest = arg.partition("_")

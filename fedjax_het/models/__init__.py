@@ -18,8 +18,8 @@ Models (`get_model(name, num_classes, *, width=1.0, conv_impl="xla", **kw)`):
   mobilenet_v2       1280         CIFAR MobileNetV2
   googlenet          1024         CIFAR GoogLeNet
   simple_cnn         256          FCCL+ SimpleCNN (Table XVIII)
-  fedavg_mnist_cnn   512          FedAvg MNIST CNN (on 32x32x3)
-  fedavg_cifar_cnn   192          FedAvg CIFAR CNN
+  fedavg_mnist_cnn   512          FedAvg MNIST CNN (on 32x32x3; dropout_rate, default 0)
+  fedavg_cifar_cnn   192          FedAvg CIFAR CNN (dropout_rate, default 0)
   glfc_resnet18      512          GLFC's CIFAR ResNet-18 (grow its head with grow_classifier)
   lenet_encoder      768          DLG/GLFC LeNet gradient encoder (sigmoid, U(-0.5, 0.5) init)
   fedfusion          base's       FedFusion wrapper: base=<name above>, fusion=conv|multi|single
@@ -56,11 +56,12 @@ Functional API:
       -> (features, logits, new_variables)
   model_summary(name, num_classes=10, *, width=1.0) -> {"params", "flops", "feature_dim", ...}
   grow_classifier(variables, *, num_new_classes, key) -> variables (GLFC)
+  with_dropout(model, rate) -> the model with dropout in its tail (train mode only)
   fedfusion_trainable_mask(params), fedfusion_local_variables(variables),
   fedfusion_set_global(variables, base_variables, *, also_local=False)
 """
 
-from fedjax_het.models.base import Classifier, GlobalPoolTail, MLPTail
+from fedjax_het.models.base import Classifier, GlobalPoolTail, MLPTail, with_dropout
 from fedjax_het.models.fedfusion import (FUSION_OPERATORS, FedFusion, FusionOperator,
                                          fedfusion_local_variables, fedfusion_set_global,
                                          fedfusion_trainable_mask)
@@ -75,5 +76,5 @@ __all__ = [
     "Classifier", "Conv", "FedFusion", "FusionOperator", "GlobalPoolTail", "MLPTail",
     "apply_model", "batch_norm", "conv2d", "count_parameters", "divisible_width",
     "fedfusion_local_variables", "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",
-    "init_variables", "max_pool", "model_summary", "scale_width",
+    "init_variables", "max_pool", "model_summary", "scale_width", "with_dropout",
 ]

@@ -82,11 +82,17 @@ class MLPTail(nn.Module):
     hidden: output sizes of the Dense layers; empty for a plain flatten.
     names: names of the Dense layers (default "fc1", "fc2", ...).
     activate_last: ReLU after the last Dense layer too.
+    dropout_rate: dropout after every Dense layer (after its ReLU) in train
+      mode, so the features reaching the head are dropped out too (the FedAvg
+      CNNs of FedMMD/FedFusion: "a fully connected layer with 512 units (with
+      a ReLU activation and random dropout)", rate 0.2 in the authors' code);
+      needs the "dropout" RNG when > 0. 0 (default): no dropout layer at all.
   """
   input_dim: int
   hidden: Sequence[int] = ()
   names: Sequence[str] | None = None
   activate_last: bool = True
+  dropout_rate: float = 0.0
 
   @property
   def feature_dim(self) -> int:
@@ -94,12 +100,12 @@ class MLPTail(nn.Module):
 
   @property
   def needs_dropout_rng(self) -> bool:
-    return False
+    return self.dropout_rate > 0 and bool(self.hidden)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool,
                mask: jax.Array | None = None) -> jax.Array:
-    del train, mask
+    del mask
     x = x.reshape(x.shape[0], -1)
     if x.shape[-1] != self.input_dim:
       raise ValueError(f"MLPTail: flattened feature map has {x.shape[-1]} entries, expected "
@@ -109,7 +115,29 @@ class MLPTail(nn.Module):
       x = dense(size, x.shape[-1], name=name)(x)
       if i < len(self.hidden) - 1 or self.activate_last:
         x = nn.relu(x)
+      if self.dropout_rate > 0:
+        x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     return x
+
+
+def with_dropout(model: nn.Module, rate: float) -> nn.Module:
+  """`model` (a `Classifier` or a `FedFusion` model) with its tail's dropout set to `rate`.
+
+  The tail is an `MLPTail` (dropout after every hidden Dense layer) or a
+  `GlobalPoolTail` (dropout on the pooled feature). Dropout acts in train mode
+  only (`apply_model(train=True, rng=...)`); the variables are unchanged.
+
+  Raises:
+    ValueError: `rate` outside [0, 1), or a model without such a tail.
+  """
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+    raise ValueError(f"with_dropout: `rate` must be a number in [0, 1), got {rate!r}.")
+  tail = getattr(model, "tail", None)
+  if not isinstance(tail, (MLPTail, GlobalPoolTail)):
+    raise ValueError(f"with_dropout: needs a model whose tail is an MLPTail or a "
+                     f"GlobalPoolTail (the zoo's Classifier and FedFusion models), got "
+                     f"{type(model).__name__} with tail {type(tail).__name__}.")
+  return model.clone(tail=tail.clone(dropout_rate=float(rate)))
 
 
 class Classifier(nn.Module):

@@ -44,6 +44,8 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
 #: Extra keyword arguments (and their defaults) accepted per model.
 MODEL_KWARGS: dict[str, dict[str, Any]] = {
     "efficientnet_b0": {"dropout_rate": 0.2, "drop_connect_rate": 0.0},
+    "fedavg_mnist_cnn": {"dropout_rate": 0.0},
+    "fedavg_cifar_cnn": {"dropout_rate": 0.0},
     "fedfusion": {"base": "fedavg_cifar_cnn", "fusion": "multi"},
 }
 
@@ -82,6 +84,7 @@ def get_model(name: str, num_classes: int, *, width: float = 1.0, conv_impl: str
       statistics, features and logits (see `Classifier`).
     **kwargs: model-specific options, see `MODEL_KWARGS`:
       efficientnet_b0: dropout_rate (0.2), drop_connect_rate (0.0);
+      fedavg_mnist_cnn, fedavg_cifar_cnn: dropout_rate (0.0; FedFusion's code: 0.2);
       fedfusion: base (a registry name other than "fedfusion", default
       "fedavg_cifar_cnn"), fusion ("conv", "multi" or "single"; default "multi").
 

@@ -17,6 +17,13 @@ connected layers.
   model without local response normalisation): conv5x5 64 SAME + ReLU +
   max-pool 3x3 stride 2 SAME, twice, flatten 8*8*64, Dense 384 + ReLU, Dense
   192 + ReLU = features, head 192 -> C.
+* Both FedAvg CNNs take `dropout_rate` (default 0: none): dropout after the
+  ReLU of every fully connected layer in train mode, as FedMMD/FedFusion
+  (Yao et al. 2019, Sec. 4.1) describe them ("with a ReLU activation and
+  random dropout"); the authors' FedFusion code uses p = 0.2 (after fc 512 of
+  the MNIST CNN, after fc 384 and fc 192 of the CIFAR CNN). The FedFusion
+  code's MNIST CNN differs from McMahan's otherwise too (3x3 second conv,
+  3x3 stride-2 pools on 28x28 inputs); the trunk here stays McMahan's.
 * LeNet gradient encoder (DLG, used by GLFC's proxy server): conv5x5 3 -> 12
   stride 2 pad 2 + sigmoid, conv5x5 12 -> 12 stride 2 pad 2 + sigmoid,
   conv5x5 12 -> 12 stride 1 pad 2 + sigmoid, flatten 12*8*8 = 768 = features,
@@ -131,19 +138,27 @@ def simple_cnn(num_classes: int, *, width: float = 1.0, conv_impl: str = "xla") 
   return Classifier(trunk=trunk, tail=tail, num_classes=num_classes)
 
 
-def fedavg_mnist_cnn(num_classes: int, *, width: float = 1.0,
-                     conv_impl: str = "xla") -> Classifier:
-  """FedAvg MNIST CNN on 32x32x3 inputs (see module docstring)."""
+def _check_dropout_rate(fn: str, rate: float) -> float:
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+    raise ValueError(f"{fn}: `dropout_rate` must be a number in [0, 1), got {rate!r}.")
+  return float(rate)
+
+
+def fedavg_mnist_cnn(num_classes: int, *, width: float = 1.0, conv_impl: str = "xla",
+                     dropout_rate: float = 0.0) -> Classifier:
+  """FedAvg MNIST CNN on 32x32x3 inputs (see module docstring); `dropout_rate` after fc 512."""
   trunk = FedAvgCNNTrunk((32, 64), 2, width, conv_impl)
-  tail = MLPTail(8 * 8 * trunk.out_channels, (scale_width(512, width),))
+  tail = MLPTail(8 * 8 * trunk.out_channels, (scale_width(512, width),),
+                 dropout_rate=_check_dropout_rate("fedavg_mnist_cnn", dropout_rate))
   return Classifier(trunk=trunk, tail=tail, num_classes=num_classes)
 
 
-def fedavg_cifar_cnn(num_classes: int, *, width: float = 1.0,
-                     conv_impl: str = "xla") -> Classifier:
-  """FedAvg CIFAR CNN (see module docstring)."""
+def fedavg_cifar_cnn(num_classes: int, *, width: float = 1.0, conv_impl: str = "xla",
+                     dropout_rate: float = 0.0) -> Classifier:
+  """FedAvg CIFAR CNN (see module docstring); `dropout_rate` after fc 384 and fc 192."""
   trunk = FedAvgCNNTrunk((64, 64), 3, width, conv_impl)
-  tail = MLPTail(8 * 8 * trunk.out_channels, (scale_width(384, width), scale_width(192, width)))
+  tail = MLPTail(8 * 8 * trunk.out_channels, (scale_width(384, width), scale_width(192, width)),
+                 dropout_rate=_check_dropout_rate("fedavg_cifar_cnn", dropout_rate))
   return Classifier(trunk=trunk, tail=tail, num_classes=num_classes)
 
 
