@@ -145,3 +145,5 @@ def test_fcclplus_with_the_after_collaborative_teacher_trains_end_to_end(tmp_pat
   for client in ("mnist", "usps", "svhn", "syn"):
     assert np.isfinite(records[-1][f"train/local/distill/{client}"])
     assert 0.0 <= records[-1][f"eval/intra/{client}"] <= 100.0
+  # 64 public images in batches of 32, 4 participants, 10 classes: logits and similarities.
+  assert records[-1]["train/server/bytes_up"] == 4 * 2 * (32 * 10 + 32 * 31) * 4

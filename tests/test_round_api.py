@@ -357,6 +357,9 @@ TINY_ROUND_2 = {
         'eval/inter/syn': 10.0,
         'eval/intra/mean': 10.833333492279053,
         'eval/inter/mean': 9.166666706403095,
+        # 4 participants x 2 public batches of 32 x (logits 32 x 10 + similarities 32 x 31) x 4 B.
+        'train/server/bytes_up': 41984.0,
+        'train/server/bytes_down': 41984.0,
     },
     'fccl': {
         'train/collaborative/col/mnist': 7.743786334991455,
@@ -440,6 +443,9 @@ QUICK_ROUND_2 = {
         'eval/inter/syn': 10.99999968210856,
         'eval/intra/mean': 37.666666984558105,
         'eval/inter/mean': 11.777777751286823,
+        # 4 participants x 2 public batches of 512 x (512 x 10 + 512 x 511) x 4 bytes.
+        'train/server/bytes_up': 8536064.0,
+        'train/server/bytes_down': 8536064.0,
     },
     'fccl': {
         'train/collaborative/col/mnist': 1.9947516918182373,

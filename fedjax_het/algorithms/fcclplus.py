@@ -92,10 +92,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, fedavg, solo
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, local, public
-from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.api import Algorithm, Setup, Stage
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
                                        vmap_slots, where_active)
 from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
@@ -330,21 +330,67 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                 collaborative_step=collaborative_step, local_update=local_update)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one FCCL+ round over all participants, from the shapes.
+
+  On each of the round's public batches (`collaborative.epochs` x ceil(N0 / B) full batches
+  of B = min(`collaborative.batch_size`, N0) images, `batching.public_batches`) every
+  participant sends what the targets are means of, its logits Z_i (B, C) when FCCM is on and
+  its similarity logits S_i (B, B-1) when FISL is on, and receives the targets Z_bar and
+  S_bar of the same shapes (FCCL+ Alg. 1). The homogeneous variant
+  (`fcclplus.average_parameters`) also sends every participant's variables (parameters and
+  BatchNorm statistics) up and the average down once a round. The public images (shared
+  beforehand) and the local phase cost nothing; float32 throughout.
+  """
+  cfg, col = config.fcclplus, config.collaborative
+  per_batch = 0
+  if int(col.epochs) > 0 and num_public > 0:
+    batch = min(int(col.batch_size), max(num_public, 2))
+    batches = int(col.epochs) * -(-num_public // batch)
+    if bool(cfg.use_fccm):
+      per_batch += batch * setup.num_classes * 4
+    if bool(cfg.use_fisl):
+      per_batch += batch * (batch - 1) * 4
+    per_batch *= batches
+  total = setup.num_participants * per_batch
+  if bool(cfg.average_parameters):
+    total += sum(group.num_clients * fedavg.variables_bytes(group) for group in setup.groups)
+  return total, total
+
+
+def with_communication_metrics(stage: Stage, config: ml_collections.ConfigDict,
+                               setup: Setup) -> Stage:
+  """`stage` whose metrics also hold "server": {"bytes_up", "bytes_down"} of the round
+  (`communication_bytes`; the shapes are static, so this adds no computation)."""
+  def run(state, data, key, round_index):
+    state, metrics = stage.run(state, data, key, round_index)
+    num_public = 0 if data.public is None else int(data.public.shape[0])
+    up, down = communication_bytes(config, setup, num_public)
+    return state, {**metrics, "server": {"bytes_up": jnp.float32(up),
+                                         "bytes_down": jnp.float32(down)}}
+
+  return Stage(stage.name, run)
+
+
 def make_fcclplus(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FCCL+ as an `Algorithm`: public phase (FCCM + FISL), then local CE + FNTD.
 
   The round is given as these two stages (`Algorithm.stages`), so the trainer
-  can compile each as its own program (`config.round_programs`).
+  can compile each as its own program (`config.round_programs`). The public
+  stage's metrics include the round's communication, metrics["server"]
+  ["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
   reset_each_round = config.collaborative.optimizer_reset == "round"
+  public_stage, local_stage = common.public_and_local_stages(
+      spec, phases.collaborative_step, phases.local_update,
+      reset=phases.reset_optimizer if reset_each_round else None)
 
   return common.public_data_algorithm(
       "fcclplus", config, setup, phases.init,
-      stages=common.public_and_local_stages(
-          spec, phases.collaborative_step, phases.local_update,
-          reset=phases.reset_optimizer if reset_each_round else None))
+      stages=(with_communication_metrics(public_stage, config, setup), local_stage))
 
 
 def default_config() -> ml_collections.ConfigDict:
