@@ -285,11 +285,10 @@ def restore_checkpoint(folder: pathlib.Path, step: int) -> dict[str, np.ndarray]
   """{tree path: numpy array} of checkpoint `step` (orbax, no target: as stored)."""
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  manager = ocp.CheckpointManager(folder.absolute())
-  try:
-    state = manager.restore(step, args=ocp.args.StandardRestore())
-  finally:
-    manager.close()
+  item = folder.absolute() / str(step) / "state"  # the arrays' item (fedjax_het.checkpointing)
+  if not item.is_dir():
+    item = item.with_name("default")              # a checkpoint written as one unnamed item
+  state = ocp.StandardCheckpointer().restore(item)
   return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
           for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
 

@@ -1,10 +1,19 @@
-"""Checkpoints of the whole training state (thin wrapper over orbax).
+"""Checkpoints of the whole training state and the run's record (thin wrapper over orbax).
 
 The state (every participant's variables, the method's teachers and optimiser
 states, the round counter and the run key) is saved after every
 `checkpoint.every` rounds; `train_and_evaluate` restores the latest checkpoint
 of a workdir automatically, so a killed run continues where it stopped and ends
 with the same numbers as an uninterrupted one.
+
+Each checkpoint `<directory>/<round>/` holds two orbax items: `state` (the
+arrays) and `run`, a JSON document with the run's identity (the config and data
+fingerprint that `run.json` also holds) and every metrics record up to that
+round. The checkpoint is the run's source of truth: a resume checks its identity
+against the checkpoint, and `metrics.jsonl`, `results.json` and the tables are
+views that the trainer rebuilds from the checkpoint's records when they are
+missing or damaged. A checkpoint written as one unnamed item (`<round>/default/`,
+no record) still restores; its run is then checked against `run.json`.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -27,15 +37,17 @@ logging.getLogger("absl").addFilter(_drop_orbax_info)
 
 
 class Checkpointer:
-  """Saves and restores training states under `<directory>/<round>/`."""
+  """Saves and restores training states and run records under `<directory>/<round>/`."""
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 2):
+    self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True)
+    handlers = {"state": ocp.StandardCheckpointHandler(), "run": ocp.JsonCheckpointHandler()}
     for attempt in range(3):
       try:
-        self._manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(),
-                                              options=options)
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_handlers=handlers)
         break
       except FileNotFoundError:
         # A step directory vanished while the manager listed them: an earlier manager of this
@@ -57,14 +69,34 @@ class Checkpointer:
     """Removes the checkpoint of `round_index` (e.g. one that cannot be restored)."""
     self._manager.delete(round_index)
 
-  def save(self, round_index: int, state: Any) -> None:
-    """Saves `state` as round `round_index` (asynchronously)."""
-    self._manager.save(round_index, args=ocp.args.StandardSave(state))
+  def save(self, round_index: int, state: Any, run: Mapping[str, Any] | None = None) -> None:
+    """Saves `state` as round `round_index` (asynchronously), with the JSON document `run`
+    (the run's identity and records: `{"identity": ..., "records": [...]}`)."""
+    self._manager.save(round_index, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(dict(run or {}))))
+
+  def _unnamed(self, round_index: int) -> pathlib.Path | None:
+    """The item folder of a checkpoint written as one unnamed item, else None."""
+    folder = self.directory / str(round_index) / "default"
+    return folder if folder.is_dir() else None
 
   def restore(self, round_index: int, like: Any) -> Any:
     """Restores round `round_index` with the structure, dtypes and shardings of `like`."""
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
-    return self._manager.restore(round_index, args=ocp.args.StandardRestore(abstract))
+    unnamed = self._unnamed(round_index)
+    if unnamed is not None:
+      return ocp.StandardCheckpointer().restore(unnamed, abstract)
+    return self._manager.restore(round_index, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract)))["state"]
+
+  def run_record(self, round_index: int) -> dict[str, Any] | None:
+    """The `run` document saved with round `round_index`; None for a checkpoint without one.
+
+    Raises (orbax's or the JSON decoder's error) when the document cannot be read."""
+    if self._unnamed(round_index) is not None:
+      return None
+    return dict(self._manager.restore(round_index, args=ocp.args.Composite(
+        run=ocp.args.JsonRestore()))["run"])
 
   def close(self) -> None:
     """Waits for pending saves and releases resources."""

@@ -87,6 +87,9 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # A non-finite loss, metric or parameter: "stop" the run there (the last finite checkpoint
   # stays, the run exits non-zero naming the round and the metric) or "warn" and train on.
   c.on_nonfinite = "stop"
+  # A workdir with results (results.json, metrics.jsonl) but no checkpoint is refused unless
+  # True: then the run trains afresh and replaces them.
+  c.overwrite = False
   # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
   # machine), or concurrency (XLA's default). Same numbers either way. See engine/xla_cpu.py.
@@ -261,9 +264,11 @@ ON_NONFINITE = ("stop", "warn")
 
 
 def validate_run_policy(config: ml_collections.ConfigDict) -> None:
-  """`config.on_nonfinite` where present."""
+  """`config.on_nonfinite` and `config.overwrite` where present."""
   if "on_nonfinite" in config:
     check(config, "on_nonfinite", choice(ON_NONFINITE), f"one of {ON_NONFINITE}")
+  if "overwrite" in config:
+    check(config, "overwrite", lambda v: isinstance(v, bool), "True or False")
 
 
 def validate_logging(config: ml_collections.ConfigDict) -> None:

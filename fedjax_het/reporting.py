@@ -15,7 +15,7 @@ from typing import Any
 import tqdm
 
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.errors import ConfigError
+from fedjax_het.errors import ConfigError, WorkdirError
 from fedjax_het.reports import common
 
 
@@ -38,6 +38,13 @@ def nonfinite_names(record: Mapping[str, Any]) -> list[str]:
 def strict_json(value: Any, **kwargs: Any) -> str:
   """JSON without the bare NaN / Infinity tokens JSON does not allow (written as null)."""
   return json.dumps(_finite(value), allow_nan=False, **kwargs)
+
+
+def json_record(record: Mapping[str, Any]) -> dict[str, Any]:
+  """`record` as metrics.jsonl holds it (parsed back): non-finite numbers as null, their
+  names under "nonfinite"."""
+  bad = nonfinite_names(record)
+  return json.loads(strict_json({**record, **({"nonfinite": bad} if bad else {})}))
 
 
 #: `config.logging.writers`: where the per-round records go (metrics.jsonl always).
@@ -137,8 +144,10 @@ class MetricsWriter:
   record also go to TensorBoard (tensorboardX), Weights & Biases and MLflow when
   `writers` names them (`config.logging.writers`, `writer_names`). Records carry a "round"
   key (1-based: the number of rounds completed), the step of every backend. On resume,
-  `truncate_after(r)` drops records of rounds > r written by an interrupted run after its
-  last checkpoint.
+  `resume(r, saved)` keeps the records of rounds <= r: those the checkpoint of round r
+  holds (`saved`; metrics.jsonl is rewritten from them when it is missing, damaged or
+  differs, with one warning line), or, for a checkpoint without records, metrics.jsonl's
+  own, truncated after round r (`truncate_after`).
 
   `enabled=False` (a process other than process 0 of a multi-process run, as flax's
   `create_default_writer(just_logging=...)`): nothing is written and no backend starts;
@@ -173,13 +182,37 @@ class MetricsWriter:
       workdir_lib.write_atomic(self.path, "".join(strict_json(r) + "\n" for r in kept))
     return kept
 
-  def write(self, record: Mapping[str, Any]) -> None:
-    """Appends `record`; a non-finite number is written as null and named under
-    "nonfinite" (metrics.jsonl stays strict JSON)."""
+  def resume(self, round_number: int,
+             saved: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The records of rounds <= round_number: `saved` (the checkpoint's) when given, with
+    metrics.jsonl rewritten from them where enabled; else `truncate_after(round_number)`."""
+    if saved is None:
+      try:
+        return self.truncate_after(round_number)
+      except ValueError as error:
+        raise WorkdirError(f"{self.path} is damaged ({error}) and the checkpoint of round "
+                           f"{round_number} holds no records to rebuild it from; move the "
+                           "workdir aside to start the run afresh.") from None
+    try:
+      kept = [r for r in self.read() if r["round"] <= round_number]
+    except (ValueError, KeyError, TypeError):
+      kept = None
+    if kept != saved:
+      logging.warning("%s is %s: rebuilt from the %d records of the checkpoint of round %d",
+                      self.path, "missing" if not self.path.exists() else
+                      "damaged" if kept is None else "not the checkpoint's record",
+                      len(saved), round_number)
+    if self.enabled:
+      workdir_lib.write_atomic(self.path, "".join(strict_json(r) + "\n" for r in saved))
+    return list(saved)
+
+  def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
+    """Appends `record` and returns it as written (`json_record`): a non-finite number is
+    written as null and named under "nonfinite" (metrics.jsonl stays strict JSON)."""
+    written = json_record(record)
     if not self.enabled:
-      return
-    bad = nonfinite_names(record)
-    line = strict_json({**record, **({"nonfinite": bad} if bad else {})})
+      return written
+    line = strict_json(written)
     with self.path.open("a") as f:
       f.write(line + "\n")
     if self._backends:
@@ -188,6 +221,7 @@ class MetricsWriter:
                 and not isinstance(value, bool) and math.isfinite(value)}
       for backend in self._backends:
         backend.scalars(int(record["round"]), values)
+    return written
 
   def close(self) -> None:
     for backend in self._backends:

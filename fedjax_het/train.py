@@ -26,8 +26,11 @@ Artefacts in `workdir`:
   results.md/.json  the FCCL+ Table VIII/IX layout (inter/intra, mean of the last
                     evaluated rounds), plain test accuracy for a single domain,
                     or GLFC's Table 1 layout for the task stream
-  checkpoints/      orbax checkpoints; a restarted run resumes from the latest
-                    (bit-identical to an uninterrupted run)
+  checkpoints/      orbax checkpoints of the state, the run's identity and its
+                    records up to that round (`fedjax_het.checkpointing`); a
+                    restarted run resumes from the latest (bit-identical to an
+                    uninterrupted run), checks its identity against it and
+                    rebuilds a missing or damaged metrics.jsonl from its records
   accuracy.png      accuracy curves
   <diagnostic>.npz/.png  the method's diagnostics (e.g. FCCL/FCCL+'s
                     cross_correlation) at config.logging.diagnostic_rounds
@@ -235,11 +238,14 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   config, experiment, stacked = configs[0], run.experiment, len(configs) > 1
   experiments = run.lanes
   num_rounds, per_call = experiment.num_rounds, int(config.rounds_per_call)
-  # Nothing is written to a workdir before the resume guard has passed.
+  # Nothing is written to a workdir before the resume guard has passed. Each checkpoint
+  # carries its run's identity and records (`fedjax_het.checkpointing`).
+  identities = [e.run_record() for e in experiments]
   opened = [workdir_lib.open_run(
-      w, c, e.run_record(), e.metadata(), primary=primary, sync=sharding.barrier,
-      before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)))
-            for c, w, e in zip(configs, workdirs, experiments)]
+      w, c, identity, e.metadata(), primary=primary, sync=sharding.barrier,
+      before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)),
+      num_rounds=num_rounds)
+            for c, w, e, identity in zip(configs, workdirs, experiments, identities)]
   checkpointers = [c for c, _ in opened]
   kept_rounds = _common_rounds(checkpointers, [s for _, s in opened], workdirs)
   # One writer per run; only process 0 writes (the others read what it keeps).
@@ -249,18 +255,25 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
       mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
              for c, w in zip(configs, workdirs)]
   if not kept_rounds:
-    start, state = 0, run.init_state()
+    start, state, saved = 0, run.init_state(), [None] * len(workdirs)
     for lane, checkpointer in enumerate(checkpointers):
-      checkpointer.save(0, run.lane_state(state, lane))
+      checkpointer.save(0, run.lane_state(state, lane),
+                        {"identity": identities[lane], "records": []})
   else:
     start, state = _restore(run, checkpointers, kept_rounds, workdirs)
+    saved = [_saved_records(checkpointer, start) for checkpointer in checkpointers]
     logging.info("resumed from the checkpoint of round %d in %s", start,
                  ", ".join(map(str, workdirs)))
+  # The records up to `start`: the checkpoint's (metrics.jsonl is rebuilt from them when it
+  # is missing or damaged), or metrics.jsonl's for a checkpoint without records.
   if primary:
-    records = [writer.truncate_after(start) for writer in writers]
+    records = [writer.resume(start, lane_saved) for writer, lane_saved in zip(writers, saved)]
   sharding.barrier("fedjax_het:metrics")  # the others read the records process 0 kept
   if not primary:
-    records = [writer.truncate_after(start) for writer in writers]  # reads only: disabled
+    records = [writer.resume(start, lane_saved)  # reads only: disabled
+               for writer, lane_saved in zip(writers, saved)]
+  # What metrics.jsonl holds (strict JSON), saved with every checkpoint.
+  logged = [[reporting.json_record(r) for r in lane] for lane in records]
 
   diagnostics = experiment.algorithm.diagnostics
   diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
@@ -299,7 +312,7 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                                      **{f"round_{r}": m for r, m in saved[lane].items()})
       for lane, writer in enumerate(writers):
         for record in new_records[lane]:
-          writer.write(record)
+          logged[lane].append(writer.write(record))
           records[lane].append(record)
       if diverged is not None:
         message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
@@ -310,7 +323,8 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
         logging.warning("%s: training goes on", message)
       if experiment.is_checkpoint_round(done) or done == stop:
         for lane, checkpointer in enumerate(checkpointers):
-          checkpointer.save(done, run.lane_state(state, lane))
+          checkpointer.save(done, run.lane_state(state, lane),
+                            {"identity": identities[lane], "records": logged[lane]})
       progress.update(done, experiment.progress_text(new_records[0][-1]))
   except KeyboardInterrupt:  # Ctrl-C or SIGTERM
     logging.info("stopped after round %d", done)
@@ -369,6 +383,20 @@ def _all_finite(state: Any) -> jax.Array:
 
 _finite = jax.jit(_all_finite)
 _finite_per_lane = jax.jit(jax.vmap(_all_finite))   # a state with a leading lane axis
+
+
+def _saved_records(checkpointer: Any, round_index: int) -> list[dict[str, Any]] | None:
+  """The records the checkpoint of `round_index` holds; None if it holds none (or they cannot
+  be read: metrics.jsonl is then the record)."""
+  try:
+    document = checkpointer.run_record(round_index)
+  except Exception as error:  # pylint: disable=broad-except
+    logging.warning("the records of the checkpoint of round %d cannot be read (%s); "
+                    "metrics.jsonl is taken as the record", round_index, type(error).__name__)
+    return None
+  if document is None or "records" not in document:
+    return None
+  return list(document["records"])
 
 
 def _restore(run: Any, checkpointers: list[Any], kept_rounds: list[int],

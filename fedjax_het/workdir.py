@@ -41,7 +41,8 @@ RUN_FILE = "run.json"
 METADATA_FILE = "metadata.json"
 
 #: Config fields (or section prefixes) that never change a run's numbers.
-NEUTRAL_FIELDS = ("name", "logging", "compilation_cache_dir", "memory_check", "on_nonfinite",
+NEUTRAL_FIELDS = ("name", "logging", "overwrite", "compilation_cache_dir", "memory_check",
+                  "on_nonfinite",
                   "checkpoint.keep",
                   "checkpoint.every", "eval.last_rounds", "eval.targets",
                   "eval.target_accuracy",  # the single target that eval.targets replaced
@@ -69,6 +70,18 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "fcclplus.pretrain_epochs": None,
     "fcclplus.pretrain_lr": None,
     "fcclplus.pretrain_min_lr": None,
+    "fcclplus.fntd_teacher": ("previous_local",),
+    # The fcclplus.ewc_* fields: read only by fcclplus.local_distillation="ewc".
+    "fcclplus.ewc_weight": None,
+    "fcclplus.ewc_labels": None,
+    "fcclplus.ewc_batch_size": None,
+    "models.dropout_rate": (0.0,),
+    # GLFC's ablation switches and loss weights, at the values of the full method.
+    "glfc.use_gradient_compensation": (True,),
+    "glfc.use_relation_distillation": (True,),
+    "glfc.gc_weight": (0.5,),
+    "glfc.rd_weight": (0.5,),
+    "glfc.first_task_gc_weight": (1.0,),
     # GLFC's proxy server: read only by glfc.old_model="proxy" (itself a recorded field).
     **{f"glfc.proxy.{name}": None for name in (
         "reconstruction_steps", "linesearch", "reconstruction_lr", "monitor_images",
@@ -212,16 +225,40 @@ def check_workdir(workdir: pathlib.Path) -> None:
                        "--workdir=<a new or existing directory>.")
 
 
+def checkpoint_identity(checkpointer: Any) -> tuple[dict[str, Any] | None, int | None]:
+  """(the run identity the newest readable checkpoint holds, its round); (None, None) when the
+  checkpoints hold none (written without a run record, or none can be read)."""
+  for round_index in reversed(checkpointer.rounds()):
+    try:
+      document = checkpointer.run_record(round_index)
+    except Exception:  # pylint: disable=broad-except (an unreadable checkpoint: try older)
+      continue
+    if document is None or "identity" not in document:
+      return None, None
+    return document["identity"], round_index
+  return None, None
+
+
 def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
-                 allowed: tuple[str, ...], *, resume_round: int) -> None:
-  """Raises `WorkdirError` if resuming `workdir` at `resume_round` would mix two runs."""
-  path = workdir / RUN_FILE
-  if not path.exists():
-    logging.warning("%s has checkpoints but no %s: cannot check "
-                    "that the config and the data are those it was started with.", workdir,
-                    RUN_FILE)
-    return
-  recorded = json.loads(path.read_text())
+                 allowed: tuple[str, ...], *, resume_round: int,
+                 recorded: Mapping[str, Any] | None = None) -> None:
+  """Raises `WorkdirError` if resuming `workdir` at `resume_round` would mix two runs.
+
+  `recorded`: the run identity the checkpoint holds; None: the one `run.json` holds (the
+  record of checkpoints written without one)."""
+  if recorded is None:
+    path = workdir / RUN_FILE
+    if not path.exists():
+      logging.warning("%s has checkpoints but no %s: cannot check "
+                      "that the config and the data are those it was started with.", workdir,
+                      RUN_FILE)
+      return
+    try:
+      recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+      raise WorkdirError(f"{path} cannot be read ({type(error).__name__}: {error}) and the "
+                         "checkpoints hold no run record to check the resume against; move "
+                         "the workdir aside to start the run afresh.") from None
   lines = differences(recorded, current, allowed)
   if lines:
     listing = "\n  ".join(lines)
@@ -233,14 +270,33 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
         "run), resume with --config.resume_allow_changes=<field>[,<field>...].")
 
 
+def check_fresh(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+  """Raises `WorkdirError` when a fresh start would overwrite the results of a run whose
+  checkpoints are gone (unless `config.overwrite`)."""
+  if config.get("overwrite", False):
+    return
+  metrics = workdir / "metrics.jsonl"
+  found = [name for name, present in (
+      ("results.json", (workdir / "results.json").exists()),
+      ("metrics.jsonl", metrics.exists() and metrics.stat().st_size > 0)) if present]
+  if found:
+    raise WorkdirError(f"workdir {str(workdir)!r} holds {' and '.join(found)} of a run but no "
+                       "checkpoint to resume it from; pass --workdir=<a new directory>, or "
+                       "--config.overwrite=True to train afresh and replace them.")
+
+
 def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: Mapping[str, Any],
              metadata: Mapping[str, Any], *, primary: bool = True,
              sync: Callable[[str], None] | None = None,
-             before_write: Callable[[], None] | None = None) -> tuple[Any, int | None]:
+             before_write: Callable[[], None] | None = None,
+             num_rounds: int | None = None) -> tuple[Any, int | None]:
   """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
 
-  Nothing is written to `workdir` before `check_resume` has passed (a changed
-  config or data raises `WorkdirError` with the workdir untouched); then
+  Nothing is written to `workdir` before the guards have passed: `check_resume`
+  against the identity the newest readable checkpoint holds (or `run.json` for
+  checkpoints without one), a latest checkpoint beyond `num_rounds` (the run's
+  rounds now), and, for a fresh start, `check_fresh`; a refusal raises
+  `WorkdirError` with the workdir untouched. Then
   run.json (`record`), config.json and metadata.json (`metadata`) are
   written. The checkpointer manages `workdir`/checkpoints with
   `config.checkpoint.keep`; the round is None for a fresh run.
@@ -262,7 +318,16 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep) if resuming else None
   start = checkpointer.latest_round() if checkpointer is not None else None
   if start is not None:
-    check_resume(workdir, record, allowed_changes(config), resume_round=start)
+    recorded, _ = checkpoint_identity(checkpointer)
+    check_resume(workdir, record, allowed_changes(config), resume_round=start,
+                 recorded=recorded)
+    if num_rounds is not None and start > num_rounds:
+      raise WorkdirError(f"workdir {str(workdir)!r} holds a checkpoint of round {start}, beyond "
+                         f"the {num_rounds} rounds of this config; a run cannot be shortened "
+                         "(its records hold those rounds): pass the recorded num_rounds, or "
+                         "--workdir=<a new directory>.")
+  else:
+    check_fresh(workdir, config)
   if sync is not None:
     sync("fedjax_het:open_run:checked")
   if primary:

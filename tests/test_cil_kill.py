@@ -42,8 +42,8 @@ from tests.test_cil_train import tiny_cil_config
 
 save = checkpointing.Checkpointer.save
 
-def save_then_die(self, round_index, state):
-  save(self, round_index, state)
+def save_then_die(self, round_index, state, run=None):
+  save(self, round_index, state, run)
   if round_index == {kill_at}:
     if {written}:
       self._manager.wait_until_finished()

@@ -159,3 +159,92 @@ def test_sigterm_stops_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
   assert "Traceback" not in rest
   from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round() >= 1
+
+
+# -- the checkpoint is the run's source of truth ---------------------------------------------
+
+
+@pytest.fixture(name="full_run", scope="module")
+def _full_run(tmp_path_factory):
+  """An uninterrupted 3-round tiny SOLO run: the reference of the resumes below."""
+  workdir = tmp_path_factory.mktemp("full")
+  return workdir, train_and_evaluate(tiny_config("solo"), workdir)
+
+
+@pytest.mark.parametrize("damage", ["cut_first_line", "deleted"])
+def test_damaged_or_missing_metrics_are_rebuilt_from_the_checkpoint(tmp_path, caplog, full_run,
+                                                                   damage):
+  reference, _ = full_run
+  config = tiny_config("solo")
+  train_and_evaluate(config, tmp_path, max_rounds=2)
+  metrics = tmp_path / "metrics.jsonl"
+  if damage == "deleted":
+    metrics.unlink()
+  else:  # round 1's line cut in half: round 2's line after it still parses
+    lines = metrics.read_text().splitlines()
+    metrics.write_text(lines[0][:len(lines[0]) // 2] + "\n" + lines[1] + "\n")
+  train_and_evaluate(config, tmp_path)
+  assert "rebuilt from the 2 records of the checkpoint of round 2" in caplog.text
+  assert ((tmp_path / "results.json").read_text()
+          == (reference / "results.json").read_text())
+  got, want = (reporting.MetricsWriter(w, enabled=False).read() for w in (tmp_path, reference))
+  assert [r["round"] for r in got] == [1, 2, 3]
+  for record in got + want:
+    record.pop("time/round_secs")
+  assert got == want
+
+
+def test_the_run_identity_is_checked_against_the_checkpoint_without_run_json(tmp_path):
+  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=1)
+  (tmp_path / "run.json").unlink()
+  before = sorted(p.name for p in tmp_path.iterdir())
+  with pytest.raises(WorkdirError, match=r"(?s)different config or data.*config\.seed: 0 -> 1"):
+    train_and_evaluate(tiny_config("solo", seed=1), tmp_path)
+  assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_results_without_checkpoints_are_kept_unless_overwrite(tmp_path, full_run):
+  reference, _ = full_run
+  config = tiny_config("solo")
+  train_and_evaluate(config, tmp_path)
+  (tmp_path / "results.json").write_text('{"kept": 1}\n')
+  for path in sorted((tmp_path / "checkpoints").rglob("*"), reverse=True):
+    path.rmdir() if path.is_dir() else path.unlink()
+  with pytest.raises(WorkdirError, match="holds results.json and metrics.jsonl of a run but no "
+                                         "checkpoint.*--config.overwrite=True"):
+    train_and_evaluate(config, tmp_path)
+  assert (tmp_path / "results.json").read_text() == '{"kept": 1}\n'
+  config.overwrite = True  # an output-only field
+  train_and_evaluate(config, tmp_path)
+  assert ((tmp_path / "results.json").read_text()
+          == (reference / "results.json").read_text())
+  assert [r["round"] for r in reporting.MetricsWriter(tmp_path).read()] == [1, 2, 3]
+
+
+def test_a_run_cannot_be_shortened_below_its_checkpoint(tmp_path):
+  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  with pytest.raises(WorkdirError, match="checkpoint of round 2, beyond the 1 rounds"):
+    train_and_evaluate(tiny_config("solo", num_rounds=1, resume_allow_changes="num_rounds"),
+                       tmp_path)
+
+
+def test_a_checkpoint_of_one_unnamed_item_restores_without_a_record(tmp_path):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
+  manager = ocp.CheckpointManager(tmp_path.absolute())
+  manager.save(3, args=ocp.args.StandardSave({"w": np.arange(4.0, dtype=np.float32)}))
+  manager.wait_until_finished()
+  manager.close()
+  checkpointer = checkpointing.Checkpointer(tmp_path)
+  like = {"w": np.zeros(4, np.float32)}
+  np.testing.assert_array_equal(checkpointer.restore(3, like)["w"], np.arange(4.0))
+  assert checkpointer.run_record(3) is None
+  checkpointer.save(4, {"w": np.ones(4, np.float32)}, {"identity": {"a": 1}, "records": []})
+  checkpointer.close()
+  checkpointer = checkpointing.Checkpointer(tmp_path)
+  assert checkpointer.rounds() == [3, 4]
+  assert checkpointer.run_record(4) == {"identity": {"a": 1}, "records": []}
+  np.testing.assert_array_equal(checkpointer.restore(4, like)["w"], np.ones(4))
+  assert workdir_lib.checkpoint_identity(checkpointer) == ({"a": 1}, 4)
+  checkpointer.close()

@@ -73,6 +73,7 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
       "resume_allow_changes": "",
       "memory_check": True,
       "on_nonfinite": "stop",          # as config.base_config
+      "overwrite": False,              # as config.base_config
       "xla_cpu_scheduler": "auto",     # as config.base_config: fixed when JAX starts
       "scenario": {
           "name": SCENARIO,
