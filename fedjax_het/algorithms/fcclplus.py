@@ -28,9 +28,10 @@ Defaults follow the authors' code; every deviation is a config field:
     second forward for the features, updating BatchNorm statistics twice).
   * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.use_fccm=False` (FISL
     only; FCCL+ Table X's rows without FCCM), `fcclplus.local_distillation`
-    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual", "ewc"}; "kd_then_fntd"
-    is Table XVII's schedule: KD in the first round(fcclplus.kd_fraction * local.epochs)
-    local epochs of every round, FNTD in the rest (one optimiser over all of them).
+    in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual", "ewc"};
+    "kd_then_fntd" is Table XVII's schedule: KD in the first
+    round(fcclplus.kd_fraction * local.epochs) local epochs of every round, FNTD in the rest
+    (one optimiser over all of them).
   * `fcclplus.local_distillation="dual"`: the conference version's local objective,
     FCCL+ Eq. 19 = FCCL (CVPR 2022) Eq. 4-7 dual-domain distillation,
       L_local = CE + lambda_Loc (KL(softmax(Z^{e-1}/tau) || softmax(Z/tau))
@@ -420,9 +421,9 @@ def default_config() -> ml_collections.ConfigDict:
           # (theta^{e-1}, the paper's) | "after_collaborative" (theta^e).
           "fntd_teacher": "previous_local",
           # local_distillation="ewc" only (FCCL+ Table XVI; EWC Eq. 3 around the teacher):
-          "ewc_weight": 1.0,                                       # lambda: 0.01/0.1/0.7/1.0 in Table XVI
-          "ewc_labels": "sampled",                                 # Fisher labels: "sampled" | "true"
-          "ewc_batch_size": ewc_lib.FISHER_CHUNK_SIZE,             # examples per Fisher chunk
+          "ewc_weight": 1.0,                # lambda (Table XVI: 0.01, 0.1, 0.7, 1.0)
+          "ewc_labels": "sampled",          # the Fisher's labels: "sampled" | "true"
+          "ewc_batch_size": ewc_lib.FISHER_CHUNK_SIZE,  # examples per vmapped Fisher chunk
       },
   })
 
