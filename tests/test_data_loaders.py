@@ -5,7 +5,7 @@ import pytest
 
 from fedjax_het import data
 from fedjax_het.data import npz
-from fedjax_het.data._imageops import resize_uint8_like_pil, to_rgb32
+from fedjax_het.data._imageops import area_downsample, resize_uint8_like_pil, to_rgb32
 from tests.real_data import real_data_dir
 
 
@@ -161,6 +161,79 @@ def test_missing_file_and_missing_directory(tmp_path, monkeypatch):
     data.load_office31()
 
 
+def test_missing_domain_names_its_download_command(tmp_path):
+  _write(tmp_path)
+  with pytest.raises(data.DataUnavailableError,
+                     match=r"has no 'syn' domain .*it holds \['mnist', 'usps'\]\. Add it with: "
+                           r"python -m fedjax_het\.data\.download --data_dir \S+ syn --from PATH"):
+    data.load_npz_digits(tmp_path, domains=("syn",))
+
+
+def test_fashion_mnist_loads_and_is_validated(tmp_path):
+  rng = np.random.default_rng(2)
+  arrays = {"train_x": rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8),
+            "train_y": np.arange(12) % 10, "test_x": rng.integers(0, 256, (4, 32, 32, 3),
+                                                                  dtype=np.uint8),
+            "test_y": np.arange(4)}
+  np.savez(tmp_path / "fmnist.npz", **arrays)
+  train, test = data.load_fashion_mnist(tmp_path)
+  np.testing.assert_array_equal(train.images, arrays["train_x"])
+  np.testing.assert_array_equal(test.labels, arrays["test_y"])
+  np.savez(tmp_path / "fmnist.npz", **{**arrays, "test_y": np.full(4, 10)})
+  with pytest.raises(data.DataError, match=r"fmnist\.npz \[test_y\]: labels must lie in "
+                                           r"\[0, 10\)"):
+    data.load_fashion_mnist(tmp_path)
+
+
+def _tinyimagenet(directory, **overrides):
+  """A tiny tinyimagenet.npz: 64x64 images of 3 classes, 200 WordNet ids."""
+  rng = np.random.default_rng(3)
+  arrays = {"train_x": rng.integers(0, 256, (6, 64, 64, 3), dtype=np.uint8),
+            "train_y": np.array([0, 0, 1, 1, 199, 199]),
+            "val_x": rng.integers(0, 256, (3, 64, 64, 3), dtype=np.uint8),
+            "val_y": np.array([199, 1, 0]),
+            "wnids": np.array([f"n{i:08d}" for i in range(200)])}
+  arrays.update(overrides)
+  np.savez(directory / "tinyimagenet.npz", **arrays)
+  return arrays
+
+
+def test_tinyimagenet_at_64_and_32(tmp_path):
+  arrays = _tinyimagenet(tmp_path)
+  full = data.load_tinyimagenet(tmp_path)
+  assert full.resolution == 64 and full.wnids[199] == "n00000199"
+  np.testing.assert_array_equal(full.train.images, arrays["train_x"])
+  np.testing.assert_array_equal(full.test.labels, arrays["val_y"])
+  assert full.train.labels.dtype == np.int32
+  small = data.load_tinyimagenet(tmp_path, resolution=32)
+  assert small.train.images.shape == (6, 32, 32, 3) and small.resolution == 32
+  # Each output pixel: the 2x2 block's mean, rounded half up.
+  block = arrays["val_x"][1, 10:12, 20:22].astype(int).sum(axis=(0, 1))
+  np.testing.assert_array_equal(small.test.images[1, 5, 10], (block + 2) // 4)
+  split = data.Split(*small.train)  # 32x32 is a valid Split
+  assert len(split) == 6
+  with pytest.raises(ValueError, match=r"`resolution` must be one of \(64, 32\), got 48"):
+    data.load_tinyimagenet(tmp_path, resolution=48)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"train_x": np.zeros((6, 32, 32, 3), np.uint8)},
+     r"\[train_x\]: images must be uint8 \(N, 64, 64, 3\), got uint8 \(6, 32, 32, 3\)"),
+    ({"val_y": np.array([0, 1, 200])}, r"\[val_y\]: labels must lie in \[0, 200\)"),
+    ({"wnids": np.array(["n0", "n1"])}, r"\[wnids\]: expected 200 WordNet ids, found 2"),
+])
+def test_tinyimagenet_bad_file_names_the_key(tmp_path, override, message):
+  _tinyimagenet(tmp_path, **override)
+  with pytest.raises(data.DataError, match=message):
+    data.load_tinyimagenet(tmp_path)
+
+
+def test_tinyimagenet_missing_file_names_the_download_command(tmp_path):
+  with pytest.raises(data.DataUnavailableError, match=r"tinyimagenet\.npz: file not found.*"
+                                                      r"download --data_dir \S+ tinyimagenet"):
+    data.load_tinyimagenet(tmp_path)
+
+
 def test_resolve_data_dir_precedence(tmp_path, monkeypatch):
   monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path / "env"))
   assert data.resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
@@ -198,6 +271,16 @@ def test_resize_matches_pillow_bilinear(size):
   image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
   want = np.asarray(image_module.fromarray(image).resize((32, 32), image_module.BILINEAR))
   np.testing.assert_array_equal(resize_uint8_like_pil(image[None], 32, 32)[0], want)
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_area_downsample_matches_pillow_reduce(factor):
+  image_module = pytest.importorskip("PIL.Image")
+  images = np.random.default_rng(factor).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8)
+  want = np.stack([np.asarray(image_module.fromarray(x).reduce(factor)) for x in images])
+  np.testing.assert_array_equal(area_downsample(images, factor, chunk=2), want)
+  with pytest.raises(ValueError, match="`factor` must be an integer >= 1 dividing"):
+    area_downsample(images, 3)
 
 
 def test_to_rgb32_repeats_grey():

@@ -54,13 +54,14 @@ def _unpermute(images, client, seed=0):
   return images.reshape(n, h * w, c)[:, inverse].reshape(images.shape)
 
 
-def _fake_bundle(directory, n_train=60, n_test=30):
-  """A tiny valid digits.npz: unique random images, balanced labels."""
+def _fake_bundle(directory, n_train=60, n_test=30, domains=("mnist",)):
+  """A tiny valid digits.npz of `domains`: unique random images, balanced labels."""
   rng = np.random.default_rng(0)
   arrays = {}
-  for split, n in (("train", n_train), ("test", n_test)):
-    arrays[f"mnist_{split}_x"] = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-    arrays[f"mnist_{split}_y"] = np.arange(n) % 10
+  for domain in domains:
+    for split, n in (("train", n_train), ("test", n_test)):
+      arrays[f"{domain}_{split}_x"] = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+      arrays[f"{domain}_{split}_y"] = np.arange(n) % 10
   directory.mkdir(parents=True, exist_ok=True)
   np.savez(directory / "digits.npz", **arrays)
   return arrays
@@ -266,8 +267,46 @@ def test_unavailable_data_is_refused_without_the_opt_in(tmp_path):
     data.build_partitioned_scenario("cifar10", num_clients=4, partition="iid")
   with pytest.raises(data.DataUnavailableError, match=r"(?s)cifar10\.npz.*synthetic_fallback"):
     data.build_partitioned_scenario("cifar10", num_clients=4, partition="iid", data_dir=tmp_path)
-  with pytest.raises(data.DataUnavailableError, match="not in the offline bundle"):
+  _fake_bundle(tmp_path)  # digits.npz without svhn keys
+  with pytest.raises(data.DataUnavailableError,
+                     match=r"(?s)has no 'svhn' domain.*download --data_dir <dir> svhn "
+                           r"\(docs/data\.md\).*synthetic_fallback=True"):
     data.build_partitioned_scenario("svhn", num_clients=4, partition="iid", data_dir=tmp_path)
+
+
+def test_real_svhn_and_fashion_mnist_from_the_downloaded_bundle(tmp_path, caplog):
+  arrays = _fake_bundle(tmp_path, domains=("mnist", "svhn"))
+  s = data.build_partitioned_scenario("svhn", num_clients=3, partition="iid", data_dir=tmp_path)
+  assert s.sources["svhn"] == f"npz:{tmp_path / 'digits.npz'}[svhn]" and s.substituted == ()
+  assert _rows(np.concatenate([t.images for t in s.train])) == _rows(arrays["svhn_train_x"])
+  np.testing.assert_array_equal(s.test["svhn"].images, arrays["svhn_test_x"])
+  assert (s.private_mean, s.private_std) == data.DATASET_STATS["svhn"]
+  # fmnist.npz missing: the fallback's warning names the command that writes it.
+  with caplog.at_level(logging.WARNING, logger="fedjax_het.data"):
+    f = data.build_partitioned_scenario("fashion_mnist", num_clients=2, partition="iid",
+                                        data_dir=tmp_path, synthetic_fallback=True,
+                                        train_size=N_TRAIN, test_size=N_TEST)
+  assert f.substituted == ("fashion_mnist",)
+  assert ("SYNTHETIC SUBSTITUTION" in caplog.text and "fmnist.npz: file not found" in caplog.text
+          and "Real data: python -m fedjax_het.data.download --data_dir <dir> fmnist "
+              "(docs/data.md)." in caplog.text)
+  fashion = {k.replace("mnist_", ""): v for k, v in arrays.items() if k.startswith("mnist_")}
+  np.savez(tmp_path / "fmnist.npz", **fashion)
+  f = data.build_partitioned_scenario("fashion_mnist", num_clients=2, partition="shards",
+                                      shards_per_client=1, data_dir=tmp_path)
+  assert f.sources["fashion_mnist"] == f"npz:{tmp_path / 'fmnist.npz'}" and f.substituted == ()
+  assert _rows(np.concatenate([t.images for t in f.train])) == _rows(fashion["train_x"])
+  assert f.class_names[-1] == "Ankle boot" and f.num_classes == 10
+
+
+def test_fallback_warning_names_the_download_command_and_the_source_switch(caplog):
+  tfds_dir = "/nonexistent/tfds"
+  with caplog.at_level(logging.WARNING, logger="fedjax_het.data"):
+    data.build_partitioned_scenario("cifar100", num_clients=2, partition="iid", source="tfds",
+                                    data_dir=tfds_dir, synthetic_fallback=True,
+                                    train_size=N_TRAIN, test_size=N_TEST)
+  assert ("download --data_dir <dir> cifar100 and set scenario.dataset_source=real "
+          "(docs/data.md)." in caplog.text)
 
 
 def test_real_source_subsamples_stratified(tmp_path):

@@ -117,6 +117,8 @@ def test_opt_in_fallback_substitutes_logs_and_records(tfds_dir, caplog):
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
               and "SYNTHETIC SUBSTITUTION" in r.getMessage()]
   assert len(warnings) == 5
+  assert all("python -m fedjax_het.data.download --data_dir <dir> " in w for w in warnings)
+  assert "download --data_dir <dir> svhn and set scenario.sources.svhn=real" in warnings[2]
   # Same data as asking for the synthetic domains directly.
   direct = _synthetic_digits()
   np.testing.assert_array_equal(s.train[2].images, direct.train[2].images)
@@ -289,9 +291,39 @@ def test_load_dataset_whole_sets(tmp_path, real_dir):
   assert (len(train), len(test)) == (10000, 10000) and provenance.endswith("cifar10.npz")
   train, _, provenance = data.load_dataset("mnist", data_dir=real_dir)
   assert len(train) == 10000 and provenance.endswith("digits.npz[mnist]")
-  with pytest.raises(data.DataUnavailableError, match="not in the offline bundle"):
-    data.load_dataset("svhn", data_dir=real_dir)
   with pytest.raises(ValueError, match="usps is not in TFDS"):
     data.load_dataset("usps", source="tfds")
   with pytest.raises(ValueError, match="`name` must be one of"):
     data.load_dataset("imagenet")
+
+
+def test_load_dataset_reads_downloaded_svhn_and_fashion_mnist(tmp_path):
+  bundle = _fake_bundle(tmp_path / "bundle")  # digits.npz with mnist and usps only
+  with pytest.raises(data.DataUnavailableError,
+                     match=r"has no 'svhn' domain .* python -m fedjax_het\.data\.download "
+                           r"--data_dir \S+ svhn \(docs/data\.md\)"):
+    data.load_dataset("svhn", data_dir=bundle)
+  with pytest.raises(data.DataUnavailableError,
+                     match=r"fmnist\.npz: file not found.*download --data_dir \S+ fmnist"):
+    data.load_dataset("fashion_mnist", data_dir=bundle)
+  _fake_bundle(bundle, sizes=(("mnist", 40, 30), ("usps", 30, 20), ("svhn", 50, 20)))
+  rng = np.random.default_rng(1)
+  fashion = {f"{split}_{k}": v for split, n in (("train", 30), ("test", 10)) for k, v in (
+      ("x", rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)), ("y", np.arange(n) % 10))}
+  np.savez(bundle / "fmnist.npz", **fashion)
+  with np.load(bundle / "digits.npz") as digits:
+    svhn_train_x, svhn_test_y = digits["svhn_train_x"], digits["svhn_test_y"]
+  train, test, provenance = data.load_dataset("svhn", data_dir=bundle)
+  assert provenance == f"npz:{bundle / 'digits.npz'}[svhn]"
+  np.testing.assert_array_equal(train.images, svhn_train_x)
+  np.testing.assert_array_equal(test.labels, svhn_test_y)
+  train, test, provenance = data.load_dataset("fashion_mnist", data_dir=bundle)
+  assert provenance == f"npz:{bundle / 'fmnist.npz'}"
+  np.testing.assert_array_equal(train.images, fashion["train_x"])
+  np.testing.assert_array_equal(test.labels, fashion["test_y"])
+  with pytest.raises(data.DataUnavailableError, match=r"'tiny_imagenet' has no 'real' source "
+                                                      r"here .*load_tinyimagenet"):
+    data.load_dataset("tiny_imagenet", data_dir=bundle)
+  with pytest.raises(data.DataUnavailableError, match="'imagenet_subset' is not in the offline "
+                                                      "bundle; use source='folder:<path>'"):
+    data.load_dataset("imagenet_subset", data_dir=bundle)

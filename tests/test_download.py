@@ -256,11 +256,21 @@ def test_cli_downloads_mnist_and_fmnist_and_lists_them(server, monkeypatch, tmp_
   np.testing.assert_array_equal(mnist_train.images, to_rgb32(train))
   np.testing.assert_array_equal(mnist_test.labels, np.arange(4))
   np.testing.assert_array_equal(npz.load_public("fmnist", tmp_path), to_rgb32(fashion))
+  # The full official split too, read by load_dataset("fashion_mnist") (test files: MNIST's).
+  fashion_train, fashion_test, provenance = data.load_dataset("fashion_mnist", data_dir=tmp_path)
+  assert provenance == f"npz:{tmp_path / 'fmnist.npz'}"
+  np.testing.assert_array_equal(fashion_train.images, to_rgb32(fashion))
+  np.testing.assert_array_equal(fashion_train.labels, fashion_labels)
+  np.testing.assert_array_equal(fashion_test.images, to_rgb32(test))
+  with np.load(tmp_path / "fmnist.npz") as fmnist:
+    assert fmnist["classes"][0] == "T-shirt/top" and len(fmnist["classes"]) == 10
   assert (tmp_path / "downloads" / "mnist" / "train-images-idx3-ubyte.gz").is_file()
   capsys.readouterr()
   assert dl.main(["--list", "--data_dir", str(tmp_path)]) == 0
   rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
   assert "downloaded" in rows["mnist"] and "downloaded" in rows["fmnist"]
+  (tmp_path / "fmnist.npz").unlink()  # the public set alone: a partial Fashion-MNIST
+  assert dl.status(tmp_path)["fmnist"] == "partial"
   assert "missing" in rows["svhn"]
   assert "--from PATH" in rows["office_home"] and "Venkateswara" in rows["office_home"]
 

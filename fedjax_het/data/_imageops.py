@@ -101,6 +101,43 @@ def resize_uint8_like_pil(images: np.ndarray, height: int, width: int) -> np.nda
   return images
 
 
+def area_downsample(images: np.ndarray, factor: int, chunk: int = 4096) -> np.ndarray:
+  """Shrinks uint8 (N, H, W, C) images by an integer `factor` with an area (box) filter.
+
+  Each output pixel is the mean of a `factor` x `factor` block, rounded half
+  up: (sum + factor**2 // 2) // factor**2, which is Pillow's
+  `Image.reduce(factor)` bit for bit (checked against Pillow 13); the mean
+  before rounding is `torch.nn.functional.interpolate(mode="area")`.
+  Processed `chunk` images at a time, so the intermediate sums stay small
+  beside the input.
+
+  Args:
+    images: uint8 (N, H, W, C) with H and W multiples of `factor`.
+    factor: integer >= 1 (1 returns the images unchanged).
+    chunk: images per block of work.
+
+  Returns:
+    uint8 (N, H // factor, W // factor, C).
+  """
+  images = np.asarray(images)
+  if images.dtype != np.uint8 or images.ndim != 4:
+    raise ValueError(f"area_downsample: expected uint8 (N, H, W, C), got {images.dtype} "
+                     f"{images.shape}.")
+  n, h, w, c = images.shape
+  if factor < 1 or h % factor or w % factor:
+    raise ValueError(f"area_downsample: `factor` must be an integer >= 1 dividing the image size "
+                     f"{h}x{w}, got {factor!r}.")
+  if factor == 1:
+    return images
+  out = np.empty((n, h // factor, w // factor, c), np.uint8)
+  area = factor * factor
+  for start in range(0, n, chunk):
+    block = images[start:start + chunk].astype(np.uint32)
+    sums = block.reshape(-1, h // factor, factor, w // factor, factor, c).sum(axis=(2, 4))
+    out[start:start + chunk] = (sums + area // 2) // area
+  return out
+
+
 def to_uint8(images: np.ndarray) -> np.ndarray:
   """Rounds float images in [0, 255] to uint8 (clipping out-of-range values)."""
   return np.clip(np.rint(images), 0, 255).astype(np.uint8)

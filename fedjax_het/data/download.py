@@ -39,7 +39,8 @@ Layout written (docs/data.md lists sizes and licences):
   * cifar100 -> `cifar100_glfc.npz` (official 50,000 / 10,000 split, fine
     labels, `classes`) and `public_cifar100_5000.npz` (50 train images per
     class: FCCL's public set).
-  * fmnist -> `public_fmnist_5000.npz` (500 train images per class).
+  * fmnist -> `fmnist.npz` (official 60,000 / 10,000 split, `classes`) and
+    `public_fmnist_5000.npz` (500 train images per class).
   * tinyimagenet -> `tinyimagenet.npz` (64x64 train and val images, `wnids`)
     and `public_tinyimagenet_5000.npz` (25 train images per class at 32x32).
   * office31 -> `office31.npz`; office_caltech -> `office_caltech10.npz`
@@ -279,6 +280,9 @@ def _files(source) -> Mapping[str, pathlib.Path]:
   return source
 
 
+#: Fashion-MNIST's class names by label (github.com/zalandoresearch/fashion-mnist README).
+_FMNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                   "Sneaker", "Bag", "Ankle boot")
 #: The IDX files of MNIST and Fashion-MNIST: train images, train labels, test images, labels.
 _IDX_NAMES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -303,8 +307,12 @@ def _convert_mnist(source):
 
 def _convert_fmnist(source):
   x, y = _read_idx_pair(source, *_IDX_NAMES[:2])
+  test_x, test_y = _read_idx_pair(source, *_IDX_NAMES[2:])
+  train_x = to_rgb32(x)
   keep = per_class_subset(y, 500)
-  return {"public_fmnist_5000.npz": {"x": to_rgb32(x[keep]), "y": y[keep]}}
+  return {"fmnist.npz": {"train_x": train_x, "train_y": y, "test_x": to_rgb32(test_x),
+                         "test_y": test_y, "classes": np.asarray(_FMNIST_CLASSES)},
+          "public_fmnist_5000.npz": {"x": train_x[keep], "y": y[keep]}}
 
 
 def _convert_usps(source):
@@ -606,7 +614,7 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
         {"cifar100_glfc.npz": ("train_x", "test_x"), "public_cifar100_5000.npz": ("x",)},
         _convert_cifar100),
     Dataset(
-        "fmnist", "Fashion-MNIST (the 5000-image public set)",
+        "fmnist", "Fashion-MNIST (official split) and its 5000-image public set",
         "https://github.com/zalandoresearch/fashion-mnist", "MIT (Zalando Research)",
         "70,000 images, 30 MB",
         # Checksums: pytorch/vision torchvision/datasets/mnist.py (FashionMNIST.resources).
@@ -615,7 +623,8 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
                                       "bef4ecab320f06d8554ea6380940ec79",
                                       "bb300cfdad3c16e7a12a480ee83cd310"),
                      _TV + "mnist.py (FashionMNIST.resources)"),
-        {"public_fmnist_5000.npz": ("x",)}, _convert_fmnist),
+        {"fmnist.npz": ("train_x", "test_x"), "public_fmnist_5000.npz": ("x",)},
+        _convert_fmnist),
     Dataset(
         "tinyimagenet", "Tiny-ImageNet-200 (64x64) and its 5000-image public set",
         "http://cs231n.stanford.edu/", "ImageNet terms: non-commercial research use",

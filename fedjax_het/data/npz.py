@@ -1,7 +1,8 @@
-"""Loaders of the offline `.npz` bundle (real MNIST, USPS, Office31, Office-Caltech, CIFAR).
+"""Loaders of the `.npz` bundle (digits, Office, CIFAR, Fashion-MNIST, Tiny-ImageNet).
 
 The bundle is a directory of `.npz` files (docs/data.md lists them): uint8
-images (N, 32, 32, 3) RGB under `*_x` / `x` keys, integer labels under
+images (N, 32, 32, 3) RGB under `*_x` / `x` keys (`tinyimagenet.npz`: 64x64,
+read at 64 or 32 by `load_tinyimagenet`), integer labels under
 `*_y` / `y` keys, read with `np.load(allow_pickle=False)`. The directory
 comes from the `data_dir` argument or the FEDJAX_HET_DATA_DIR environment
 variable (`resolve_data_dir`); files are read in place, never copied.
@@ -17,8 +18,9 @@ key and say what was expected and what was found:
 `python -m fedjax_het.data.download` writes these files from the official
 datasets (`fedjax_het.data.download`, docs/data.md): e.g. `svhn_train_x` /
 `svhn_train_y` / `svhn_test_x` / `svhn_test_y` and the `syn_*` keys in
-digits.npz, `caltech_x` / `caltech_y` in office_caltech10.npz, or an
-`office_home.npz` with `art_x`, `art_y`, `clipart_x`, ... (65 classes). Files
+digits.npz, `caltech_x` / `caltech_y` in office_caltech10.npz, an
+`office_home.npz` with `art_x`, `art_y`, `clipart_x`, ... (65 classes),
+`fmnist.npz` (the official Fashion-MNIST split) or `tinyimagenet.npz`. Files
 made by other means with the same layout load the same way.
 """
 
@@ -30,11 +32,13 @@ import pathlib
 import zipfile
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from fedjax_het.data._base import (DATA_DIR_ENV, DataError, DataUnavailableError, Split,
                                    check_images, check_labels, resolve_data_dir)
+from fedjax_het.data._imageops import area_downsample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +78,15 @@ BUNDLE: dict[str, BundleFile] = {
                                 "fmnist"),
     "public_tinyimagenet": BundleFile("public_tinyimagenet_5000.npz", 200,
                                       "5000 Tiny-ImageNet images", "tinyimagenet"),
+    "fashion_mnist": BundleFile("fmnist.npz", 10, "Fashion-MNIST train/test", "fmnist"),
+    "tinyimagenet": BundleFile("tinyimagenet.npz", 200, "Tiny-ImageNet-200 train/val at 64x64",
+                               "tinyimagenet"),
 }
+
+#: The download command's arguments that write one domain's keys of a file, where they
+#: differ from the file's (`BundleFile.download`): the digit domains one by one.
+_DOMAIN_DOWNLOAD = {("digits.npz", d): d for d in ("mnist", "usps", "svhn")}
+_DOMAIN_DOWNLOAD[("digits.npz", "syn")] = "syn --from PATH"
 
 #: Public-set names accepted by `load_public`, mapped to bundle entries.
 PUBLIC_FILES = {"cifar100": "public_cifar100", "fmnist": "public_fmnist",
@@ -200,9 +212,11 @@ def _domains(reader: _NpzReader, suffix: str, domains: Sequence[str] | None,
   wanted = present if domains is None else tuple(domains)
   for domain in wanted:
     if domain not in present:
+      command = _DOMAIN_DOWNLOAD.get((reader.spec.filename, domain), reader.spec.download)
       raise DataUnavailableError(
           f"{reader.path}: has no {domain!r} domain (keys {keys.format(d=domain)}); it holds "
-          f"{list(present)}.")
+          f"{list(present)}. Add it with: python -m fedjax_het.data.download --data_dir "
+          f"{reader.path.parent} {command} (docs/data.md).")
   return wanted
 
 
@@ -287,6 +301,90 @@ def load_cifar100_glfc(data_dir: str | os.PathLike | None = None) -> tuple[Split
   """
   with open_bundle("cifar100_glfc", data_dir) as reader:
     return reader.split("train_x", "train_y"), reader.split("test_x", "test_y")
+
+
+def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> tuple[Split, Split]:
+  """Fashion-MNIST (train, test) from fmnist.npz.
+
+  `python -m fedjax_het.data.download fmnist` writes the official split
+  (60,000 / 10,000 images of Xiao et al. 2017), 28x28 grey resized with
+  Pillow's BILINEAR filter to 32x32 and repeated to three channels, as the
+  public set `public_fmnist_5000.npz` beside it.
+  """
+  with open_bundle("fashion_mnist", data_dir) as reader:
+    return reader.split("train_x", "train_y"), reader.split("test_x", "test_y")
+
+
+#: Resolutions `load_tinyimagenet` returns: the stored 64x64, or 32x32 by 2x2 area averaging.
+TINYIMAGENET_RESOLUTIONS = (64, 32)
+
+
+class LabelledImages(NamedTuple):
+  """Images of any square size with their labels.
+
+  Attributes:
+    images: uint8 (N, S, S, 3) RGB.
+    labels: int32 (N,).
+  """
+  images: np.ndarray
+  labels: np.ndarray
+
+
+class TinyImageNet(NamedTuple):
+  """Tiny-ImageNet-200 as `load_tinyimagenet` returns it.
+
+  Attributes:
+    train: the training images (500 per class in the official release).
+    test: the official validation images (50 per class), Tiny-ImageNet's
+      labelled test set (its test images have no published labels).
+    wnids: the 200 WordNet ids, the class names by label.
+    resolution: the side of the images (64 or 32).
+  """
+  train: LabelledImages
+  test: LabelledImages
+  wnids: tuple[str, ...]
+  resolution: int
+
+
+def load_tinyimagenet(data_dir: str | os.PathLike | None = None,
+                      resolution: int = 64) -> TinyImageNet:
+  """Tiny-ImageNet-200 from tinyimagenet.npz, at 64x64 or 32x32.
+
+  `python -m fedjax_het.data.download tinyimagenet` writes the file from the
+  official tiny-imagenet-200.zip (cs231n.stanford.edu): `train_x` / `train_y`
+  (100,000 images), `val_x` / `val_y` (10,000) at the released 64x64, and
+  `wnids` (labels index the order of `wnids.txt`).
+
+  Args:
+    data_dir: bundle directory (else $FEDJAX_HET_DATA_DIR).
+    resolution: 64 (the images as released; GLFC trains Tiny-ImageNet at
+      64x64) or 32 (each 2x2 block averaged and rounded half up,
+      `_imageops.area_downsample`, bit-identical to Pillow's
+      `Image.reduce(2)`; the 5000-image public set is instead resized with
+      BILINEAR, as torchvision's Resize((32, 32))).
+
+  Returns:
+    TinyImageNet with uint8 (N, resolution, resolution, 3) images.
+  """
+  if resolution not in TINYIMAGENET_RESOLUTIONS:
+    raise ValueError(f"`resolution` must be one of {TINYIMAGENET_RESOLUTIONS}, got "
+                     f"{resolution!r}.")
+  with open_bundle("tinyimagenet", data_dir) as reader:
+    wnids = tuple(str(w) for w in reader.array("wnids"))
+    if len(wnids) != reader.spec.num_classes:
+      raise DataError(f"{reader.path} [wnids]: expected {reader.spec.num_classes} WordNet ids, "
+                      f"found {len(wnids)}.")
+    splits = []
+    for split in ("train", "val"):
+      images = reader.array(f"{split}_x")
+      where = f"{reader.path} [{split}_x]"
+      if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (64, 64, 3):
+        raise DataError(f"{where}: images must be uint8 (N, 64, 64, 3), got {images.dtype} "
+                        f"{images.shape}.")
+      labels = check_labels(reader.array(f"{split}_y"), images.shape[0],
+                            f"{reader.path} [{split}_y]", num_classes=reader.spec.num_classes)
+      splits.append(LabelledImages(area_downsample(images, 64 // resolution), labels))
+  return TinyImageNet(splits[0], splits[1], wnids, resolution)
 
 
 def load_public(name: str, data_dir: str | os.PathLike | None = None) -> np.ndarray:

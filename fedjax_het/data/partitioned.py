@@ -66,17 +66,19 @@ Each client's examples are in random order. Everything is a function of
 permutations use separate random streams (so e.g. changing the partition does
 not change the subsample).
 
-Data sources (`source`): "real" (the offline `.npz` bundle: mnist and usps
-from digits.npz, cifar10.npz, cifar100_glfc.npz; svhn and fashion_mnist are
-not in it), "tfds", "folder:<path>" (see `scenarios.load_dataset`), or
-"synthetic" (mnist, usps, svhn: the synthetic digit domain mirroring the
-dataset, `synthetic.synthetic_digits`). An unavailable source raises
-`DataUnavailableError` saying how to provide it, unless
-`synthetic_fallback=True`: then the synthetic digit domain is used instead
-(the domain mirroring the dataset for mnist, usps and svhn; the MNIST-style
-domain for the others, which then says nothing about that dataset), with a
-logged WARNING and the substitution recorded in `Scenario.sources` and
-`Scenario.substituted`, like `build_scenario`.
+Data sources (`source`): "real" (the `.npz` bundle: mnist, usps and svhn
+from digits.npz, cifar10.npz, cifar100_glfc.npz, fmnist.npz; `python -m
+fedjax_het.data.download mnist usps svhn cifar10 cifar100 fmnist` writes
+them, `DOWNLOAD_ARGS`), "tfds", "folder:<path>" (see
+`scenarios.load_dataset`), or "synthetic" (mnist, usps, svhn: the synthetic
+digit domain mirroring the dataset, `synthetic.synthetic_digits`). An
+unavailable source raises `DataUnavailableError` saying how to provide it,
+unless `synthetic_fallback=True`: then the synthetic digit domain is used
+instead (the domain mirroring the dataset for mnist, usps and svhn; the
+MNIST-style domain for the others, which then says nothing about that
+dataset), with a logged WARNING that names the download command and the
+substitution recorded in `Scenario.sources` and `Scenario.substituted`, like
+`build_scenario`.
 
 References:
   [FedAvg] H. B. McMahan et al. Communication-Efficient Learning of Deep
@@ -154,9 +156,12 @@ _CLASS_NAMES = {
     "fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                       "Sneaker", "Bag", "Ankle boot"),
 }
-#: Bundle file read by the "real" source (None: not in the bundle).
+#: Bundle file read by the "real" source.
 _BUNDLE_FILE = {"mnist": "digits", "usps": "digits", "cifar10": "cifar10",
-                "cifar100": "cifar100_glfc", "svhn": None, "fashion_mnist": None}
+                "cifar100": "cifar100_glfc", "svhn": "digits", "fashion_mnist": "fashion_mnist"}
+#: dataset -> the arguments of `python -m fedjax_het.data.download` that write its bundle file.
+DOWNLOAD_ARGS = {"mnist": "mnist", "usps": "usps", "cifar10": "cifar10", "cifar100": "cifar100",
+                 "svhn": "svhn", "fashion_mnist": "fmnist"}
 _TFDS_OK = ("mnist", "cifar10", "cifar100", "svhn", "fashion_mnist")
 
 # Random-stream codes (SeedSequence([seed, _STREAM, code])).
@@ -206,12 +211,15 @@ def _check_source(dataset: str, source) -> str:
   return source
 
 
+def _download_command(dataset: str) -> str:
+  return f"python -m fedjax_het.data.download --data_dir <dir> {DOWNLOAD_ARGS[dataset]}"
+
+
 def _how_to(dataset: str, source: str) -> str:
   hints = []
-  bundle = _BUNDLE_FILE[dataset]
-  if source == "real" and bundle is not None:
-    hints.append(f"put {npz.BUNDLE[bundle].filename} of the offline bundle in the data directory "
-                 f"(data_dir=... or ${DATA_DIR_ENV})")
+  if source == "real":
+    hints.append(f"put {npz.BUNDLE[_BUNDLE_FILE[dataset]].filename} in the data directory "
+                 f"(data_dir=... or ${DATA_DIR_ENV}): {_download_command(dataset)} (docs/data.md)")
   if dataset in _TFDS_OK and source != "tfds":
     hints.append("source='tfds' (TFDS prepared in the array_record format; data_dir = the TFDS "
                  "data directory)")
@@ -326,11 +334,13 @@ def _load(scenario_name: str, dataset: str, source: str, data_dir, synthetic_fal
           f"Dataset {dataset!r} (source {source!r}) is unavailable: {e}\nTo provide it: "
           f"{_how_to(dataset, source)}.") from e
     domain = _synthetic_domain(dataset)
+    switch = "" if source == "real" else " and set scenario.dataset_source=real"
     logger.warning(
         "SYNTHETIC SUBSTITUTION in scenario %r: dataset %r requested source %r, which is "
         "unavailable (%s). Using the synthetic %s digit domain (10 classes) instead because "
-        "synthetic_fallback=True; results are not comparable with real-data runs.",
-        scenario_name, dataset, source, str(e).splitlines()[0], domain)
+        "synthetic_fallback=True; results are not comparable with real-data runs. Real data: "
+        "%s%s (docs/data.md).", scenario_name, dataset, source, str(e).splitlines()[0], domain,
+        _download_command(dataset), switch)
     what = "" if domain == dataset else f"{domain} digits "
     return generate(f"synthetic(seed={seed}; {what}substituted for {source!r})")
   return train, test, provenance, None

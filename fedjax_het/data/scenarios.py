@@ -451,9 +451,10 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   real data; nothing synthetic is used unless asked for):
 
   * "digits": mnist, usps, svhn, syn (10 classes). Defaults: mnist "real",
-    usps "real" (digits.npz of the bundle), svhn "tfds" (svhn_cropped; the
-    bundle has no SVHN), syn "real" (the bundle has no SYN either: provide
-    `folder:` with the SYN images, or choose "synthetic").
+    usps "real" (digits.npz of the bundle), svhn "tfds" (svhn_cropped; "real"
+    reads the `svhn_*` keys that `python -m fedjax_het.data.download svhn`
+    adds to digits.npz), syn "real" (the `syn_*` keys of `download syn --from
+    PATH`; or `folder:` with the SYN images, or "synthetic").
   * "office_caltech": amazon, caltech, dslr, webcam (10 classes), "real" =
     office_caltech10.npz, which lacks caltech (use `folder:` or drop it with
     `domains=("amazon", "dslr", "webcam")`).
@@ -676,6 +677,7 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
             f"Scenario {name!r}: public set {public_name!r} unavailable: {e}\nTo provide it: put "
             f"the bundle's public_*.npz files in the data directory (data_dir=... or "
             f"${DATA_DIR_ENV}), or pass public_name='synthetic', or synthetic_fallback=True."
+            f"{_download_hint(public_name)}"
         ) from e
       logger.warning(
           "SYNTHETIC SUBSTITUTION in scenario %r: public set %r is unavailable (%s). Using the "
@@ -699,11 +701,15 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
 # Whole datasets (for the partitioner-based scenarios: FedMMD, GLFC).
 # ----------------------------------------------------------------------------
 
+#: name -> (bundle entry read by the "real" source, or None; number of classes).
 _DATASETS = {"mnist": ("digits", 10), "usps": ("digits", 10), "cifar10": ("cifar10", 10),
-             "cifar100": ("cifar100_glfc", 100), "svhn": (None, 10),
-             "fashion_mnist": (None, 10),
-             # GLFC's other streams: only as ImageFolders a user provides (`folder:<path>`).
+             "cifar100": ("cifar100_glfc", 100), "svhn": ("digits", 10),
+             "fashion_mnist": ("fashion_mnist", 10),
+             # GLFC's other streams: as ImageFolders a user provides (`folder:<path>`); the
+             # downloaded 64x64 tinyimagenet.npz loads with `npz.load_tinyimagenet`.
              "tiny_imagenet": (None, 200), "imagenet_subset": (None, 100)}
+_BUNDLE_LOADERS = {"cifar10": npz.load_cifar10, "cifar100_glfc": npz.load_cifar100_glfc,
+                   "fashion_mnist": npz.load_fashion_mnist}
 
 
 def load_dataset(name: str, *, source: str = "real",
@@ -713,9 +719,10 @@ def load_dataset(name: str, *, source: str = "real",
   Args:
     name: "mnist", "usps", "cifar10", "cifar100", "svhn", "fashion_mnist",
       "tiny_imagenet" or "imagenet_subset" (the last two from folders only).
-    source: "real" (bundle: mnist/usps from digits.npz, cifar10.npz,
-      cifar100_glfc.npz), "tfds" (mnist, svhn, cifar10, cifar100,
-      fashion_mnist; `data_dir` is then the TFDS data directory) or
+    source: "real" (bundle: mnist, usps and svhn from digits.npz,
+      cifar10.npz, cifar100_glfc.npz, fmnist.npz; `python -m
+      fedjax_het.data.download` writes them), "tfds" (mnist, svhn, cifar10,
+      cifar100, fashion_mnist; `data_dir` is then the TFDS data directory) or
       "folder:<path>" (train/ and test/ or val/ ImageFolders).
     data_dir: see `source`.
 
@@ -727,14 +734,14 @@ def load_dataset(name: str, *, source: str = "real",
   entry, _ = _DATASETS[name]
   if source == "real":
     if entry is None:
-      raise DataUnavailableError(f"{name!r} is not in the offline bundle; use source='tfds' or "
-                                 "source='folder:<path>'.")
+      where = ("has no 'real' source here (the download command's 64x64 tinyimagenet.npz "
+               "loads with fedjax_het.data.npz.load_tinyimagenet)" if name == "tiny_imagenet"
+               else "is not in the offline bundle")
+      raise DataUnavailableError(f"{name!r} {where}; use source='folder:<path>'.")
     if entry == "digits":
       train, test = npz.load_npz_digits(data_dir, domains=(name,))[name]
-    elif entry == "cifar10":
-      train, test = npz.load_cifar10(data_dir)
     else:
-      train, test = npz.load_cifar100_glfc(data_dir)
+      train, test = _BUNDLE_LOADERS[entry](data_dir)
     return train, test, f"npz:{npz.bundle_path(entry, data_dir)}" + (
         f"[{name}]" if entry == "digits" else "")
   if source == "tfds":
