@@ -76,8 +76,10 @@ for _name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
-  from fedjax_het.errors import ConfigError, UserError  # pylint: disable=g-import-not-at-top
+  from fedjax_het.errors import (ConfigError, RunStopped,  # pylint: disable=g-import-not-at-top
+                                 UserError, os_error_line)
   from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
+  from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
   from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   try:
     config = _CONFIG.value
@@ -85,8 +87,9 @@ def main(argv):
   except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
     _flag_error(error)
   workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
-  logging.info("workdir: %s", workdir)
   try:
+    validate_config(config)  # a mistake in the config: one line before anything else is said
+    logging.info("workdir: %s", workdir)
     # Before any JAX computation: the scheduler, the device count and the process group are
     # fixed when the backend starts.
     choice = config.get("xla_cpu_scheduler", "auto")  # a user's older config may lack it
@@ -112,12 +115,20 @@ def main(argv):
       raise
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as stop:
     if _verbose():
       raise
-    print(f"stopped; rerun the same command to resume from the latest checkpoint in {workdir}",
-          file=sys.stderr)
+    where = (f"stopped at round {stop.round}; rerun the same command to resume from the "
+             f"checkpoint of round {stop.checkpoint}" if isinstance(stop, RunStopped) else
+             "stopped before training; rerun the same command to resume from the latest "
+             "checkpoint")
+    print(f"{where} in {workdir}", file=sys.stderr)
     sys.exit(130)
+  except OSError as error:  # a full disk, a folder that cannot be written
+    if _verbose():
+      raise
+    print(f"error: {os_error_line(error)}", file=sys.stderr)
+    sys.exit(1)
 
 
 def _interrupt(signum, frame):
@@ -144,6 +155,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     _flag_error(error)
 
 
+def _is_config_field(name: str) -> bool:
+  """Whether `name` is a field of the base config (e.g. num_rounds, local.lr)."""
+  from fedjax_het import config as config_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_het import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  return name in workdir_lib.flatten_config(config_lib.base_config("fedavg"))
+
+
 def _flag_error(error: BaseException) -> None:
   """Prints a flag or config-file mistake as one line and exits 1 (re-raises when verbose)."""
   if _verbose():
@@ -155,6 +173,10 @@ def _flag_error(error: BaseException) -> None:
   missing = re.search(r"No such file or directory: '([^']+)", text)
   if missing:
     text = f"--config: no config file {missing.group(1)!r}"
+  unknown = re.search(r"Unknown command line flag '([\w.]+)'", text)
+  if unknown and _is_config_field(unknown.group(1)):
+    text = (f"unknown flag --{unknown.group(1)}; config fields take the --config. prefix: "
+            f"--config.{unknown.group(1)}=...")
   print(f"error: {text} (run with --verbose for the traceback)", file=sys.stderr)
   sys.exit(1)
 

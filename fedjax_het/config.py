@@ -213,6 +213,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "scenario.test_size", int_at_least(0), "an integer >= 0 (0: full test sets)")
   check(config, "scenario.public_name", choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
   check(config, "scenario.public_size", int_at_least(0), "an integer >= 0")
+  for domain in config.scenario.get("private_sizes", {}):
+    check(config, f"scenario.private_sizes.{domain}", int_at_least(1),
+          "an integer >= 1 (every participant trains on private data)")
   if "office_test" in config.scenario:
     check(config, "scenario.office_test", choice(OFFICE_TESTS), f"one of {OFFICE_TESTS}")
     office = config.scenario.name in OFFICE_SCENARIOS

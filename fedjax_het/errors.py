@@ -8,6 +8,8 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
   """Base class: the run cannot start or go on as configured."""
@@ -27,3 +29,24 @@ class RoundTooLargeError(UserError, MemoryError):
 
 class DivergedError(UserError, FloatingPointError):
   """Training produced a non-finite loss, metric or parameter (`config.on_nonfinite`)."""
+
+
+class RunStopped(KeyboardInterrupt):
+  """Ctrl-C or SIGTERM stopped the run; `round` is the last round trained, `checkpoint` the
+  round of the newest checkpoint written (a rerun resumes from it)."""
+
+  def __init__(self, round_index: int, checkpoint: int | None):
+    super().__init__(round_index, checkpoint)
+    self.round = round_index
+    self.checkpoint = checkpoint
+
+
+def os_error_line(error: OSError) -> str:
+  """An operating-system error (a full disk, a path that cannot be written) as one line naming
+  the path and what to do."""
+  path = f" {error.filename!r}" if error.filename else ""
+  if error.errno == errno.ENOSPC:
+    return (f"no space left on the device writing{path}; free some space and rerun the same "
+            "command to resume from the latest checkpoint.")
+  reason = error.strerror or type(error).__name__
+  return f"cannot use{path}: {reason}; pass a --workdir you can write to."

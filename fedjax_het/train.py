@@ -65,7 +65,8 @@ from fedjax_het import reporting, resources, seed_stack
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding
-from fedjax_het.errors import ConfigError, DivergedError, RoundTooLargeError, WorkdirError
+from fedjax_het.errors import (ConfigError, DivergedError, RoundTooLargeError, RunStopped,
+                               WorkdirError)
 from fedjax_het.experiment import Experiment
 
 
@@ -276,11 +277,13 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   logged = [[reporting.json_record(r) for r in lane] for lane in records]
 
   diagnostics = experiment.algorithm.diagnostics
+  if diagnostics is not None and not getattr(experiment, "has_public", True):
+    diagnostics = None  # drawn on the public batch (engine.api.Diagnostics): none to draw on
   diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
            for w in workdirs]
-  done, progress = start, None
+  done, progress, last_saved, stopped = start, None, start, False
   try:
     if done < stop:
       run, run_rounds = compile_within_memory(run, state, config, workdirs,
@@ -325,10 +328,10 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
         for lane, checkpointer in enumerate(checkpointers):
           checkpointer.save(done, run.lane_state(state, lane),
                             {"identity": identities[lane], "records": logged[lane]})
+        last_saved = done
       progress.update(done, experiment.progress_text(new_records[0][-1]))
   except KeyboardInterrupt:  # Ctrl-C or SIGTERM
-    logging.info("stopped after round %d", done)
-    raise
+    stopped = True
   finally:
     # However the loop ends: the checkpoint writes under way finish, the records are flushed.
     if progress is not None:
@@ -336,6 +339,9 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
     for checkpointer, writer in zip(checkpointers, writers):
       checkpointer.close()
       writer.close()
+  if stopped:
+    logging.info("stopped after round %d; the latest checkpoint is round %d", done, last_saved)
+    raise RunStopped(done, last_saved)
   results = []
   for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):
     markdown, numbers = lane_experiment.results(records[lane], done)

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -128,6 +129,9 @@ def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
     (["--config=digits_solo_quick", "--config.num_rounds=abc"], "--config.num_rounds=abc"),
     (["--config=experiments/configs/digits.py:nosuch"], "got 'nosuch'"),
     (["--config=experiments/configs/nofile.py"], "no config file 'experiments/configs/nofile.py'"),
+    (["--config=digits_solo_quick", "--num_rounds=3"], "prefix: --config.num_rounds=..."),
+    (["--config=digits_solo_quick", "--config.scenario.private_sizes.mnist=-5"],
+     "config.scenario.private_sizes.mnist must be an integer >= 1"),
 ])
 def test_flag_and_config_file_mistakes_are_one_line(args, expected, tmp_path):
   out = subprocess.run([sys.executable, "experiments/train.py", *args,
@@ -155,7 +159,8 @@ def test_sigterm_stops_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
   child.terminate()   # SIGTERM
   rest = child.stderr.read()
   assert child.wait(timeout=120) == 130
-  assert any(line.startswith("stopped; rerun the same command to resume") for line in rest.splitlines())
+  assert any(re.match(r"stopped at round \d+; rerun the same command to resume from the "
+                      r"checkpoint of round \d+ in ", line) for line in rest.splitlines()), rest
   assert "Traceback" not in rest
   from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round() >= 1
@@ -248,3 +253,29 @@ def test_a_checkpoint_of_one_unnamed_item_restores_without_a_record(tmp_path):
   np.testing.assert_array_equal(checkpointer.restore(4, like)["w"], np.ones(4))
   assert workdir_lib.checkpoint_identity(checkpointer) == ({"a": 1}, 4)
   checkpointer.close()
+
+
+def test_os_errors_are_one_line_naming_the_path():
+  import errno  # pylint: disable=import-outside-toplevel
+  from fedjax_het.errors import os_error_line  # pylint: disable=import-outside-toplevel
+  full = OSError(errno.ENOSPC, "No space left on device", "/runs/a/metrics.jsonl")
+  assert os_error_line(full) == (
+      "no space left on the device writing '/runs/a/metrics.jsonl'; free some space and rerun "
+      "the same command to resume from the latest checkpoint.")
+  denied = PermissionError(errno.EACCES, "Permission denied", "/ro/w")
+  assert os_error_line(denied) == (
+      "cannot use '/ro/w': Permission denied; pass a --workdir you can write to.")
+
+
+@pytest.mark.parametrize("size", [0, -5])
+def test_private_sizes_below_one_are_refused(size):
+  config = tiny_config("solo")
+  config.scenario.private_sizes.mnist = size
+  with pytest.raises(ConfigError, match=r"config.scenario.private_sizes.mnist must be an "
+                                        r"integer >= 1 .*got -?\d"):
+    validate_config(config)
+
+
+def test_a_run_without_public_data_trains_without_its_diagnostics(tmp_path):
+  out = train_and_evaluate(tiny_config("solo", **{"scenario.public_size": 0}), tmp_path)
+  assert out["rounds_done"] == 3 and not (tmp_path / "cross_correlation.npz").exists()

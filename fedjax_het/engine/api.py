@@ -92,7 +92,8 @@ class Setup:
 
 
 class Diagnostics(NamedTuple):
-  """An optional per-method figure, computed at `config.logging.diagnostic_rounds`.
+  """An optional per-method figure, computed at `config.logging.diagnostic_rounds` on the
+  public batch (a run without public data, `scenario.public_size=0`, has none).
 
   Attributes:
     name: file stem: the trainer writes `<name>.npz` (one array per round, in
