@@ -153,9 +153,27 @@ def test_office_domains_have_no_synthetic_fallback():
 
 
 def test_missing_public_set_explains_options():
-  with pytest.raises(data.DataUnavailableError, match="public_name='synthetic'"):
+  with pytest.raises(data.DataUnavailableError,
+                     match=r"public_name='synthetic'.* Real data: python -m fedjax_het\.data\."
+                           r"download --data_dir <dir> tinyimagenet \(docs/data\.md\)\.$"):
     data.build_scenario("digits", sources="synthetic", private_sizes=SMALL, test_size=5,
                         public_name="tinyimagenet", public_size=4)
+
+
+@pytest.mark.parametrize("public_name, command", [
+    ("fmnist", "fmnist (docs/data.md)."),
+    ("tfds:fashion_mnist", "fmnist and set scenario.public_name=fmnist (docs/data.md)."),
+    ("folder:/nonexistent/public", "cifar100 (or fmnist, tinyimagenet) and set "
+                                   "scenario.public_name to that name (docs/data.md)."),
+])
+def test_public_fallback_warning_names_the_download_command(tfds_dir, caplog, public_name,
+                                                            command):
+  with caplog.at_level(logging.WARNING, logger="fedjax_het.data"):
+    s = data.build_scenario("digits", sources="synthetic", private_sizes=SMALL, test_size=5,
+                            public_name=public_name, public_size=4, synthetic_fallback=True,
+                            tfds_data_dir=tfds_dir)
+  assert s.substituted == ("public",)
+  assert f"Real data: python -m fedjax_het.data.download --data_dir <dir> {command}" in caplog.text
 
 
 def test_invalid_configuration_errors(tmp_path):

@@ -323,17 +323,31 @@ _DOWNLOADABLE = {"mnist": "mnist", "usps": "usps", "svhn": "svhn",
                  "tinyimagenet": "tinyimagenet"}
 
 
-def _download_hint(name: str, source: str = "real") -> str:
-  """How to get `name`'s real data into the data directory ('' if the command has no such set).
+#: `tfds:` public sets -> the bundle public set of the same dataset (the download command's name).
+_TFDS_PUBLIC = {"tfds:cifar100": "cifar100", "tfds:fashion_mnist": "fmnist",
+                "tfds:fmnist": "fmnist"}
 
-  `source` is the domain's requested source; the command writes the bundle, which
-  the "real" source reads.
+
+def _download_hint(name: str, source: str = "real") -> str:
+  """How to get `name`'s real data into the data directory, as a sentence.
+
+  `name` is a digit domain, or (source "public") a `public_name`; `source` is
+  the domain's requested source. The command writes the bundle, which the
+  "real" source (and a bundle public set) reads.
   """
+  command = " Real data: python -m fedjax_het.data.download --data_dir <dir>"
+  if source == "public":
+    if name in _PUBLIC_NPZ:
+      return f"{command} {_DOWNLOADABLE[name]} (docs/data.md)."
+    bundle = _TFDS_PUBLIC.get(name)
+    if bundle is not None:
+      return f"{command} {bundle} and set scenario.public_name={bundle} (docs/data.md)."
+    return (f"{command} cifar100 (or fmnist, tinyimagenet) and set scenario.public_name to "
+            "that name (docs/data.md).")
   if name not in _DOWNLOADABLE:
     return ""
   switch = "" if source == "real" else f" and set scenario.sources.{name}=real"
-  return (f" Real data: python -m fedjax_het.data.download --data_dir <dir> "
-          f"{_DOWNLOADABLE[name]}{switch} (docs/data.md).")
+  return f"{command} {_DOWNLOADABLE[name]}{switch} (docs/data.md)."
 
 
 def _how_to(domain: str, source: str, spec: _Spec, scenario: str) -> str:
@@ -677,12 +691,12 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
             f"Scenario {name!r}: public set {public_name!r} unavailable: {e}\nTo provide it: put "
             f"the bundle's public_*.npz files in the data directory (data_dir=... or "
             f"${DATA_DIR_ENV}), or pass public_name='synthetic', or synthetic_fallback=True."
-            f"{_download_hint(public_name)}"
+            f"{_download_hint(public_name, 'public')}"
         ) from e
       logger.warning(
           "SYNTHETIC SUBSTITUTION in scenario %r: public set %r is unavailable (%s). Using the "
           "synthetic public set instead because synthetic_fallback=True.%s", name, public_name,
-          str(e).splitlines()[0], _download_hint(public_name))
+          str(e).splitlines()[0], _download_hint(public_name, "public"))
       public = synthetic.synthetic_public(public_size, seed=int(seed), cache=True)
       sources_used["public"] = f"synthetic(seed={seed}; substituted for {public_name!r})"
       substituted.append("public")
