@@ -30,6 +30,15 @@ Variants (the part after "digits.py:" or "digits_"):
                                         heterogeneous backbones above; _homogeneous: ResNet12
                                         for all (FedDF also averages before local training)
   fedmatch                              FedMatch: public KL + agreement pseudo labels, private CE
+  fml, fml_homogeneous                  FML (FCCL Tables 1-3): private models on the backbones
+                                        above, each with a copy of a shared meme model (the
+                                        first backbone, ResNet10; _homogeneous: ResNet12)
+                                        trained by mutual learning, memes averaged each round
+  fccl_cvpr                             FCCL with the conference code's protocol (FCCL CVPR
+                                        2022 code): batch 512 in both phases, private epochs
+                                        (40, 35, 3, 4) per participant, constant Adam 1e-3
+                                        without weight decay in both phases, pretraining 40
+                                        epochs of constant Adam 1e-3 in batches of 256
   <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs
                                         (SOLO included: the same local budget), private
                                         sizes 150/80/2000/1500, 1024 public images in
@@ -68,16 +77,18 @@ from fedjax_het.config import base_config
 
 HETEROGENEOUS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
-METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf", "fedmatch")
+METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf", "fedmatch",
+                                                           "fml")
 
 
 def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_homogeneous][_quick], method in `METHODS`."""
+  """`arg` = <method>[_homogeneous][_quick], method in `METHODS`, or "fccl_cvpr"."""
   parts = arg.split("_")
   method, flags = parts[0], set(parts[1:])
-  if method not in METHODS or not flags <= {"homogeneous", "quick"}:
+  if (method not in METHODS or not flags <= {"homogeneous", "quick", "cvpr"}
+      or ("cvpr" in flags and (method != "fccl" or flags != {"cvpr"}))):
     raise ValueError(f"digits config: expected <method>[_homogeneous][_quick] with method in "
-                     f"{METHODS}, got {arg!r}.")
+                     f"{METHODS}, or fccl_cvpr, got {arg!r}.")
   c = base_config(method)
   c.name = f"digits_{arg}"
   c.scenario.name = "digits"
@@ -89,6 +100,8 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
   if method == "fcclplus":
     c.fcclplus.fntd_temperature = 3.0  # tau = 3 for Digits
   method_settings(c, method, flags, num_participants=4)
+  if "cvpr" in flags:
+    fccl_cvpr_settings(c, private_epochs=CVPR_PRIVATE_EPOCHS, public_epochs=1)
   if "quick" in flags:
     quick_settings(c, method)
     if "collaborative" in c:
@@ -123,6 +136,40 @@ def method_settings(c: ml_collections.ConfigDict, method: str, flags: set[str], 
     c.models.architectures = ("resnet12",) * num_participants
     if method in ("fcclplus", "fccl", "feddf"):
       c[method].average_parameters = True
+
+
+#: The FCCL (CVPR 2022) code's private epochs per participant (MNIST, USPS, SVHN, SYN).
+CVPR_PRIVATE_EPOCHS = (40, 35, 3, 4)
+
+
+def fccl_cvpr_settings(c: ml_collections.ConfigDict, *, private_epochs: tuple[int, ...],
+                       public_epochs: int) -> None:
+  """FCCL with the conference code's protocol (digits.py and office.py `fccl_cvpr`).
+
+  The CVPR code trains both phases with batches of 512 and a constant Adam 1e-3 without
+  weight decay (a fresh Adam per public batch, one per participant and round locally), runs
+  `private_epochs[i]` private epochs for participant i and `public_epochs` public epochs per
+  round, and pretrains every participant 40 epochs with a constant Adam 1e-3 in batches of
+  256. The paper states batch 512 and Adam 1e-3 for both phases (FCCL Sec. 4).
+  """
+  c.num_rounds = 40
+  c.collaborative.batch_size = 512
+  c.collaborative.epochs = public_epochs
+  c.collaborative.lr = 1e-3
+  c.collaborative.lr_decay = 0.0
+  c.collaborative.optimizer = "adam"
+  c.collaborative.optimizer_reset = "batch"
+  # A sequence is another type than the default's int: the section is rebuilt around it.
+  c.local = ml_collections.ConfigDict({**c.local.to_dict(), "epochs": tuple(private_epochs)})
+  c.local.batch_size = 512
+  c.local.lr = 1e-3
+  c.local.lr_decay = 0.0
+  c.local.weight_decay = 0.0
+  c.local.optimizer = "adam"
+  c.fccl.pretrain_epochs = 40
+  c.fccl.pretrain_lr = 1e-3
+  c.fccl.pretrain_min_lr = 1e-3  # constant: the cosine from lr to lr
+  c.fccl.pretrain_batch_size = 256
 
 
 def quick_settings(c: ml_collections.ConfigDict, method: str) -> None:

@@ -25,6 +25,11 @@ Variants (the part after "office.py:" or "office_"): <scenario>_<method>[_homoge
               round, uniform averaging, each participant's own model evaluated)
   _homogeneous  ResNet12 for every participant; FCCL, FCCL+ and FedDF also average the
               parameters (FCCL+ Table XV, Office31)
+  home_fccl_cvpr  FCCL on Office-Home with the conference code's protocol (digits.py
+              `fccl_cvpr_settings`): batch 512 in both phases, private epochs (10, 6, 6, 6)
+              per participant, 2 public epochs per round, constant Adam 1e-3 without weight
+              decay (the code's Office-Home arguments; its backbones there are ResNet18 for
+              all four, the scenario's Table VI backbones are kept here)
   _quick      narrow backbones (width 1/8), 5 rounds of 5 local epochs, public set 1024,
               test sets capped at 300 images per domain (Office-Home: private sets of a
               quarter of Table V). office31 fcclplus quick: 4 min 8 s on a 2-core CPU
@@ -119,6 +124,8 @@ FNTD_TEMPERATURE = {"office_caltech": 1.0, "office31": 3.0, "office_home": 1.0}
 #: Domains the data bundle holds ("real"); the others need `folder:<path>` sources.
 BUNDLED = {"office_caltech": ("amazon", "dslr", "webcam"),
            "office31": ("amazon", "dslr", "webcam"), "office_home": ()}
+#: The FCCL code's Office-Home private epochs per participant (art, clipart, product, real_world).
+CVPR_PRIVATE_EPOCHS = (10, 6, 6, 6)
 #: Private sizes of the quick variants (Office-Home: a quarter of Table V; others Table V).
 QUICK_PRIVATE_SIZES = {"office_home": {"art": 350, "clipart": 500, "product": 625,
                                        "real_world": 500}}
@@ -128,8 +135,9 @@ def get_config(arg: str = "office31_fcclplus") -> ml_collections.ConfigDict:
   """`arg` = <scenario>_<method>[_homogeneous][_quick], scenario in `SCENARIOS`."""
   parts = arg.split("_")
   prefix, method, flags = parts[0], parts[1] if len(parts) > 1 else "", set(parts[2:])
+  cvpr = arg == "home_fccl_cvpr"
   if (prefix not in SCENARIOS or method not in METHODS
-      or not flags <= {"homogeneous", "quick"}):
+      or not (flags <= {"homogeneous", "quick"} or cvpr)):
     raise ValueError(f"office config: expected <scenario>_<method>[_homogeneous][_quick] with "
                      f"scenario in {tuple(SCENARIOS)} and method in {METHODS}, got {arg!r}.")
   scenario = SCENARIOS[prefix]
@@ -148,6 +156,8 @@ def get_config(arg: str = "office31_fcclplus") -> ml_collections.ConfigDict:
   if method == "fcclplus":
     c.fcclplus.fntd_temperature = FNTD_TEMPERATURE[scenario]
   digits.method_settings(c, method, flags, num_participants=k)
+  if cvpr:
+    digits.fccl_cvpr_settings(c, private_epochs=CVPR_PRIVATE_EPOCHS, public_epochs=2)
   if "quick" in flags:
     digits.quick_settings(c, method)
     if "collaborative" in c:

@@ -78,6 +78,7 @@ from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fe
                                    fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
                                    solo)
 from fedjax_het.algorithms import bic_fl, ssil_fl  # class-incremental baselines (GLFC Table 1)
+from fedjax_het.algorithms import fml  # FML (FCCL Tables 1-3)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -140,6 +141,8 @@ register("feddf", make=feddf.make_feddf, default_config=feddf.default_config,
          validate_config=feddf.validate_config)
 register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.default_config,
          validate_config=fedmatch.validate_config)
+register("fml", make=fml.make_fml, default_config=fml.default_config,
+         validate_config=fml.validate_config)
 for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,
            default_config=_module.default_config, validate_config=_module.validate_config,

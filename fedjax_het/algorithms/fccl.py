@@ -17,6 +17,12 @@ also starts training. Every round t:
      local update).
 Learning rates and optimisers as FCCL+ (`fcclplus.py`): Adam 1e-3 re-created
 per public batch, Adam 1e-3 + L2 1e-5 re-created per round, linear decay.
+`local.epochs` is one number or one per participant (the CVPR code's Digits
+epochs (40, 35, 3, 4); the members of an architecture group share a value);
+the pretraining batch is `fccl.pretrain_batch_size` (0: `local.batch_size`).
+The conference protocol (the CVPR code: batch 512 in both phases, constant
+Adam 1e-3 without weight decay, 40 constant-rate pretraining epochs in batches
+of 256) is the `_cvpr` variant of `experiments/configs/digits.py` / `office.py`.
 
 Reference: W. Huang, M. Ye, B. Du. Learn from Others and Be Yourself in
 Heterogeneous Federated Learning. CVPR 2022.
@@ -70,6 +76,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   col_tx = make_optimizer(col.optimizer)
   col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
   loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  epochs = local.group_epochs("local.epochs", loc.epochs, setup)
+  pretrain_batch_size = int(cfg.pretrain_batch_size) or int(loc.batch_size)
   ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
@@ -80,7 +88,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                  for g in setup.groups}
     pretrained = solo.pretrain_variables(
         setup, variables, data.groups, pretrain_key, epochs=int(cfg.pretrain_epochs),
-        batch_size=int(loc.batch_size), lr=float(cfg.pretrain_lr),
+        batch_size=pretrain_batch_size, lr=float(cfg.pretrain_lr),
         min_lr=float(cfg.pretrain_min_lr))
     groups = {}
     for group in setup.groups:
@@ -154,12 +162,12 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
   trainers = local.make_group_trainers(
       setup, local_loss_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
-      epochs=int(loc.epochs), batch_size=int(loc.batch_size))
+      epochs=epochs, batch_size=int(loc.batch_size))
 
   def local_update(state, data, key, round_index):
-    rates = jnp.full((int(loc.epochs),), loc_lr(round_index))
     groups, metrics = {}, {}
     for group in setup.groups:
+      rates = jnp.full((epochs[group.name],), loc_lr(round_index))
       g = state["groups"][group.name]
       aux = {"previous": g["previous"], "pretrained": g["pretrained"]}
       new_vars, m = local.train_clients(trainers[group.name], g["variables"], aux,
@@ -201,6 +209,7 @@ def default_config() -> ml_collections.ConfigDict:
           "pretrain_epochs": 50,
           "pretrain_lr": 1e-3,
           "pretrain_min_lr": 1e-6,
+          "pretrain_batch_size": 0,     # 0: local.batch_size
           "average_parameters": False,
       },
   })
@@ -209,7 +218,7 @@ def default_config() -> ml_collections.ConfigDict:
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks `config.fccl`, `config.collaborative` and `config.local`."""
   public.validate_config(config)
-  local.validate_config(config)
+  local.validate_config(config, per_participant_epochs=True)
   validation.require_section(config, "fccl")
   v = validation
   v.check(config, "fccl.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
@@ -218,6 +227,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fccl.local_distill_weight", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fccl.pretrain_epochs", v.int_at_least(0), "an integer >= 0")
   v.check(config, "fccl.pretrain_lr", v.positive, "a number > 0")
+  v.check(config, "fccl.pretrain_batch_size", v.int_at_least(0),
+          "an integer >= 0 (0: local.batch_size)")
   v.check(config, "fccl.pretrain_min_lr", lambda x: 0 <= x <= config.fccl.pretrain_lr,
           "a number in [0, fccl.pretrain_lr]")
   for flag in ("teacher_train_mode", "average_parameters"):

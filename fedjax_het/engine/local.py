@@ -19,7 +19,7 @@ its slots, or a sampled cohort gathered with `engine.cohort`), and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import chex
@@ -33,6 +33,7 @@ from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
 from fedjax_het.engine.clients import vmap_slots
 from fedjax_het.engine.optim import OPTIMIZERS, apply_updates, make_optimizer
+from fedjax_het.errors import ConfigError
 
 # loss_fn(params, batch_stats, images, labels, mask, rng, aux[, epoch])
 #   -> (scalar loss, (new batch_stats, {metric name: scalar}))
@@ -180,11 +181,12 @@ def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: A
 
 
 def make_group_trainers(setup: Any, loss_for_group: Callable[[Any], LocalLossFn], *,
-                        optimizer: str, weight_decay: float, epochs: int,
+                        optimizer: str, weight_decay: float, epochs: int | Mapping[str, int],
                         batch_size: int, with_epoch: bool = False, momentum: float = 0.0,
                         decay_mask: Any = None) -> dict[str, Callable[..., Any]]:
   """One local trainer per architecture group of `setup` (private-data normalisation).
 
+  `epochs`: one number for every group, or {group name: epochs} (`group_epochs`).
   `momentum` (SGD) and `decay_mask` (which parameters get weight decay) are
   `optim.make_optimizer`'s.
   """
@@ -192,9 +194,34 @@ def make_group_trainers(setup: Any, loss_for_group: Callable[[Any], LocalLossFn]
   tx = make_optimizer(optimizer, weight_decay=weight_decay, momentum=momentum,
                       decay_mask=decay_mask)
   return {group.name: make_local_trainer(
-      loss_fn=loss_for_group(group), optimizer=tx, epochs=epochs, batch_size=batch_size,
+      loss_fn=loss_for_group(group), optimizer=tx,
+      epochs=epochs if isinstance(epochs, int) else epochs[group.name], batch_size=batch_size,
       max_size=setup.max_sizes[group.name], preprocess=preprocess, with_epoch=with_epoch)
       for group in setup.groups}
+
+
+def group_epochs(field: str, value: Any, setup: Any) -> dict[str, int]:
+  """{group name: local epochs} from `config.<field>`: one number, or one per participant.
+
+  A per-participant sequence (participant order, e.g. the FCCL code's Digits
+  epochs (40, 35, 3, 4)) needs as many entries as participants, and the members
+  of one architecture group (trained in one vmapped program) must share a value.
+  """
+  if isinstance(value, int) and not isinstance(value, bool):
+    return {group.name: int(value) for group in setup.groups}
+  values = tuple(value)
+  if len(values) != setup.num_participants:
+    raise ConfigError(f"config.{field} must be one integer or one per participant "
+                      f"({setup.num_participants}), got {values!r}.")
+  out = {}
+  for group in setup.groups:
+    members = {int(values[i]) for i in group.clients}
+    if len(members) != 1:
+      raise ConfigError(f"config.{field} must give the participants of architecture group "
+                        f"{group.name!r} (participants {group.clients}) one value, got "
+                        f"{values!r}.")
+    out[group.name] = members.pop()
+  return out
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -209,10 +236,23 @@ def default_config() -> ml_collections.ConfigDict:
   })
 
 
-def validate_config(config: ml_collections.ConfigDict, section: str = "local") -> None:
-  """Checks `config.<section>` (the fields of `default_config`)."""
+def validate_config(config: ml_collections.ConfigDict, section: str = "local", *,
+                    per_participant_epochs: bool = False) -> None:
+  """Checks `config.<section>` (the fields of `default_config`).
+
+  `per_participant_epochs`: the method reads `<section>.epochs` with `group_epochs`, so it may
+  also be a sequence of integers >= 1, one per participant.
+  """
   validation.require_section(config, section)
-  validation.check(config, f"{section}.epochs", validation.int_at_least(1), "an integer >= 1")
+  if per_participant_epochs:
+    one = validation.int_at_least(1)
+    validation.check(
+        config, f"{section}.epochs",
+        lambda v: one(v) or (isinstance(v, (tuple, list)) and len(v) > 0
+                             and all(one(e) for e in v)),
+        "an integer >= 1 or a tuple of integers >= 1, one per participant")
+  else:
+    validation.check(config, f"{section}.epochs", validation.int_at_least(1), "an integer >= 1")
   validation.check(config, f"{section}.batch_size", validation.int_at_least(1),
                    "an integer >= 1")
   validation.check(config, f"{section}.lr", validation.positive, "a number > 0")
