@@ -14,7 +14,8 @@ from fedjax_het.reports import tables
 def test_the_issues_table_ids_are_registered():
   for table_id in ("fcclplus_digits", "fcclplus_office31", "fcclplus_office_caltech",
                    "fcclplus_office_home", "fcclplus_table15", "fcclplus_table10",
-                   "fcclplus_table13", "fcclplus_table14", "fcclplus_table17",
+                   "fcclplus_table13", "fcclplus_table14", "fcclplus_table16",
+                   "fcclplus_table17",
                    "fccl_tables1_2", "fccl_table3", "glfc_table1", "glfc_tasks5",
                    "glfc_tasks20", "fedfusion_table1", "fedfusion_table2"):
     table = tables.get_table(table_id)
@@ -67,6 +68,32 @@ def test_the_fccl_rows_follow_their_papers_protocols():
   assert glfc["glfc_no_cgc"].glfc.use_gradient_compensation is False
   assert glfc["glfc_no_crd"].glfc.use_relation_distillation is False
   assert (glfc["ssil_fl"].algorithm, glfc["bic_fl"].algorithm) == ("ssil_fl", "bic_fl")
+
+
+def test_table16_ewc_rows_and_the_fml_rows_of_fccl_tables_1_to_3():
+  table16 = tables.get_table("fcclplus_table16")
+  assert [s.key for s in table16.settings] == ["digits", "office31"]
+  cells = {c.row.key: grid.cell_config(c) for c in
+           grid.plan(table16, "quick", [0], settings=["office31"])}
+  assert {k: (c.fcclplus.local_distillation, c.fcclplus.ewc_weight) for k, c in cells.items()
+          if k != "fcclplus"} == {"ewc_001": ("ewc", 0.01), "ewc_01": ("ewc", 0.1),
+                                  "ewc_07": ("ewc", 0.7), "ewc_1": ("ewc", 1.0)}
+  assert cells["fcclplus"].fcclplus.local_distillation == "fntd"
+  printed = {s.key: [s.paper["inter"][r.key]["AVG"] for r in s.rows] for s in table16.settings}
+  assert printed == {"digits": [50.49, 28.50, 28.38, 29.08, 28.70],
+                     "office31": [37.21, 29.58, 28.59, 29.04, 29.18]}  # FCCL+ Table XVI
+  assert P.domain_row(P.FCCLPLUS_TABLE16, "inter", "digits", "ewc_1") == {"AVG": 28.70}
+  # FML sits after FedMD as in the paper, with its printed numbers (FCCL Tables 1-3).
+  conference = tables.get_table("fccl_tables1_2")
+  assert [r.key for r in conference.settings[0].rows] == [
+      "solo", "fedmd", "fml", "feddf", "fedmatch", "fccl"]
+  assert conference.setting("digits").paper["inter"]["fml"]["AVG"] == 31.14
+  assert conference.setting("office_home").paper["intra"]["fml"]["real_world"] == 65.07
+  homogeneous = tables.get_table("fccl_table3")
+  assert homogeneous.settings[0].paper["inter"]["fml"]["art"] == 39.56
+  [fml] = grid.plan(homogeneous, "quick", [0], ["fml"])
+  assert grid.cell_config(fml).algorithm == "fml"
+  assert tuple(grid.cell_config(fml).models.architectures) == ("resnet18",) * 4
 
 
 def test_a_shared_setting_has_the_same_rows_and_cells():

@@ -305,14 +305,24 @@ FCCLPLUS_TABLE17: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
                          "fcclplus": (90.54, 86.92, 87.11, 97.72, 90.57)}},
 }
 
+# --- FCCL+ Table XVI: FNTD against EWC with weight lambda (inter-domain AVG only) ----------
+# "Ours" is FCCL+ (FNTD); the EWC rows replace FNTD by the EWC penalty. Only the AVG is printed.
+FCCLPLUS_TABLE16: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
+    "inter": {"digits": {"fcclplus": (50.49,), "ewc_001": (28.50,), "ewc_01": (28.38,),
+                         "ewc_07": (29.08,), "ewc_1": (28.70,)},
+              "office31": {"fcclplus": (37.21,), "ewc_001": (29.58,), "ewc_01": (28.59,),
+                           "ewc_07": (29.04,), "ewc_1": (29.18,)}},
+}
+
 # --- FCCL (CVPR 2022) Tables 1 (inter) and 2 (intra), CIFAR-100 public ----------------------
 # Digits (M, U, SV, SY) and Office-Home (A, C, P, R). Table 1 prints AVG, Table 2 does not.
-# The FML and RCFL rows are not transcribed: those methods are not in this library.
+# The RCFL rows are not transcribed: that method is not in this library (docs/methods.md).
 FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {  # Table 1: domains, AVG
         "digits": {
             "solo": (15.29, 13.91, 39.24, 34.30, 25.68),
             "fedmd": (8.97, 12.61, 40.89, 43.03, 26.38),
+            "fml": (17.11, 16.00, 45.19, 46.26, 31.14),
             "feddf": (13.23, 19.29, 45.25, 43.95, 30.43),
             "fedmatch": (9.22, 14.76, 46.28, 36.05, 26.58),
             "fccl": (20.74, 20.60, 44.68, 48.02, 33.51),
@@ -320,6 +330,7 @@ FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
         "office_home": {
             "solo": (18.89, 19.36, 21.97, 21.02, 20.31),
             "fedmd": (16.85, 23.13, 28.78, 25.01, 23.44),
+            "fml": (18.97, 24.41, 29.75, 24.91, 24.51),
             "feddf": (17.38, 21.76, 25.17, 22.97, 21.82),
             "fedmatch": (19.05, 25.24, 28.73, 24.35, 24.34),
             "fccl": (25.55, 26.41, 30.14, 29.41, 27.88),
@@ -329,6 +340,7 @@ FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
         "digits": {
             "solo": (70.20, 74.19, 74.57, 73.60),
             "fedmd": (77.30, 80.05, 77.73, 87.72),
+            "fml": (80.66, 79.75, 78.58, 88.87),
             "feddf": (82.95, 78.84, 78.46, 91.30),
             "fedmatch": (82.69, 78.31, 79.79, 89.23),
             "fccl": (88.84, 84.42, 78.55, 91.23),
@@ -336,6 +348,7 @@ FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
         "office_home": {
             "solo": (65.27, 60.50, 74.68, 54.28),
             "fedmd": (66.17, 60.63, 76.35, 56.60),
+            "fml": (81.46, 65.58, 79.82, 65.07),
             "feddf": (66.10, 60.44, 75.70, 55.98),
             "fedmatch": (81.50, 65.40, 79.81, 65.06),
             "fccl": (81.51, 65.42, 79.84, 65.16),
@@ -344,12 +357,13 @@ FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
 }
 
 # --- FCCL (CVPR 2022) Table 3: model homogeneity on Office-Home (ResNet-18 for all) ---------
-# Domains A, C, P, R; no AVG printed. FML and RCFL rows not transcribed (as above).
+# Domains A, C, P, R; no AVG printed. The RCFL row is not transcribed (as above).
 FCCL_TABLE3: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {"office_home": {
         "solo": (18.89, 22.58, 22.33, 27.26),
         "fedavg": (57.85, 54.05, 55.72, 60.18),
         "fedmd": (61.03, 62.41, 62.45, 62.55),
+        "fml": (39.56, 36.94, 32.73, 42.00),
         "feddf": (61.10, 57.92, 62.19, 60.41),
         "fedmatch": (51.60, 47.77, 42.33, 55.35),
         "fccl": (64.48, 62.33, 63.26, 64.86),
@@ -358,6 +372,7 @@ FCCL_TABLE3: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
         "solo": (65.27, 61.51, 74.84, 57.65),
         "fedavg": (66.71, 60.90, 74.29, 57.49),
         "fedmd": (66.50, 61.75, 73.63, 58.10),
+        "fml": (74.87, 60.73, 77.19, 60.71),
         "feddf": (66.69, 60.69, 74.12, 57.69),
         "fedmatch": (80.35, 65.05, 78.99, 64.55),
         "fccl": (81.38, 65.47, 79.40, 65.19),
@@ -453,10 +468,13 @@ def domain_row(table: dict[str, dict[str, dict[str, tuple[float, ...]]]], kind: 
                scenario: str, row: str) -> dict[str, float]:
   """{domain: acc, ..., "AVG": acc} of one printed row; {} when the paper has none.
 
-  A row with as many numbers as the scenario has domains has no AVG printed.
+  A row with as many numbers as the scenario has domains has no AVG printed; a row of one
+  number is an AVG alone (FCCL+ Table XVI).
   """
   values = table.get(kind, {}).get(scenario, {}).get(row)
   if values is None:
     return {}
+  if len(values) == 1:
+    return {"AVG": values[0]}
   names = DOMAINS[scenario] + (("AVG",) if len(values) > len(DOMAINS[scenario]) else ())
   return dict(zip(names, values))

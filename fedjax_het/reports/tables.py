@@ -140,7 +140,7 @@ FCCL_PROTOCOL = ("the conference protocol: heterogeneous backbones per domain, p
 METHOD_LABELS = {"solo": "BASE (solo)", "fedmd": "FedMD", "feddf": "FedDF",
                  "fedmatch": "FedMatch", "rhfl": "RHFL", "fccl": "FCCL", "fcclplus": "FCCL+",
                  "fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedproc": "FedProc",
-                 "fedrs": "FedRS"}
+                 "fedrs": "FedRS", "fml": "FML"}
 #: The methods of FCCL+ Tables VIII/IX, in the paper's row order.
 FCCLPLUS_METHODS = ("solo", "fedmd", "feddf", "fedmatch", "rhfl", "fccl", "fcclplus")
 #: The FCCL rows of FCCL+'s tables come from the benchmark's FCCL, whose collaborative target
@@ -297,6 +297,10 @@ TABLE13_ROWS = tuple(
     for aug in ("weak", "strong"))
 TABLE14_ROWS = tuple((f"omega{w}", f"FCCM + FISL, ω = {w}",
                       DUAL + (("fcclplus.fisl_weight", float(w)),)) for w in (1, 2, 3, 4))
+TABLE16_ROWS = (("fcclplus", "FNTD (FCCL+)", ()),) + tuple(
+    (key, f"EWC, λ = {weight}", (("fcclplus.local_distillation", "ewc"),
+                                 ("fcclplus.ewc_weight", weight)))
+    for key, weight in (("ewc_001", 0.01), ("ewc_01", 0.1), ("ewc_07", 0.7), ("ewc_1", 1.0)))
 TABLE17_ROWS = (
     ("kd30", "KD 30% then FNTD", (("fcclplus.local_distillation", "kd_then_fntd"),
                                   ("fcclplus.kd_fraction", 0.3))),
@@ -307,7 +311,7 @@ TABLE17_ROWS = (
 
 
 def _fccl_tables1_2() -> Table:
-  methods = ("solo", "fedmd", "feddf", "fedmatch", "fccl")
+  methods = ("solo", "fedmd", "fml", "feddf", "fedmatch", "fccl")
   settings = tuple(_ds_setting(s, [_row(s, m, m) for m in methods],
                                _paper(numbers.FCCL_TABLE1_2, s, methods))
                    for s in ("digits", "office_home"))
@@ -319,9 +323,11 @@ def _fccl_tables1_2() -> Table:
       notes=("FCCL runs the conference code's target (fccl.own_slot=previous, the config "
              "default: the participant's previous-round model in its own slot)",
              "Table 2 prints no AVG: its AVG column has no paper number",
-             "the papers' FML and RCFL rows are not reproduced (not in this library)",
+             "FML: private models plus a shared meme model (the scenario's first backbone), "
+             "mutual learning, memes averaged (fedjax_het/algorithms/fml.py)",
+             "the paper's RCFL row is not reproduced (not in this library; docs/methods.md)",
              "the local and public settings are the configs' (FCCL+'s); FCCL's text gives "
-             "batch 512 in both phases"))
+             "batch 512 in both phases (the CVPR code's protocol: the fccl_cvpr configs)"))
 
 
 def _fccl_table3() -> Table:
@@ -329,6 +335,7 @@ def _fccl_table3() -> Table:
   rows = [_row("office_home", "solo", "solo", flags="_homogeneous", overrides=resnet18),
           _row("office_home", "fedavg", "fedavg", overrides=resnet18),
           _row("office_home", "fedmd", "fedmd", flags="_homogeneous", overrides=resnet18),
+          _row("office_home", "fml", "fml", flags="_homogeneous", overrides=resnet18),
           _row("office_home", "feddf", "feddf", flags="_homogeneous", overrides=resnet18),
           _row("office_home", "fedmatch", "fedmatch", flags="_homogeneous", overrides=resnet18),
           _row("office_home", "fccl", "fccl", flags="_homogeneous", overrides=resnet18)]
@@ -342,7 +349,8 @@ def _fccl_table3() -> Table:
       notes=("the paper prints no AVG: its AVG column has no paper number",
              "FCCL and FedDF average the parameters (the _homogeneous variants); FedAvg is "
              "the FedAvg family's config with models.architectures set to ResNet-18",
-             "the papers' FML and RCFL rows are not reproduced (not in this library)"))
+             "FML: ResNet-18 private models and a ResNet-18 meme model, memes averaged",
+             "the paper's RCFL row is not reproduced (not in this library; docs/methods.md)"))
 
 
 # --- partitioned: FedMMD / FedFusion --------------------------------------------------------
@@ -473,6 +481,14 @@ def _build() -> dict[str, Table]:
       notes=("FCCM + FISL with fcclplus.fisl_weight = ω (Eq. 6)", _DUAL_NOTE,
              "the paper prints inter-domain accuracy only")))
   tables.append(_fcclplus_table15())
+  tables.append(_fcclplus_ablation(
+      "fcclplus_table16", "Table XVI", "FCCL+ Table XVI: FNTD against EWC in local updating",
+      numbers.FCCLPLUS_TABLE16, TABLE16_ROWS, ("digits", "office31"), kinds=("inter",),
+      base=None,
+      notes=("the EWC rows replace FNTD by the EWC penalty on the previous-round model "
+             "(fcclplus.local_distillation=ewc, fcclplus.ewc_weight = λ)",
+             "the paper prints the inter-domain AVG only: the domain columns have no paper "
+             "number")))
   tables.append(_fcclplus_ablation(
       "fcclplus_table17", "Table XVII", "FCCL+ Table XVII: KD before FNTD in local updating",
       numbers.FCCLPLUS_TABLE17, TABLE17_ROWS, ("digits",), kinds=("inter", "intra"), base=None,
