@@ -77,6 +77,7 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "fcclplus.ewc_batch_size": None,
     "models.dropout_rate": (0.0,),
     "fccl.pretrain_batch_size": (0,),  # 0: local.batch_size, the batch of the recorded runs
+    "scenario.class_order": ("seeded",),
     # GLFC's ablation switches and loss weights, at the values of the full method.
     "glfc.use_gradient_compensation": (True,),
     "glfc.use_relation_distillation": (True,),

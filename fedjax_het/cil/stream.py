@@ -90,6 +90,7 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
           "client_data": "overlap",    # "overlap" (GLFC code) or "disjoint"
           "train_size": 0,             # 0 -> all training images of the stream's classes
           "test_size": 0,              # 0 -> all test images
+          "class_order": "seeded",     # or "icarl", "identity" (incremental.CLASS_ORDERS)
       },
       "cil": {
           "rounds_per_task": 10,
@@ -156,6 +157,14 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
           f"one of {incremental.CLIENT_DATA}")
   v.check(config, "scenario.train_size", v.int_at_least(0), "an integer >= 0 (0: all)")
   v.check(config, "scenario.test_size", v.int_at_least(0), "an integer >= 0 (0: all)")
+  if "class_order" in config.scenario:
+    v.check(config, "scenario.class_order", v.choice(incremental.CLASS_ORDERS),
+            f"one of {incremental.CLASS_ORDERS}")
+    if config.scenario.class_order == "icarl" and (config.scenario.dataset != "cifar100"
+                                                   or config.scenario.source == "synthetic"):
+      v.fail("scenario.class_order", "'seeded' or 'identity' unless scenario.dataset is "
+             "'cifar100' with real data ('icarl' orders the CIFAR-100 labels)",
+             config.scenario.class_order)
   v.check(config, "cil.rounds_per_task", v.int_at_least(1), "an integer >= 1")
   v.check(config, "cil.clients_per_round",
           lambda x: v.int_at_least(1)(x) and x <= config.scenario.initial_clients,
@@ -385,7 +394,8 @@ def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncremen
       class_fraction=float(sc.class_fraction), shift_fraction=float(sc.shift_fraction),
       client_data=sc.client_data, source=sc.source, data_dir=sc.data_dir or None,
       synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
-      test_size=int(sc.test_size) or None, seed=int(config.seed))
+      test_size=int(sc.test_size) or None, class_order=sc.get("class_order", "seeded"),
+      seed=int(config.seed))
 
 
 def stream_fingerprint(stream: incremental.ClassIncrementalStream) -> str:

@@ -53,10 +53,19 @@ Deviations and caveats:
     drawn from PFLlib shards of the pooled official train+test sets. Fine for
     development; paper-exact numbers need the official split (500 / 100 per
     class), e.g. `source="tfds"`.
-  * Class order: a seeded random permutation (`partition.class_incremental_
-    tasks`). The paper says it uses iCaRL's order; the authors' code uses the
-    identity order (labels 0..k-1 first). Numbers per task are therefore not
-    comparable class by class.
+  * Class order (`class_order`, `CLASS_ORDERS`): "seeded" (default) is a
+    seeded random permutation (`partition.class_incremental_tasks`).
+    "icarl" is iCaRL's CIFAR-100 order (`ICARL_CIFAR100_ORDER`), which the
+    GLFC paper says it follows; "identity" is the labels in ascending order,
+    what the authors' code trains on (conditionWang/FCIL `src/GLFC.py` draws a
+    task's classes from range(numclass - task_size, numclass) and
+    `src/iCIFAR100.py` selects by raw label). A named order keeps every other
+    draw of the seeded stream: the task draw runs on labels renamed so that
+    its permutation lands on the named order (`_named_order_draw`), so the
+    clients, their class positions within the task and the task shifts are
+    those of the "seeded" stream of the same seed; only which class sits at
+    each position changes. With `num_classes` < the dataset's classes, a
+    named order uses its first `num_classes` classes.
   * With `num_classes` < the dataset's classes (quick runs), a seeded random
     subset of `num_classes` classes is used, ordered by the task draw: the
     first `num_classes` classes of a random class order. `train_size` and
@@ -133,6 +142,24 @@ CIFAR100_CLASS_NAMES = (
     "spider", "squirrel", "streetcar", "sunflower", "sweet_pepper", "table", "tank",
     "telephone", "television", "tiger", "tractor", "train", "trout", "tulip", "turtle",
     "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm")
+
+#: iCaRL's CIFAR-100 class order (100 official fine-label indices; task t of k classes
+#: takes positions t*k .. (t+1)*k - 1). Source: srebuffi/iCaRL,
+#: `iCaRL-TheanoLasagne/main_cifar_100_theano.py`, first run: `np.random.seed(1993)`, then
+#: `utils_cifar100.load_data(0)` shuffles 100 per-class index arrays of 500, then
+#: `order = np.arange(100); np.random.shuffle(order)` (NumPy's legacy generator; re-derived in
+#: tests/test_cil_class_order.py). The same list is `iCIFAR100.class_order` of
+#: arthurdouillard/incremental_learning.pytorch (`inclearn/lib/data/datasets.py`, "taken from
+#: original iCaRL implementation"), the order PODNet and later CIL papers report on.
+ICARL_CIFAR100_ORDER = (
+    87, 0, 52, 58, 44, 91, 68, 97, 51, 15, 94, 92, 10, 72, 49, 78, 61, 14, 8, 86,
+    84, 96, 18, 24, 32, 45, 88, 11, 4, 67, 69, 66, 77, 47, 79, 93, 29, 50, 57, 83,
+    17, 81, 41, 12, 37, 59, 25, 20, 80, 73, 1, 28, 6, 46, 62, 82, 53, 9, 31, 75,
+    38, 63, 33, 74, 27, 22, 36, 3, 16, 21, 60, 19, 70, 90, 89, 43, 5, 42, 65, 76,
+    40, 30, 23, 85, 2, 95, 56, 48, 71, 64, 98, 13, 99, 7, 34, 55, 54, 26, 35, 39)
+#: `class_order` choices: "seeded" (a seeded permutation), or a named fixed order
+#: (module docstring): "icarl" (CIFAR-100 only), "identity" (ascending labels).
+CLASS_ORDERS = ("seeded", "icarl", "identity")
 
 # Random-stream codes (SeedSequence([seed, _STREAM, code])).
 _STREAM = 4127
@@ -554,6 +581,7 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
                                    synthetic_fallback: bool = False,
                                    train_size: int | None = None,
                                    test_size: int | None = None,
+                                   class_order: str = "seeded",
                                    seed: int = 0) -> ClassIncrementalStream:
   """GLFC's federated class-incremental stream as fixed-shape arrays (module docstring).
 
@@ -584,6 +612,11 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
       120 per class). Larger than available: ValueError.
     test_size: cap on the stream's test images (stratified), >= num_classes;
       None: all (synthetic: 50 per class).
+    class_order: one of CLASS_ORDERS: "seeded" (a seeded permutation; with
+      `num_classes` < the dataset's, a seeded subset), "icarl" (iCaRL's
+      CIFAR-100 order; dataset "cifar100" with real data only) or "identity"
+      (ascending labels); a named order takes its first `num_classes`
+      classes (module docstring).
     seed: seeds the class subset, subsamples, the task draw, the example
       order and synthetic data (separate random streams).
 
@@ -625,6 +658,12 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   train_size = _check_int("train_size", train_size, num_classes, optional=True)
   test_size = _check_int("test_size", test_size, num_classes, optional=True)
   seed = _check_int("seed", seed, 0)
+  if class_order not in CLASS_ORDERS:
+    raise ValueError(f"`class_order` must be one of {CLASS_ORDERS}, got {class_order!r}.")
+  if class_order == "icarl" and (dataset != "cifar100" or source == "synthetic"):
+    raise ValueError("`class_order`='icarl' is iCaRL's order of the CIFAR-100 labels: it needs "
+                     f"dataset='cifar100' with real data, got dataset={dataset!r}, "
+                     f"source={source!r}; use 'seeded' or 'identity'.")
   if source == "synthetic" and num_classes > SYNTHETIC_MAX_CLASSES:
     raise ValueError(f"source='synthetic' serves at most {SYNTHETIC_MAX_CLASSES} classes "
                      f"((domain, digit) pairs of {synthetic.DIGIT_DOMAINS}), `num_classes`="
@@ -664,6 +703,12 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
       provenance = (f"synthetic(seed={seed}; {domains} digits, classes = (domain, digit) "
                     f"pairs; substituted for {source!r})")
       substituted = (dataset,)
+      if class_order == "icarl":
+        raise DataUnavailableError(
+            f"Dataset {dataset!r} (source {source!r}) is unavailable ({str(e).splitlines()[0]}) "
+            "and `class_order`='icarl' orders the CIFAR-100 labels, which the synthetic "
+            f"fallback does not have. Provide the data ({_how_to(dataset, source)}) or pass "
+            "class_order='seeded' or 'identity'.") from e
 
   if synthetic_names is None:
     for split, which in ((train, "training"), (test, "test")):
@@ -681,7 +726,17 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   if present.size < num_classes:
     raise DataError(f"{provenance}: the training set holds {present.size} classes, the stream "
                     f"needs `num_classes`={num_classes}.")
-  if present.size > num_classes:
+  named = None
+  if class_order != "seeded":
+    named = (np.asarray(ICARL_CIFAR100_ORDER, np.int64) if class_order == "icarl"
+             else np.arange(dataset_classes, dtype=np.int64))[:num_classes]
+    missing = np.setdiff1d(named, present)
+    if missing.size:
+      raise DataError(f"{provenance}: `class_order`={class_order!r} takes the classes "
+                      f"{named.tolist()}, the training set lacks {missing.tolist()}.")
+    chosen = np.sort(named)
+    train = train.take(np.nonzero(np.isin(train.labels, chosen))[0])
+  elif present.size > num_classes:
     chosen = np.sort(_rng(seed, _SELECT).choice(present, num_classes, replace=False))
     train = train.take(np.nonzero(np.isin(train.labels, chosen))[0])
   else:
@@ -697,12 +752,52 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   if test_size is not None and test_size < len(test):
     test = test.take(stratified_subsample(test.labels, test_size, _rng(seed, _TEST_SUBSAMPLE)))
 
-  tasks = partition_lib.class_incremental_tasks(
-      train.labels, num_tasks=num_tasks, classes_per_task=classes_per_task,
-      initial_clients=initial_clients, new_clients_per_task=new_clients_per_task,
-      class_fraction=class_fraction, shift_fraction=shift_fraction,
-      overlap=client_data == "overlap", rng=_rng(seed, _TASKS))
+  draw = dict(num_tasks=num_tasks, classes_per_task=classes_per_task,
+              initial_clients=initial_clients, new_clients_per_task=new_clients_per_task,
+              class_fraction=class_fraction, shift_fraction=shift_fraction,
+              overlap=client_data == "overlap")
+  if named is not None:
+    return _named_order_draw(train, test, named, draw, client_data=client_data, seed=seed,
+                             dataset=dataset, class_names=class_names,
+                             sources={dataset: provenance}, substituted=substituted,
+                             mean=mean, std=std)
+  tasks = partition_lib.class_incremental_tasks(train.labels, rng=_rng(seed, _TASKS), **draw)
   return stream_from_tasks(train, test, tasks, client_data=client_data, seed=seed,
                            dataset=dataset, class_names=class_names,
                            sources={dataset: provenance}, substituted=substituted,
                            mean=mean, std=std)
+
+
+def _named_order_draw(train: Split, test: Split, order: np.ndarray, draw: dict[str, Any], *,
+                      seed: int, class_names: Sequence[str], **stream_kwargs
+                      ) -> ClassIncrementalStream:
+  """The seeded task draw with its class permutation replaced by `order` (module docstring).
+
+  `partition.class_incremental_tasks` first draws `rng.permutation` of the
+  sorted present labels. With the C stream classes renamed so that class
+  order[i] carries the label perm[i] (perm = that same first draw on C
+  labels 0..C-1), the draw's task classes are perm, i.e. order[i] at
+  position i; every later draw of the stream is unchanged. The stream's
+  `class_order` records the original labels.
+  """
+  perm = _rng(seed, _TASKS).permutation(order.size)
+  rename = np.full(int(max(order.max(), train.labels.max(initial=0),
+                           test.labels.max(initial=0))) + 1, -1, np.int64)
+  rename[order] = perm
+  renamed_train = Split(train.images, rename[train.labels])
+  renamed_test = Split(test.images, rename[test.labels])
+  tasks = partition_lib.class_incremental_tasks(renamed_train.labels, rng=_rng(seed, _TASKS),
+                                                **draw)
+  drawn = np.concatenate([np.asarray(task.classes, np.int64) for task in tasks])
+  if not np.array_equal(drawn, perm):
+    raise RuntimeError("class order: partition.class_incremental_tasks no longer draws its "
+                       "class permutation first; the named-order draw needs updating.")
+  names = ()
+  if len(class_names):
+    by_renamed = [""] * order.size
+    for original, new in zip(order, perm):
+      by_renamed[new] = str(class_names[original])
+    names = tuple(by_renamed)
+  stream = stream_from_tasks(renamed_train, renamed_test, tasks, seed=seed, class_names=names,
+                             **stream_kwargs)
+  return dataclasses.replace(stream, class_order=_readonly(order.copy()))
