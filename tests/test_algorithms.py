@@ -283,7 +283,9 @@ def test_solo_trains_only_on_private_data_and_learns():
   losses_per_round = []
   for r in range(3):
     state, metrics = algorithm.round(state, arrays, jax.random.key(r), jnp.int32(r))
-    assert set(metrics) == {"local"}  # no communication at all
+    assert set(metrics) == {"local", "server"}
+    assert {k: float(v) for k, v in metrics["server"].items()} == {  # no communication at all
+        "bytes_up": 0.0, "bytes_down": 0.0}
     losses_per_round.append(float(metrics["local"]["a"]["loss"][0]))
   assert losses_per_round[-1] < 0.5 * losses_per_round[0]
   # BatchNorm statistics move in train mode.

@@ -340,8 +340,12 @@ def test_round_on_the_tiny_federation_is_traced_once_deterministic_and_trains():
     state, metrics = round_fn(state, data, jax.random.key(10 + r), jnp.int32(r))
     for leaf in jax.tree_util.tree_leaves(metrics):
       assert np.all(np.isfinite(np.asarray(leaf)))
-  assert set(metrics) == {"collaborative", "local"}
+  assert set(metrics) == {"collaborative", "local", "server"}
   assert set(metrics["collaborative"]["a"]) == {"loss", "kl", "ce", "kept"}
+  # 2 participants x 2 public batches of 4 x weak-view logits 4 x 3 x 4 bytes up; each
+  # receives its one helper's, the same down.
+  assert {k: float(v) for k, v in metrics["server"].items()} == {"bytes_up": 192.0,
+                                                                 "bytes_down": 192.0}
   assert metrics["collaborative"]["a"]["kl"].shape == (2,)
   kernel = lambda s: np.asarray(s["groups"]["a"]["variables"]["params"]["head"]["kernel"])
   assert np.max(np.abs(kernel(state) - kernel(start))) > 1e-4

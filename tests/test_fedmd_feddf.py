@@ -242,8 +242,11 @@ def test_fedmd_round_is_digest_on_the_round_subset_then_revisit():
       augment_key=augment_key, step_key=digest_key)
   want, _ = phases.revisit(want, data.groups, revisit_key, jnp.int32(0))
   _assert_same(got, want)
-  assert set(metrics) == {"collaborative", "local"}
+  assert set(metrics) == {"collaborative", "local", "server"}
   assert set(metrics["collaborative"]["a"]) == {"l1"}
+  # 2 participants x 2 batches of 4 of the 6-image subset x scores 4 x 3 x 4 bytes, each way.
+  assert {k: float(v) for k, v in metrics["server"].items()} == {"bytes_up": 192.0,
+                                                                 "bytes_down": 192.0}
   assert [stage.name for stage in algorithm.stages] == ["public", "local"]
 
 
@@ -287,6 +290,9 @@ def test_feddf_round_order(order):
   assert not np.allclose(got["groups"]["a"]["variables"]["params"]["head"]["kernel"],
                          other["groups"]["a"]["variables"]["params"]["head"]["kernel"])
   assert set(metrics["collaborative"]["b"]) == {"kl"}
+  # 2 participants x 2 public batches of 4 x logits 4 x 3 x 4 bytes, each way.
+  assert {k: float(v) for k, v in metrics["server"].items()} == {"bytes_up": 192.0,
+                                                                 "bytes_down": 192.0}
 
 
 def test_homogeneous_feddf_averages_before_local_training():

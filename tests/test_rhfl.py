@@ -269,7 +269,11 @@ def test_round_is_confidence_and_public_alignment_then_local_sce_on_split_keys()
   want = jax.jit(by_hand)(state)
   for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
-  assert set(metrics) == {"confidence", "collaborative", "local"}
+  assert set(metrics) == {"confidence", "collaborative", "local", "server"}
+  # 3 participants x 2 public batches of 4 x logits 4 x 3 x 4 bytes (288) up, plus one loss
+  # each; down each receives the other two's logits (576) and the 3 CCR weights.
+  assert {k: float(v) for k, v in metrics["server"].items()} == {"bytes_up": 288.0 + 3 * 4,
+                                                                 "bytes_down": 576.0 + 9 * 4}
   kernel = lambda s: s["groups"]["a"]["variables"]["params"]["head"]["kernel"]  # noqa: E731
   assert not np.allclose(np.asarray(kernel(got)), np.asarray(kernel(state)))
 
@@ -290,7 +294,7 @@ def test_round_is_traced_once_over_several_rounds_with_finite_metrics():
   np.testing.assert_allclose(weights[0], 1 / 3)  # round 1: uniform 1 / (K - 1), K = 4
   for w in weights[1:]:  # later rounds: a softmax over the four participants
     np.testing.assert_allclose(w.sum(), 1.0, rtol=1e-5)
-  assert set(metrics) == {"confidence", "collaborative", "local"}
+  assert set(metrics) == {"confidence", "collaborative", "local", "server"}
 
 
 @pytest.mark.slow  # the default suite covers the round through the trainer's scan (traced once)

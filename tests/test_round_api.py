@@ -388,6 +388,9 @@ TINY_ROUND_2 = {
         'eval/inter/syn': 10.000000476837158,
         'eval/intra/mean': 11.666666984558105,
         'eval/inter/mean': 9.722222367922464,
+        # 4 participants x 2 public batches of 32 x logits 32 x 10 x 4 bytes.
+        'train/server/bytes_up': 10240.0,
+        'train/server/bytes_down': 10240.0,
     },
     'solo': {
         'train/local/ce/mnist': 2.313629627227783,
@@ -408,6 +411,9 @@ TINY_ROUND_2 = {
         'eval/inter/syn': 15.555556615193685,
         'eval/intra/mean': 10.000000357627869,
         'eval/inter/mean': 11.666666984558105,
+        # Nothing is communicated.
+        'train/server/bytes_up': 0.0,
+        'train/server/bytes_down': 0.0,
     },
 }
 
@@ -474,6 +480,9 @@ QUICK_ROUND_2 = {
         'eval/inter/syn': 9.111111164093018,
         'eval/intra/mean': 30.666667342185974,
         'eval/inter/mean': 11.027777830759684,
+        # 4 participants x 2 public batches of 512 x logits 512 x 10 x 4 bytes.
+        'train/server/bytes_up': 163840.0,
+        'train/server/bytes_down': 163840.0,
     },
     'solo': {
         'train/local/ce/mnist': 1.9842067956924438,
@@ -494,5 +503,8 @@ QUICK_ROUND_2 = {
         'eval/inter/syn': 10.0,
         'eval/intra/mean': 10.0,
         'eval/inter/mean': 9.777777791023254,
+        # Nothing is communicated.
+        'train/server/bytes_up': 0.0,
+        'train/server/bytes_down': 0.0,
     },
 }

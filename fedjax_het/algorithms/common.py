@@ -286,3 +286,57 @@ def local_stage(local_update: Callable[..., Any], *, key_splits: int, key_index:
     return state, {"local": metrics}
 
   return Stage("local", run)
+
+
+# Communication accounting (FCCL+ Tables II-IV). Every method logs, per round,
+# metrics["server"]["bytes_up"] (train/server/bytes_up; client -> server) and
+# ["bytes_down"] (server -> client): the bytes of every array the round's protocol moves,
+# summed over the participants that take part in the round, counted from shapes and dtypes
+# when the round is traced (no computation is added). What is shared before training (the
+# public images, GLFC's proxy encoder) and what stays on a participant costs nothing; the
+# models' variables count parameters and BatchNorm statistics. The values are float32 scalars,
+# exact below 2**24 bytes and rounded to float32 above; `communication_bytes` of every method
+# gives the exact integers.
+
+
+def tree_bytes(tree: Any) -> int:
+  """Bytes of the arrays (or `jax.ShapeDtypeStruct`s) of a pytree: sum of size x itemsize."""
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(tree))
+
+
+def model_bytes(model: Any) -> int:
+  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes."""
+  return tree_bytes(jax.eval_shape(lambda: models.init_variables(model, jax.random.key(0))))
+
+
+def public_batches(batch_size: int, epochs: int, num_public: int) -> tuple[int, int]:
+  """(B, batches): the size and number of the public batches of one round over `num_public`
+  images (`public.public_phase`: B = min(batch_size, max(N0, 2)), epochs x ceil(N0 / B)
+  batches; (0, 0) without a public phase)."""
+  if epochs <= 0 or num_public <= 0:
+    return 0, 0
+  batch = min(batch_size, max(num_public, 2))
+  return batch, epochs * -(-num_public // batch)
+
+
+def server_bytes(up: Any, down: Any) -> dict[str, jax.Array]:
+  """The round's {"bytes_up", "bytes_down"} server metrics as float32 scalars."""
+  return {"bytes_up": jnp.asarray(up, jnp.float32), "bytes_down": jnp.asarray(down, jnp.float32)}
+
+
+def with_server_bytes(stage: Stage, count: Callable[[int], tuple[int, int]]) -> Stage:
+  """`stage` whose metrics also hold "server": `server_bytes(*count(N0))`, N0 the round's
+  public images (0 without public data); static, so the stage's computation is unchanged."""
+  def run(state, data, key, round_index):
+    state, metrics = stage.run(state, data, key, round_index)
+    num_public = 0 if data.public is None else int(data.public.shape[0])
+    return state, {**metrics, "server": server_bytes(*count(num_public))}
+
+  return Stage(stage.name, run)
+
+
+def stream_bytes(up: Any, down: Any) -> dict[str, jax.Array]:
+  """A task-stream round's flat "train/server/bytes_up" / ".../bytes_down" metrics (float32;
+  `up` and `down` may be traced, e.g. when a transfer happens only in some rounds)."""
+  return {f"train/server/{name}": value for name, value in server_bytes(up, down).items()}

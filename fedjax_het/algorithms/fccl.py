@@ -183,16 +183,38 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   return Phases(init=init, collaborative_step=collaborative_step, local_update=local_update)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one FCCL round over all K participants, from the shapes.
+
+  FCCL+ Table II, FCCL row (|B0| x C): on each public batch (`common.public_batches`) every
+  participant sends its logits Z_i (B, C) and receives the mean logits (B, C), from which it
+  forms its cross-correlation target (its own slot swapped for its previous model's logits,
+  computed locally): K x batches x B x C x 4 bytes each way. The homogeneous variant
+  (`fccl.average_parameters`) also sends every model up and the average down once a round.
+  """
+  batch, batches = common.public_batches(int(config.collaborative.batch_size),
+                                         int(config.collaborative.epochs), num_public)
+  total = setup.num_participants * batches * batch * setup.num_classes * 4
+  if bool(config.fccl.average_parameters):
+    total += sum(g.num_clients * common.model_bytes(g.model) for g in setup.groups)
+  return total, total
+
+
 def make_fccl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FCCL as an `Algorithm`: public phase (cross-correlation), then local CE + dual KD,
-  given as these two stages (`Algorithm.stages`; `config.round_programs`)."""
+  given as these two stages (`Algorithm.stages`; `config.round_programs`); the public
+  stage's metrics hold the round's ["server"]["bytes_up" | "bytes_down"]
+  (`communication_bytes`)."""
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
+  public_stage, local_stage = common.public_and_local_stages(spec, phases.collaborative_step,
+                                                             phases.local_update)
+  public_stage = common.with_server_bytes(
+      public_stage, lambda num_public: communication_bytes(config, setup, num_public))
 
-  return common.public_data_algorithm(
-      "fccl", config, setup, phases.init,
-      stages=common.public_and_local_stages(spec, phases.collaborative_step,
-                                            phases.local_update))
+  return common.public_data_algorithm("fccl", config, setup, phases.init,
+                                      stages=(public_stage, local_stage))
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -130,11 +130,30 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one FedDF round over all K participants, from the shapes.
+
+  Logits as FedMD (FCCL+ Table II, |B0| x C): on each public batch (`common.public_batches`)
+  every participant sends its logits Z_i (B, C) and receives the ensemble Z_bar (B, C):
+  K x batches x B x C x 4 bytes each way. The homogeneous variant
+  (`feddf.average_parameters`) also sends every model up and the average down once a round.
+  """
+  batch, batches = common.public_batches(int(config.collaborative.batch_size),
+                                         int(config.collaborative.epochs), num_public)
+  total = setup.num_participants * batches * batch * setup.num_classes * 4
+  if bool(config.feddf.average_parameters):
+    total += sum(g.num_clients * common.model_bytes(g.model) for g in setup.groups)
+  return total, total
+
+
 def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedDF as an `Algorithm`: public ensemble distillation and local CE, in `feddf.order`.
 
   The round is given as these two stages, in that order (`Algorithm.stages`), so
-  the trainer can compile each as its own program (`config.round_programs`).
+  the trainer can compile each as its own program (`config.round_programs`). The
+  distillation stage's metrics hold the round's ["server"]["bytes_up" | "bytes_down"]
+  (`communication_bytes`).
   """
   phases = make_phases(config, setup)
   order = common.check_choice("feddf.order", config.feddf.order, ORDERS)
@@ -155,7 +174,9 @@ def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                                     step_key=distill_key)
     return state, metrics
 
-  stages = (Stage("public", distill_stage),
+  stages = (common.with_server_bytes(
+                Stage("public", distill_stage),
+                lambda num_public: communication_bytes(config, setup, num_public)),
             common.local_stage(phases.local_update, key_splits=4, key_index=3))
   return common.public_data_algorithm(
       "feddf", config, setup, phases.init,

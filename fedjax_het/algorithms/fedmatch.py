@@ -351,12 +351,33 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                 local_update=local_update)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one FedMatch round over all K participants, from the shapes.
+
+  On each public batch (`common.public_batches`) every participant sends its weak-view logits
+  Z_k^w (B, C) and receives its H helpers' (H x B x C): up K x batches x B x C x 4 bytes,
+  down H times that. With 0 < H < K - 1 every participant also sends its model embedding
+  (NOISE_IMAGES x C softmax outputs) once a round, from which the server picks the helpers.
+  """
+  num = setup.num_participants
+  helpers = resolve_num_helpers(int(config.fedmatch.num_helpers), num)
+  batch, batches = common.public_batches(int(config.collaborative.batch_size),
+                                         int(config.collaborative.epochs), num_public)
+  logits = num * batches * batch * setup.num_classes * 4
+  up, down = logits, helpers * logits
+  if batches and helpers != num - 1:
+    up += num * NOISE_IMAGES * setup.num_classes * 4
+  return up, down
+
+
 def make_fedmatch(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedMatch as an `Algorithm`: helpers, public consistency + pseudo labels, private CE.
 
   The round is given as two stages, the helpers with the public phase, then the
   private CE (`Algorithm.stages`), so the trainer can compile each as its own
-  program (`config.round_programs`).
+  program (`config.round_programs`). The public stage's metrics hold the round's
+  ["server"]["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
   spec = make_spec(config, setup)
@@ -378,7 +399,9 @@ def make_fedmatch(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
   return common.public_data_algorithm(
       "fedmatch", config, setup, phases.init,
-      stages=(Stage("public", public_stage),
+      stages=(common.with_server_bytes(
+                  Stage("public", public_stage),
+                  lambda num_public: communication_bytes(config, setup, num_public)),
               common.local_stage(phases.local_update, key_splits=4, key_index=3)))
 
 

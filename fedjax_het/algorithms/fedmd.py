@@ -140,12 +140,30 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   return Phases(init=init, draw_subset=draw_subset, digest_step=digest_step, revisit=revisit)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one FedMD round over all K participants, from the shapes.
+
+  FCCL+ Table II, FedMD row (|B0| x C): on each batch of the round's public subset
+  (`fedmd.public_subset` of the N0 images, `common.public_batches`) every participant sends
+  its class scores Z_i (B, C) and receives the consensus Z_bar (B, C):
+  K x batches x B x C x 4 bytes each way.
+  """
+  subset = int(config.fedmd.public_subset)
+  size = num_public if subset == 0 or subset >= num_public else subset
+  batch, batches = common.public_batches(int(config.collaborative.batch_size),
+                                         int(config.collaborative.epochs), size)
+  total = setup.num_participants * batches * batch * setup.num_classes * 4
+  return total, total
+
+
 def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedMD as an `Algorithm`: subset -> (communicate, aggregate, digest) per batch -> revisit.
 
   The round is given as two stages, the digest on the public subset, then the
   revisit (`Algorithm.stages`), so the trainer can compile each as its own
-  program (`config.round_programs`).
+  program (`config.round_programs`). The digest stage's metrics hold the round's
+  ["server"]["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
@@ -167,7 +185,9 @@ def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
   return common.public_data_algorithm(
       "fedmd", config, setup, phases.init,
-      stages=(Stage("public", digest_stage),
+      stages=(common.with_server_bytes(
+                  Stage("public", digest_stage),
+                  lambda num_public: communication_bytes(config, setup, num_public)),
               common.local_stage(phases.revisit, key_splits=5, key_index=3)))
 
 

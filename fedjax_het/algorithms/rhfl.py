@@ -299,12 +299,33 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                 local_update=local_update)
 
 
+def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
+                        num_public: int) -> tuple[int, int]:
+  """(bytes up, bytes down) of one RHFL round over all K participants, from the shapes.
+
+  On each public batch (`common.public_batches`) every participant sends its logits (B, C)
+  and receives the other K - 1 participants' (Eq. 1 weights each one separately): up
+  K x batches x B x C x 4 bytes, down K - 1 times that. With CCR
+  (`rhfl.confidence_reweighting`) every participant also sends its private loss L_i^e (one
+  float32) and receives the K weights W once a round: + K x 4 up, + K x K x 4 down.
+  """
+  num = setup.num_participants
+  batch, batches = common.public_batches(int(config.collaborative.batch_size),
+                                         int(config.collaborative.epochs), num_public)
+  logits = num * batches * batch * setup.num_classes * 4
+  up, down = logits, (num - 1) * logits
+  if bool(config.rhfl.confidence_reweighting):
+    up, down = up + num * 4, down + num * num * 4
+  return up, down
+
+
 def make_rhfl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """RHFL as an `Algorithm`: CCR weights, public KL alignment, then local SCE.
 
   The round is given as two stages, the CCR weights with the public alignment,
   then the local SCE (`Algorithm.stages`), so the trainer can compile each as
-  its own program (`config.round_programs`).
+  its own program (`config.round_programs`). The public stage's metrics hold the round's
+  ["server"]["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
   spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
@@ -323,7 +344,9 @@ def make_rhfl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
   return common.public_data_algorithm(
       "rhfl", config, setup, phases.init,
-      stages=(Stage("public", public_stage),
+      stages=(common.with_server_bytes(
+                  Stage("public", public_stage),
+                  lambda num_public: communication_bytes(config, setup, num_public)),
               common.local_stage(phases.local_update, key_splits=5, key_index=3)))
 
 

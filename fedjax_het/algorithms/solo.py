@@ -90,7 +90,8 @@ def pretrain_variables(setup: Setup, variables: dict[str, Any], data: Any, key: 
 
 
 def make_solo(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
-  """SOLO from `config.local` (epochs per round, optimiser, lr decay)."""
+  """SOLO from `config.local` (epochs per round, optimiser, lr decay). Nothing is
+  communicated: the round's ["server"]["bytes_up" | "bytes_down"] are 0."""
   loc = config.local
   trainers = local.make_group_trainers(
       setup, cross_entropy_loss_for, optimizer=loc.optimizer,
@@ -111,7 +112,7 @@ def make_solo(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     variables = {name: g["variables"] for name, g in state["groups"].items()}
     trained, metrics = train_private(setup, trainers, variables, data.groups, local_key, rates)
     return ({**state, "groups": {name: {"variables": v} for name, v in trained.items()}},
-            {"local": metrics})
+            {"local": metrics, "server": common.server_bytes(0, 0)})
 
   # The same heatmaps as FCCL/FCCL+ (batch of 512 public images, their public batch size), so
   # runs without communication can be compared with them.
