@@ -12,10 +12,11 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar100_glfc_tasks20       # T=20 (5 classes per task)
 
 Variant names: <method>[_tasks<T>] and <method>_quick, method in fedavg_cil, icarl_fl,
-glfc, glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl and T in 5, 10, 20 (no suffix: T = 10, GLFC Table 1; _tasks10 is the same setting
-under another name). _tasks<T> sets scenario.num_tasks = T (100 / T classes per task)
-and keeps everything else: 30 clients at the start, 10 new clients per task, each client
-drawing 60% of its task's classes, 10 rounds per task. The paper's text gives these
+glfc, glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl, podnet_fl and T in 5, 10, 20 (no suffix:
+T = 10, GLFC Table 1; _tasks10 is the same setting under another name). _tasks<T> sets
+scenario.num_tasks = T (100 / T classes per task) and keeps everything else: 30 clients at
+the start, 10 new clients per task, each client drawing 60% of its task's classes, 10
+rounds per task. The paper's text gives these
 numbers for every T; the authors' code instead adds task_size new clients per task and
 always draws 6 classes per client, which cannot run at T = 20 (5 classes per task), so
 the paper's text is followed. The quick variants exist for T = 4 only (their own 20-class
@@ -48,6 +49,15 @@ last round of every task t >= 1 the sampled clients fit that task's bias pair (a
 beta) on their splits under the new global model and the server averages the pairs.
 Local lr 0.1 as fedavg_cil.
 bic_fl_quick: the fedavg_cil_quick stream and model with a memory of 90 images per client.
+
+PODNet + FL (fedjax_het/algorithms/podnet_fl.py; Douillard et al., ECCV 2020, federated as
+GLFC's paper federates every baseline): every client runs PODNet (local similarity
+classifier with 10 proxies per class and a learned scale, NCA loss with margin 0.6, and
+from task 1 on POD-flat (weight 1) and POD-spatial over the backbone's stage outputs
+(weight 3), both scaled by sqrt(seen classes / new classes), against the global model at
+the end of the previous task) with iCaRL + FL's memory; FedAvg of the models and the
+classifier. Local lr 0.1 as fedavg_cil. podnet_fl_quick: the fedavg_cil_quick stream and
+model (simple_cnn's two conv stages for POD-spatial) with a memory of 90 images per client.
 
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size
 variant): the GLFC code's step decays, lr / 5, lr / 25, lr / 125 from the in-task epochs
@@ -142,7 +152,7 @@ GLFC_ABLATIONS = {
     "glfc_no_crd": (("use_relation_distillation", False),),   # Ours-w/oCRD
 }
 #: The softmax baselines of GLFC Table 1 with an exemplar memory (local lr 0.1, as fedavg_cil).
-SOFTMAX_REPLAY = ("ssil_fl", "bic_fl")
+SOFTMAX_REPLAY = ("ssil_fl", "bic_fl", "podnet_fl")
 METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS, *SOFTMAX_REPLAY)
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
 TASK_COUNTS = (5, 10, 20)

@@ -26,6 +26,8 @@ On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
              batches on every client, FedAvg of the models.
   bic_fl     BiC + FL (GLFC Table 1): KD weighted n_old / n_seen, a bias correction layer
              per task fitted on held-out exemplars by the clients, FedAvg of both.
+  podnet_fl  PODNet + FL: POD-spatial/POD-flat distillation, local similarity classifier
+             with NCA loss on every client, iCaRL + FL's memory, FedAvg of the models.
 
 A class-incremental method's `make(config, setup)` receives a
 `cil.stream.StreamSetup` instead of an `engine.api.Setup`; its `evaluate(state,
@@ -77,7 +79,7 @@ import ml_collections
 from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fedfusion, fedmatch,
                                    fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
                                    solo)
-from fedjax_het.algorithms import bic_fl, ssil_fl  # class-incremental baselines (GLFC Table 1)
+from fedjax_het.algorithms import bic_fl, podnet_fl, ssil_fl  # CIL baselines (GLFC Table 1)
 from fedjax_het.algorithms import fml  # FML (FCCL Tables 1-3)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
@@ -143,7 +145,7 @@ register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.defaul
          validate_config=fedmatch.validate_config)
 register("fml", make=fml.make_fml, default_config=fml.default_config,
          validate_config=fml.validate_config)
-for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl):
+for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,
            default_config=_module.default_config, validate_config=_module.validate_config,
            class_incremental=_module.CLASS_INCREMENTAL)

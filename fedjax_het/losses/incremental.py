@@ -1,4 +1,4 @@
-"""Class-incremental baselines' losses (GLFC Table 1): iCaRL's KD, SS-IL, BiC.
+"""Class-incremental baselines' losses (GLFC Table 1): iCaRL's KD, SS-IL, BiC, PODNet.
 
 Every loss works on a fixed-size head of C columns whose classes arrive in
 order: the old classes are the prefix [0, num_old_classes), the classes seen
@@ -20,6 +20,11 @@ selected away before any arithmetic: they get no value and no gradient.
     softmax over the old classes.
   * `bias_corrected_logits`: BiC's bias correction layer, alpha_s * o +
     beta_s on the logits of task s's classes.
+  * `pod_spatial_loss`, `pod_flat_loss`: PODNet's pooled-outputs
+    distillation of the backbone's stage outputs (width and height pooling)
+    and of the final embedding.
+  * `local_similarity_scores`, `nca_loss`: PODNet's local similarity
+    classifier (K proxies per class) and its NCA loss with margin.
 
 References:
   [iCaRL] S.-A. Rebuffi, A. Kolesnikov, G. Sperl, C. H. Lampert. iCaRL:
@@ -28,6 +33,9 @@ References:
     Softmax for Incremental Learning. ICCV 2021.
   [BiC] Y. Wu, Y. Chen, L. Wang, Y. Ye, Z. Liu, Y. Guo, Y. Fu. Large Scale
     Incremental Learning. CVPR 2019.
+  [PODNet] A. Douillard, M. Cord, C. Ollion, T. Robert, E. Valle. PODNet:
+    Pooled Outputs Distillation for Small-Tasks Incremental Learning. ECCV
+    2020 (code: arthurdouillard/incremental_learning.pytorch).
 """
 
 from __future__ import annotations
@@ -223,3 +231,155 @@ def bias_corrected_logits(logits: jax.Array, alpha: jax.Array, beta: jax.Array,
 __all__ = ["DISTILLATION_TEMPERATURE", "bias_corrected_logits", "bic_distillation_loss",
            "old_class_distillation_loss", "separated_softmax_cross_entropy",
            "task_wise_distillation_loss"]
+
+
+def _safe_norm(x: jax.Array) -> jax.Array:
+  """||x||_2 over the last axis with a zero (not NaN) gradient at x = 0."""
+  squared = jnp.sum(jnp.square(x), axis=-1)
+  positive = squared > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def _l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+  """x / max(||x||_2, eps) over the last axis (PyTorch's F.normalize), NaN-free at 0."""
+  return x / jnp.maximum(_safe_norm(x), eps)[..., None]
+
+
+def pod_spatial_embedding(feature_map: jax.Array) -> jax.Array:
+  """PODNet's POD-spatial statistics of one (B, H, W, C) map: (B, (H + W) * C).
+
+  The squared activations summed over the width (one value per row and
+  channel, (B, H * C)) followed by those summed over the height (B, W * C),
+  L2-normalised per example [PODNet, POD-spatial; as the PODNet code,
+  the activations are squared first].
+  """
+  check_rank("pod_spatial_embedding", "feature_map", feature_map, 4,
+             "(batch, height, width, channels)")
+  squared = jnp.square(feature_map)
+  batch = feature_map.shape[0]
+  width_pooled = jnp.sum(squared, axis=2).reshape(batch, -1)    # (B, H * C)
+  height_pooled = jnp.sum(squared, axis=1).reshape(batch, -1)   # (B, W * C)
+  return _l2_normalize(jnp.concatenate([width_pooled, height_pooled], axis=-1))
+
+
+@loss_function()
+def pod_spatial_loss(*, feature_maps: tuple[jax.Array, ...],
+                     old_feature_maps: tuple[jax.Array, ...],
+                     mask: jax.Array | None = None) -> jax.Array:
+  """PODNet's POD-spatial distillation L_POD-spatial [PODNet, POD-spatial].
+
+  For every stage l of the backbone: the Euclidean distance between the old
+  and the current model's `pod_spatial_embedding` (width- and height-pooled
+  squared activations, L2-normalised), averaged over the (valid) examples;
+  the mean over the L stages.
+
+  Args:
+    feature_maps: L arrays (B, H_l, W_l, C_l), the current model's stage
+      outputs.
+    old_feature_maps: the old model's, same shapes.
+    mask: optional (B,) validity mask.
+
+  Returns:
+    Scalar loss.
+  """
+  fn = "pod_spatial_loss"
+  if len(feature_maps) != len(old_feature_maps) or not feature_maps:
+    raise ValueError(f"{fn}: `feature_maps` and `old_feature_maps` must hold the same number "
+                     f"(>= 1) of stages, got {len(feature_maps)} and {len(old_feature_maps)}.")
+  total = 0.0
+  for new, old in zip(feature_maps, old_feature_maps):
+    if new.shape != old.shape:
+      raise ValueError(f"{fn}: a stage of `old_feature_maps` has shape {old.shape}, the "
+                       f"current one {new.shape}; they must match.")
+    distance = _safe_norm(pod_spatial_embedding(new) - pod_spatial_embedding(old))
+    total = total + masked_mean(fn, distance, mask)
+  return total / len(feature_maps)
+
+
+@loss_function()
+def pod_flat_loss(*, features: jax.Array, old_features: jax.Array,
+                  mask: jax.Array | None = None) -> jax.Array:
+  """PODNet's POD-flat distillation of the final embedding [PODNet, POD-flat].
+
+  1 - cos(h_old, h) per example, averaged over the (valid) examples: the
+  form of the PODNet code (`embeddings_similarity`, PyTorch's
+  `cosine_embedding_loss` with target 1; cosine with a 1e-12 floor on the
+  norms).
+
+  Args:
+    features: (B, D) the current model's embedding.
+    old_features: (B, D) the old model's.
+    mask: optional (B,) validity mask.
+
+  Returns:
+    Scalar loss.
+  """
+  fn = "pod_flat_loss"
+  check_rank(fn, "features", features, 2, "(batch, dim)")
+  if old_features.shape != features.shape:
+    raise ValueError(f"{fn}: `old_features` must have the shape of `features` "
+                     f"{features.shape}, got {old_features.shape}.")
+  cosine = jnp.sum(_l2_normalize(features) * _l2_normalize(old_features), axis=-1)
+  return masked_mean(fn, 1.0 - cosine, mask)
+
+
+def local_similarity_scores(*, features: jax.Array, proxies: jax.Array) -> jax.Array:
+  """PODNet's local similarity classifier (LSC) [PODNet, LSC]: (B, C) class similarities.
+
+  With s_{c,k} = cos(theta_{c,k}, h) for the K proxies theta_{c,k} of class c
+  (`proxies` (C, K, D)), the class similarity is sum_k softmax_k(s_{c,.})_k
+  s_{c,k} (a softmax over the proxies of one class, temperature 1 as the
+  PODNet code's `merging="softmax"`, gamma 1). Values in [-1, 1]; the
+  learned scale eta multiplies them in `nca_loss`.
+
+  Args:
+    features: (B, D) embeddings h.
+    proxies: (C, K, D) proxies.
+  """
+  check_rank("local_similarity_scores", "features", features, 2, "(batch, dim)")
+  check_rank("local_similarity_scores", "proxies", proxies, 3, "(classes, proxies, dim)")
+  similarities = jnp.einsum("bd,ckd->bck", _l2_normalize(features), _l2_normalize(proxies))
+  attention = jax.nn.softmax(similarities, axis=-1)
+  return jnp.sum(attention * similarities, axis=-1)
+
+
+@loss_function(nonnegative=("margin",))
+def nca_loss(*, similarities: jax.Array, labels: jax.Array, scale: jax.Array | float,
+             margin: float, num_seen_classes: int | jax.Array,
+             mask: jax.Array | None = None) -> jax.Array:
+  """PODNet's NCA loss with margin [PODNet, NCA loss].
+
+  [ -log( exp(eta (y_hat_y - delta)) / sum_{i != y} exp(eta y_hat_i) ) ]_+
+  per example, i over the seen classes [0, C_seen) other than the label,
+  averaged over the (valid) examples. The margin delta acts on the true
+  class only (the paper's equation; the PODNet code subtracts it from every
+  similarity, where it cancels). With a single seen class the denominator is
+  empty and the loss 0.
+
+  Args:
+    similarities: (B, C) class similarities y_hat (`local_similarity_scores`).
+    labels: (B,) integer labels in [0, C_seen).
+    scale: eta, the learned scale (a scalar, possibly traced).
+    margin: delta >= 0 (PODNet on CIFAR-100: 0.6).
+    num_seen_classes: C_seen (may be traced).
+    mask: optional (B,) validity mask.
+
+  Returns:
+    Scalar loss.
+  """
+  fn = "nca_loss"
+  check_rank(fn, "similarities", similarities, 2, "(batch, num_classes)")
+  check_labels(fn, labels, similarities.shape[0])
+  columns = jnp.arange(similarities.shape[-1])[None, :]
+  onehot = columns == labels[:, None]
+  others = (columns < num_seen_classes) & ~onehot
+  z = scale * similarities
+  positive = jnp.sum(jnp.where(onehot, z, 0.0), axis=-1) - scale * margin
+  any_other = jnp.any(others, axis=-1)
+  peak = jnp.max(jnp.where(others, z, -jnp.inf), axis=-1)
+  peak = jnp.where(any_other, peak, 0.0)
+  shifted = jnp.where(others, z - peak[:, None], 0.0)   # no overflow outside `others`
+  total = jnp.sum(jnp.where(others, jnp.exp(shifted), 0.0), axis=-1)
+  log_denominator = peak + jnp.log(jnp.where(any_other, total, 1.0))
+  losses = jnp.where(any_other, jnp.maximum(log_denominator - positive, 0.0), 0.0)
+  return masked_mean(fn, losses, mask)

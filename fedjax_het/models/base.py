@@ -25,6 +25,12 @@ import jax.numpy as jnp
 
 from fedjax_het.models.layers import dense
 
+#: The Flax collection the CIL trunks (`resnet.ResNetTrunk`, `small_cnns.SimpleCNNTrunk`) sow
+#: their stage outputs into, as "stage1", "stage2", ... Nothing is kept unless a caller
+#: applies the model with this collection mutable (PODNet's POD-spatial reads them,
+#: `algorithms.podnet_fl.apply_with_stages`); outputs and parameters do not change.
+STAGE_COLLECTION = "intermediates"  # Flax's init leaves it out (DenyList default)
+
 
 def check_images(module_name: str, images: jax.Array, mask: jax.Array | None = None) -> None:
   """Raises ValueError unless `images` is a rank-4 NHWC batch and `mask` is (batch,)."""

@@ -5,7 +5,8 @@ kuangliu/pytorch-cifar layout, as in the FCCL+ backbone code (mammoth
 four stages of 64/128/256/512 channels with strides 1/2/2/2; BasicBlock =
 conv3x3 (stride s) + BN + ReLU, conv3x3 + BN, plus the shortcut (identity, or
 conv1x1 stride s + BN when the stride or the channel count changes), then
-ReLU; global average pooling; Dense head. Feature dim 512 * width.
+ReLU; global average pooling; Dense head. Feature dim 512 * width. The trunk
+sows each stage's output into `base.STAGE_COLLECTION` (kept only on request).
 
 ResNet10 = [1, 1, 1, 1], ResNet12 = [2, 1, 1, 1], ResNet18 = [2, 2, 2, 2],
 ResNet34 = [3, 4, 6, 3] blocks per stage. With 10 classes ResNet18 has
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 
-from fedjax_het.models.base import Classifier, GlobalPoolTail
+from fedjax_het.models.base import STAGE_COLLECTION, Classifier, GlobalPoolTail
 from fedjax_het.models.layers import Conv, batch_norm, scale_width
 
 #: Blocks per stage of the registered depths.
@@ -88,6 +89,7 @@ class ResNetTrunk(nn.Module):
       for block in range(num_blocks):
         x = BasicBlock(scale_width(channels, self.width), stride if block == 0 else 1,
                        self.conv_impl, name=f"layer{stage + 1}_{block}")(x, train=train, mask=mask)
+      self.sow(STAGE_COLLECTION, f"stage{stage + 1}", x)  # kept only if asked (base.py)
     return x
 
 

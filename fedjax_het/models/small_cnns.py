@@ -49,7 +49,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from fedjax_het.models.base import Classifier, MLPTail
+from fedjax_het.models.base import STAGE_COLLECTION, Classifier, MLPTail
 from fedjax_het.models.layers import Conv, max_pool, scale_width, uniform_init
 
 #: Bound of LeNet's uniform initialisation (weights and biases).
@@ -57,7 +57,11 @@ LENET_INIT_BOUND = 0.5
 
 
 class SimpleCNNTrunk(nn.Module):
-  """Two VALID 5x5 convs with ReLU and 2x2 max-pools; (B, 5, 5, 16 * width)."""
+  """Two VALID 5x5 convs with ReLU and 2x2 max-pools; (B, 5, 5, 16 * width).
+
+  Each conv + pool stage's output is sown into `base.STAGE_COLLECTION` (kept
+  only on request).
+  """
   width: float = 1.0
   conv_impl: str = "xla"
 
@@ -73,6 +77,7 @@ class SimpleCNNTrunk(nn.Module):
     for i, channels in enumerate((scale_width(6, self.width), self.out_channels)):
       x = nn.relu(Conv(channels, 5, padding=0, impl=self.conv_impl, name=f"conv{i + 1}")(x))
       x = max_pool(x, 2, strides=2, impl=self.conv_impl)
+      self.sow(STAGE_COLLECTION, f"stage{i + 1}", x)  # kept only if asked (base.py)
     return x
 
 
