@@ -188,6 +188,14 @@ def test_end_to_end_writes_table1(tmp_path):
   _, results, records, _ = train_tiny_and_check_table1(c, tmp_path / "run")
   assert len(results["seen_accuracy"]) == 2
   assert all("bic/alpha" in r and "train/kd" in r for r in records)
+  # 2 sampled clients x |theta| = 93136 bytes (simple_cnn, width 0.5, 4 classes) up, and at
+  # the bias correction (round 4) each client's (alpha, beta); down the global model with the
+  # bias layers (2 x 2 tasks x 4 bytes), in task 1 the old model, at the correction the
+  # aggregated model.
+  assert [r["train/server/bytes_up"] for r in records] == [2 * 93136.0] * 3 + [
+      2 * (93136.0 + 8)]
+  assert [r["train/server/bytes_down"] for r in records] == [
+      2 * (k * 93136.0 + 16) for k in (1, 1, 2, 3)]
 
 
 def test_experiment_configs_validate():

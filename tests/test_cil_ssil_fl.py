@@ -172,6 +172,11 @@ def test_end_to_end_writes_table1(tmp_path):
   _, results, records, _ = train_tiny_and_check_table1(c, tmp_path / "run")
   assert len(results["seen_accuracy"]) == 2
   assert all("train/kd" in r and "ssil/exemplars" in r for r in records)
+  # 2 sampled clients x |theta| = 93136 bytes (simple_cnn, width 0.5, 4 classes) up; down
+  # the global model, and in task 1 (rounds 3 and 4) the old model too.
+  assert [r["train/server/bytes_up"] for r in records] == [2 * 93136.0] * 4
+  assert [r["train/server/bytes_down"] for r in records] == [2 * 93136.0] * 2 + [
+      4 * 93136.0] * 2
 
 
 def test_experiment_configs_validate():

@@ -90,7 +90,7 @@ import optax
 
 from fedjax_het import losses, models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import cil_replay
+from fedjax_het.algorithms import cil_replay, common
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.algorithms.icarl_fl import ICARL_MEMORY_SIZE
 from fedjax_het.cil import exemplars, masking
@@ -231,7 +231,12 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
   "train/kd" (cohort means), "bic/exemplars" (mean stored exemplars of the
   cohort), "bic/validation" (mean held-out images of the cohort),
   "bic/transitions", "bic/alpha" / "bic/beta" (the current task's pair after
-  the round), "task", "clients".
+  the round), "train/server/bytes_up" / ".../bytes_down" (below), "task", "clients".
+
+  Communication per round: the M sampled clients' models up and the global model with
+  the bias layers ("bias", 2 T float32) down to each; from task 1 on the old model down
+  too; at the bias correction (a task's last round, task >= 1) each client also receives
+  the aggregated model and sends its fitted (alpha, beta) pair (8 bytes).
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   num_tasks = settings.num_tasks
@@ -313,6 +318,11 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
         "bic/transitions": jnp.sum(transitions).astype(jnp.int32),
         "bic/alpha": new_bias["alpha"][task], "bic/beta": new_bias["beta"][task],
         "task": task, "clients": clients}
+    corrected = (last_round & (task > 0)).astype(jnp.float32)
+    model_size = common.tree_bytes(server)
+    metrics.update(common.stream_bytes(
+        m * (model_size + 8 * corrected),
+        m * (model_size * (1.0 + (task > 0) + corrected) + common.tree_bytes(bias))))
     return ({"server": new_server, "old_model": old_model, "bias": new_bias,
              "clients": cohort.scatter(state["clients"], clients, updated)}, metrics)
 

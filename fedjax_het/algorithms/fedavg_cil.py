@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, models
+from fedjax_het.algorithms import common
 from fedjax_het.cil import masking
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.data.augment import normalizer
@@ -76,7 +77,9 @@ def make_fedavg_cil(settings: cil_stream.StreamSettings, model: Any, mean: Any, 
   """FedAvg on the task stream as an `Algorithm` (state {"server": variables}).
 
   The round's data is a `StreamArrays`; its metrics: "train/loss" (data-size
-  weighted mean of the cohort's local losses), "task", "clients" (M,) the
+  weighted mean of the cohort's local losses), "train/server/bytes_up" and
+  ".../bytes_down" (the M sampled clients' models up, the global model down to each:
+  M |theta| bytes each way, `common.tree_bytes`), "task", "clients" (M,) the
   sampled client indices. `evaluate(state, (test_images, test_labels,
   num_seen))` gives the global model's per-class (correct, total, predicted)
   counts (`cil.stream.make_class_counts`).
@@ -111,7 +114,9 @@ def make_fedavg_cil(settings: cil_stream.StreamSettings, model: Any, mean: Any, 
     server = aggregation.weighted_mean(trained, sizes)
     weights = sizes.astype(jnp.float32) / jnp.sum(sizes)
     loss = jnp.tensordot(weights, local_metrics["loss"], axes=1)
-    return {"server": server}, {"train/loss": loss, "task": task, "clients": clients}
+    traffic = common.stream_bytes(m * common.tree_bytes(state["server"]),
+                                  m * common.tree_bytes(state["server"]))
+    return {"server": server}, {"train/loss": loss, **traffic, "task": task, "clients": clients}
 
   def evaluate(state, test):
     images, labels, num_seen = test

@@ -110,6 +110,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_het import models
+from fedjax_het.algorithms import common
 from fedjax_het import validation as v
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import proxy as proxy_lib
@@ -412,7 +413,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   {true,detected,hit,false}", "glfc/signals" (clients that signalled),
   "glfc/distilling" (clients with an old model) (counts over the cohort),
   "glfc/exemplars" (mean stored exemplars of the cohort after the update),
-  with the proxy its "proxy/..." metrics (`proxy.server_update`), "task",
+  with the proxy its "proxy/..." metrics (`proxy.server_update`),
+  "train/server/bytes_up" / ".../bytes_down" (the round's communication, `common`), "task",
   "clients".
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
@@ -557,8 +559,16 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
           true_labels=classes.reshape(-1), key=proxy_key, class_mask=class_mask,
           encoder=encoder, forward=forward, proxy=glfc.proxy)
       metrics.update(proxy_metrics)
+      num_shared = jnp.sum(valid.astype(jnp.float32))  # one encoder gradient per class
+      shared = num_shared * common.tree_bytes(encoder_vars["params"])
     else:
       new_state["old_model"] = old_model
+      shared = 0.0
+    # Communication: the cohort's models (and the prototype gradients for the proxy) up; the
+    # global model, and the old model of L_RD to every client distilling from it, down.
+    model_size = common.tree_bytes(server)
+    metrics.update(common.stream_bytes(
+        m * model_size + shared, model_size * (m + jnp.sum(use_old.astype(jnp.float32)))))
     return new_state, metrics
 
   def evaluate(state, test):

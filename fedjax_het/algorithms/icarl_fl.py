@@ -84,6 +84,7 @@ import numpy as np
 
 from fedjax_het import models
 from fedjax_het import validation as v
+from fedjax_het.algorithms import common
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import stream as cil_stream
@@ -236,9 +237,13 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
   `cil.stream.StreamArrays`. Metrics: "train/loss" (cohort mean),
   "icarl/exemplars" (mean stored exemplars of the cohort after the update),
   "icarl/transitions" (sampled clients at a task transition),
-  "icarl/classes_with_mean" (classes the NME classifier can predict), "task",
-  "clients". `evaluate(state, (test_images, test_labels, num_seen))` gives the
-  NME classifier's per-class (correct, total, predicted) counts.
+  "icarl/classes_with_mean" (classes the NME classifier can predict),
+  "train/server/bytes_up" / ".../bytes_down" (the M sampled clients' models up and the
+  global model down to each, from task 1 on the old model down too; for the NME statistics
+  each client receives the aggregated model and sends its class feature sums and counts,
+  (C, D) float32 and (C,) int32), "task", "clients". `evaluate(state, (test_images,
+  test_labels, num_seen))` gives the NME classifier's per-class (correct, total,
+  predicted) counts.
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), icarl.memory_size
@@ -302,6 +307,8 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
                               (train_rows, members.sizes))
     sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
     reported = counts > 0
+    model_size = common.tree_bytes(server)
+    statistics_size = common.tree_bytes((state["class_sums"], state["class_counts"]))
     class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
     class_counts = jnp.where(reported, counts, state["class_counts"])
 
@@ -310,6 +317,8 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
         "icarl/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
         "icarl/transitions": jnp.sum(transitions).astype(jnp.int32),
         "icarl/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
+        **common.stream_bytes(m * (model_size + statistics_size),
+                              m * model_size * (2.0 + (task > 0))),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
              "clients": cohort.scatter(state["clients"], clients, updated),

@@ -74,7 +74,7 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import cil_replay
+from fedjax_het.algorithms import cil_replay, common
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import epoch_learning_rates, make_class_counts, task_of_round
@@ -159,7 +159,9 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
   the end of the previous task), "clients": `cil_replay.ClientState`}.
   Metrics: "train/loss", "train/ce", "train/kd" (cohort means),
   "ssil/exemplars" (mean stored exemplars of the cohort),
-  "ssil/transitions" (sampled clients at a task transition), "task",
+  "ssil/transitions" (sampled clients at a task transition), "train/server/bytes_up"
+  (the M sampled clients' models, M |theta|) and ".../bytes_down" (the global model to
+  each, and from task 1 on the old model too: M |theta| or 2 M |theta|), "task",
   "clients".
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
@@ -202,12 +204,14 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
         client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
         sequential=settings.sequential)
     new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    model_size = common.tree_bytes(server)
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/ce": jnp.mean(local_metrics["ce"]),
         "train/kd": jnp.mean(local_metrics["kd"]),
         "ssil/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
         "ssil/transitions": jnp.sum(transitions).astype(jnp.int32),
+        **common.stream_bytes(m * model_size, m * model_size * (1.0 + (task > 0))),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
              "clients": cohort.scatter(state["clients"], clients, updated)}, metrics)
