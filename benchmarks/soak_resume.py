@@ -1,13 +1,17 @@
-"""Soak test of resume: SIGKILL a training run at random points, resume it, compare bit for bit.
+"""Soak test of resume: SIGKILL a training run at random points, damage what it left, resume it,
+compare bit for bit; and start two processes on one workdir.
 
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/soak_resume.py \
-        --trials 20 --seed 0 \
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/soak_resume.py --kinds=kill \
+        --trials-per-kind 20 --seed 0 \
         --out benchmarks/results/soak_resume__digits_fcclplus_quick-tiny__<device>.json
+    python benchmarks/soak_resume.py --config=digits_solo_quick --num-rounds 4 \
+        --trials-per-kind 20 --seed 0 --time-limit-s 2450 \
+        --out benchmarks/results/soak_resume__digits_solo_quick-tiny-faults__<device>.json
 
 What it does (everything in a fresh temporary folder; no real data directory):
-1. The reference: `experiments/train.py --config=digits_fcclplus_quick` shrunk to small
-   CNNs and a few dozen images per participant (`TINY_FLAGS`, `--num-rounds` rounds, a
-   checkpoint after every round) runs once uninterrupted. It fills a persistent
+1. The reference: `experiments/train.py --config=digits_fcclplus_quick` (or `--config`)
+   shrunk to small CNNs and a few dozen images per participant (`TINY_FLAGS`, `--num-rounds`
+   rounds, a checkpoint after every round) runs once uninterrupted. It fills a persistent
    compilation cache in the temporary folder, so every later process compiles in seconds.
 2. The control: the same command again, uninterrupted, with the warm cache. It must end
    identical to the reference (otherwise the run is not deterministic and the soak proves
@@ -25,6 +29,24 @@ What it does (everything in a fresh temporary folder; no real data directory):
    fresh random delay. Reruns continue until the process exits 0 (at most
    `--max-attempts` processes). A run that ends (with status 0) before its first kill is
    restarted in a fresh workdir with a new delay; a trial never killed counts as failed.
+   This is the trial kind `kill`. `--kinds` (default: all five, run round robin, so that a
+   soak stopped by `--time-limit-s` has as many trials of each) adds:
+   - `corrupt_checkpoint`: one kill a random fraction of a round after the run logs a
+     random round k >= 2 (so two checkpoints are kept: the damaged one has one before it),
+     then 1-16 random bytes of 1-3 random files of the newest committed checkpoint folder
+     are overwritten (each byte XORed with a random non-zero value); then resume.
+   - `truncate_checkpoint`: the same kill, then one random file of the newest checkpoint is
+     cut to a random shorter length or deleted; then resume.
+   - `damage_metrics`: the same kill (k >= 1), then one random metrics.jsonl line is cut in
+     half, or one is deleted, or the file is deleted; then resume.
+   - `concurrent`: two processes start on one fresh workdir, at once or 0.5 to
+     `--concurrent-gap` seconds apart. Exactly one must train all rounds and exit 0; the
+     other must exit 1, train no round, and end its stderr (after the absl log lines every
+     run writes) with exactly one "error:" line that names the trainer's PID. The trained
+     workdir is then compared as below; the trial's outcome is "refused correctly".
+   Each trial records the kind, what was damaged, its outcome ("identical", "refused
+   correctly" or "failed"), the warning lines the runs logged (the synthetic-data notices
+   left out) and any "error:" line of the last process.
 4. The finished workdir is compared with the reference: every metrics.jsonl record
    (the round list and every eval/ and train/ number, exactly; time/ fields ignored),
    results.json exactly, the diagnostics (cross_correlation.npz) and the arrays of the
@@ -37,8 +59,9 @@ was under way. Phases: start-up, compiling, round (k = the round being trained),
 checkpoint (a write was under way; it overlaps the next round, orbax saves in the
 background), finishing (after the last round: results, closing).
 
-Prints one line per trial and "identical: X/N"; writes the JSON to `--out`; exits with
-status 1 when any trial (or the control) differs from the reference.
+Prints one line per trial and the counts per kind; writes the JSON to `--out` after every
+trial (`"complete": false` until the end); exits with status 1 when any trial fails (or the
+control differs from the reference).
 """
 
 from __future__ import annotations
@@ -92,12 +115,20 @@ TINY_FLAGS = (
 PHASES = ("start-up", "compiling", "round", "checkpoint", "finishing")
 
 
-def cli_command(workdir: pathlib.Path, cache_dir: pathlib.Path, num_rounds: int) -> list[str]:
+def tiny_flags(config: str) -> tuple[str, ...]:
+  """`TINY_FLAGS` for `config`; a config without a collaborative phase (SOLO) drops its flag."""
+  if "solo" in config:
+    return tuple(f for f in TINY_FLAGS if not f.startswith("--config.collaborative."))
+  return TINY_FLAGS
+
+
+def cli_command(workdir: pathlib.Path, cache_dir: pathlib.Path, num_rounds: int,
+                config: str = "digits_fcclplus_quick") -> list[str]:
   """The training command; identical flags for the first run and every resume."""
   return [sys.executable, str(REPO / "experiments" / "train.py"),
-          "--config=digits_fcclplus_quick", f"--workdir={workdir}",
+          f"--config={config}", f"--workdir={workdir}",
           f"--config.num_rounds={num_rounds}", f"--config.compilation_cache_dir={cache_dir}",
-          *TINY_FLAGS]
+          *tiny_flags(config)]
 
 
 def child_env(root: pathlib.Path) -> dict[str, str]:
@@ -189,8 +220,10 @@ def timeline(log: str, started: float) -> dict[str, float]:
 
 
 def run_once(cmd: Sequence[str], env: Mapping[str, str], log_path: pathlib.Path,
-             workdir: pathlib.Path, num_rounds: int, kill_after: float | None) -> dict[str, Any]:
-  """Runs `cmd` (stdout and stderr to `log_path`), with SIGKILL after `kill_after` seconds."""
+             workdir: pathlib.Path, num_rounds: int, kill_after: float | None,
+             kill_at_round: tuple[int, float] | None = None) -> dict[str, Any]:
+  """Runs `cmd` (stdout and stderr to `log_path`), with SIGKILL after `kill_after` seconds, or
+  `kill_at_round` = (k, s): s seconds after the run logs "round k/N"."""
   temporary_before = checkpoint_state(workdir)["temporary"]
   started = time.time()
   tick = time.perf_counter()
@@ -199,7 +232,13 @@ def run_once(cmd: Sequence[str], env: Mapping[str, str], log_path: pathlib.Path,
                                cwd=REPO)
     killed = False
     try:
-      process.wait(timeout=kill_after)
+      if kill_at_round is None:
+        process.wait(timeout=kill_after)
+      else:
+        mark = f"round {kill_at_round[0]}/{num_rounds} "
+        while process.poll() is None and mark not in log_path.read_text(errors="replace"):
+          time.sleep(0.02)
+        process.wait(timeout=kill_at_round[1])
     except subprocess.TimeoutExpired:
       process.send_signal(signal.SIGKILL)
       process.wait()
@@ -207,6 +246,9 @@ def run_once(cmd: Sequence[str], env: Mapping[str, str], log_path: pathlib.Path,
   attempt = {"rc": process.returncode, "killed": killed, "wall_s": time.perf_counter() - tick}
   if kill_after is not None:
     attempt["delay_s"] = kill_after
+  if kill_at_round is not None:
+    attempt["kill_at_round"] = list(kill_at_round)
+    attempt["delay_s"] = attempt["wall_s"]
   text = log_path.read_text(errors="replace")
   attempt["timeline_s"] = timeline(text, started)
   where = classify(text, workdir, num_rounds, temporary_before)
@@ -357,73 +399,287 @@ class KillTimes:
     wall, compiled, last = (float(np.median(column)) for column in zip(*self.runs))
     return {"whole run": (0.0, wall), "rounds": (compiled, last)}
 
-  def draw(self) -> tuple[float, str]:
-    """(seconds after the process start, the window it was drawn from)."""
+  def draw(self, window: str | None = None) -> tuple[float, str]:
+    """(seconds after the process start, the window it was drawn from); `window` ("rounds",
+    "whole run") fixes the window, else it is "rounds" with probability `round_focus`."""
     windows = self.windows()
-    name = "rounds" if self.rng.random() < self.round_focus else "whole run"
+    name = window or ("rounds" if self.rng.random() < self.round_focus else "whole run")
     return self.rng.uniform(*windows[name]), name
+
+
+def newest_checkpoint(workdir: pathlib.Path) -> pathlib.Path | None:
+  """The folder of the newest committed checkpoint of `workdir`, or None while fewer than two
+  are committed (with one before it, a damaged newest checkpoint has one to fall back on)."""
+  committed = checkpoint_state(workdir)["committed"]
+  return workdir / "checkpoints" / str(committed[-1]) if len(committed) >= 2 else None
+
+
+def _files(folder: pathlib.Path) -> list[pathlib.Path]:
+  return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def corrupt_files(folder: pathlib.Path, rng: random.Random,
+                  max_files: int = 3, max_bytes: int = 16) -> list[dict[str, Any]]:
+  """Overwrites 1..`max_bytes` random bytes of 1..`max_files` random non-empty files under
+  `folder`, each byte changed (XOR with a random non-zero value); what it did, per file."""
+  files = [f for f in _files(folder) if f.stat().st_size > 0]
+  done = []
+  for path in rng.sample(files, min(len(files), rng.randint(1, max_files))):
+    data = bytearray(path.read_bytes())
+    offsets = sorted(rng.sample(range(len(data)), min(len(data), rng.randint(1, max_bytes))))
+    for offset in offsets:
+      data[offset] ^= rng.randint(1, 255)
+    path.write_bytes(bytes(data))
+    done.append({"file": str(path.relative_to(folder)), "action": "overwrote bytes",
+                 "size": len(data), "offsets": offsets})
+  return done
+
+
+def truncate_or_delete(folder: pathlib.Path, rng: random.Random) -> list[dict[str, Any]]:
+  """Truncates a random file under `folder` to a random shorter length, or deletes one."""
+  files = _files(folder)
+  if not files:
+    return []
+  path = rng.choice(files)
+  size = path.stat().st_size
+  entry = {"file": str(path.relative_to(folder)), "size": size}
+  if size > 0 and rng.random() < 0.5:
+    length = rng.randrange(size)
+    with path.open("r+b") as handle:
+      handle.truncate(length)
+    return [{**entry, "action": "truncated", "length": length}]
+  path.unlink()
+  return [{**entry, "action": "deleted"}]
+
+
+def damage_metrics_file(path: pathlib.Path, rng: random.Random) -> list[dict[str, Any]]:
+  """Cuts a random line of `path` (metrics.jsonl) in half, deletes a random line, or deletes
+  the file; [] when there is no line to damage."""
+  if not path.exists():
+    return []
+  lines = path.read_text().splitlines(keepends=True)
+  if not lines:
+    return []
+  action = rng.choice(("cut a line", "deleted a line", "deleted the file"))
+  if action == "deleted the file":
+    path.unlink()
+    return [{"file": path.name, "action": action, "lines": len(lines)}]
+  index = rng.randrange(len(lines))
+  if action == "cut a line":
+    lines[index] = lines[index][:len(lines[index].rstrip("\n")) // 2]
+    if index < len(lines) - 1:
+      lines[index] += "\n"
+  else:
+    del lines[index]
+  path.write_text("".join(lines))
+  return [{"file": path.name, "action": action, "line": index + 1, "lines": len(lines)}]
+
+
+def damage(kind: str, workdir: pathlib.Path, rng: random.Random) -> list[dict[str, Any]]:
+  """Damages the killed run in `workdir` as `kind` says; [] when there is nothing to damage
+  yet (no committed checkpoint, no metrics line)."""
+  if kind == "damage_metrics":
+    return damage_metrics_file(workdir / "metrics.jsonl", rng)
+  folder = newest_checkpoint(workdir)
+  if folder is None:
+    return []
+  done = (corrupt_files(folder, rng) if kind == "corrupt_checkpoint"
+          else truncate_or_delete(folder, rng))
+  prefix = str(folder.relative_to(workdir))
+  return [{**d, "file": f"{prefix}/{d['file']}"} for d in done]
+
+
+_NOISE = ("SYNTHETIC", "!!!!")
+
+
+def warning_lines(log: str) -> list[str]:
+  """The absl warning lines of a log (the synthetic-data notices left out), message only."""
+  out = []
+  for line in log.splitlines():
+    if re.match(r"^[WE]\d{4} ", line):
+      message = line.split("] ", 1)[-1]
+      if not message.startswith(_NOISE):
+        out.append(message[:300])
+  return out
 
 
 def run_trial(index: int, root: pathlib.Path, reference: pathlib.Path, env: Mapping[str, str],
               cache_dir: pathlib.Path, args: argparse.Namespace,
-              kill_times: KillTimes) -> dict[str, Any]:
-  """One trial: kill (maybe twice), resume until exit 0, compare with the reference."""
-  workdir = root / f"trial_{index:02d}"
-  cmd = cli_command(workdir, cache_dir, args.num_rounds)
+              kill_times: KillTimes, kind: str = "kill") -> dict[str, Any]:
+  """One trial: kill (maybe twice; for a damage kind once, then the damage), resume until
+  exit 0, compare with the reference."""
+  name = f"{kind}_{index:02d}"
+  workdir = root / name
+  cmd = cli_command(workdir, cache_dir, args.num_rounds, args.config)
   attempts: list[dict[str, Any]] = []
-  kills_wanted = 2 if kill_times.rng.random() < args.second_kill else 1
+  damaged: list[dict[str, Any]] = []
+  kills_wanted = 2 if kind == "kill" and kill_times.rng.random() < args.second_kill else 1
   redraws = 0
   while len(attempts) < args.max_attempts:
     kills = sum(a["killed"] for a in attempts)
-    delay, drawn = kill_times.draw() if kills < kills_wanted else (None, None)
-    attempt = run_once(cmd, env, root / f"trial_{index:02d}_{len(attempts)}.log", workdir,
-                       args.num_rounds, delay)
+    wanted = kills < kills_wanted or (kind != "kill" and not damaged)
+    delay, drawn, at_round = None, None, None
+    if wanted and kind == "kill":
+      delay, drawn = kill_times.draw()
+    elif wanted:
+      # After a random round's line (from round 2 on: two checkpoints committed or under way),
+      # within about a round's time: mid-round, while a checkpoint is written, or finishing.
+      low = 1 if kind == "damage_metrics" else 2
+      rounds = kill_times.windows()["rounds"]
+      per_round = max(0.05, (rounds[1] - rounds[0]) / max(1, args.num_rounds - 1))
+      at_round = (kill_times.rng.randint(low, args.num_rounds),
+                  round(kill_times.rng.uniform(0.0, 1.5 * per_round), 3))
+      drawn = "after a round's line"
+    attempt = run_once(cmd, env, root / f"{name}_{len(attempts)}.log", workdir,
+                       args.num_rounds, delay, at_round)
     if drawn is not None:
       attempt["drawn_over"] = drawn
     kill_times.add(attempt)
-    if kills == 0 and not attempt["killed"] and attempt["rc"] == 0 and redraws < 10:
-      # The run finished before its first kill: start over so that every trial is killed.
-      redraws += 1
-      shutil.rmtree(workdir, ignore_errors=True)
-      continue
+    if not damaged and not attempt["killed"] and attempt["rc"] == 0 and redraws < 10:
+      if kills == 0 or kind != "kill":
+        # The run finished before its first kill (or its damage): start over.
+        redraws += 1
+        shutil.rmtree(workdir, ignore_errors=True)
+        attempts.clear()
+        continue
     attempts.append(attempt)
+    if attempt["killed"] and kind != "kill" and not damaged:
+      damaged = damage(kind, workdir, kill_times.rng)
+      attempt["damaged"] = damaged
     if not attempt["killed"]:
       break
   killed = [a for a in attempts if a["killed"]]
   finished = bool(attempts) and not attempts[-1]["killed"] and attempts[-1]["rc"] == 0
   if not killed:
     differences = ["never killed: the run finished before every kill time"]
+  elif kind != "kill" and not damaged:
+    differences = ["never damaged: nothing to damage after every kill"]
   elif not finished:
     differences = [f"did not finish: exit status {attempts[-1]['rc']} after {len(attempts)} "
                    "processes"]
   else:
     differences = compare_runs(reference, workdir)
-  trial = {"trial": index, "kills": len(killed), "redraws": redraws,
+  logs = [(root / f"{name}_{k}.log").read_text(errors="replace") for k in range(len(attempts))]
+  warnings = [w for log in logs for w in warning_lines(log)]
+  refusals = [l[:400] for l in (logs[-1] if logs else "").splitlines() if l.startswith("error:")]
+  trial = {"kind": kind, "trial": index, "kills": len(killed), "redraws": redraws,
            "phases": [a["phase"] for a in killed], "details": [a["detail"] for a in killed],
-           "delays_s": [round(a["delay_s"], 3) for a in killed],
-           "identical": not differences, "differences": differences[:50],
+           "delays_s": [round(a["delay_s"], 3) for a in killed], "damaged": damaged,
+           "warnings": warnings, "refusals": refusals, "identical": not differences,
+           "outcome": "identical" if not differences else "failed",
+           "differences": differences[:50],
            "attempts": attempts, "leftover_temporary_checkpoints":
                checkpoint_state(workdir)["temporary"], "workdir": str(workdir)}
   return trial
 
 
+def _holder_pid(line: str) -> int | None:
+  match = re.search(r"is in use by PID (\d+)", line)
+  return int(match.group(1)) if match else None
+
+
+def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path,
+                         env: Mapping[str, str], cache_dir: pathlib.Path,
+                         args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+  """Two processes on one fresh workdir, at once or a few seconds apart: one trains (and ends
+  identical to the reference), the other exits 1 with one "error:" line naming the holder's
+  PID and trains nothing."""
+  name = f"concurrent_{index:02d}"
+  workdir = root / name
+  cmd = cli_command(workdir, cache_dir, args.num_rounds, args.config)
+  gap = 0.0 if rng.random() < 0.5 else round(rng.uniform(0.5, args.concurrent_gap), 3)
+  processes, handles = [], []
+  tick = time.perf_counter()
+  for k in range(2):
+    if k == 1 and gap:
+      time.sleep(gap)
+    out = (root / f"{name}_{k}.out").open("w")
+    err = (root / f"{name}_{k}.err").open("w")
+    handles += [out, err]
+    processes.append(subprocess.Popen(list(cmd), stdout=out, stderr=err, env=dict(env), cwd=REPO))
+  for process in processes:
+    process.wait()
+  wall = time.perf_counter() - tick
+  for handle in handles:
+    handle.close()
+  runs = []
+  for k, process in enumerate(processes):
+    err = (root / f"{name}_{k}.err").read_text(errors="replace")
+    out = (root / f"{name}_{k}.out").read_text(errors="replace")
+    lines = err.splitlines()
+    refusals = [l for l in (out + err).splitlines() if l.startswith("error:")]
+    runs.append({"pid": process.pid, "rc": process.returncode,
+                 "rounds_logged": len(re.findall(r"\bround \d+/\d+\b", err)),
+                 "refusals": refusals, "last_stderr_line": lines[-1][:300] if lines else "",
+                 "stderr_lines": len(lines), "warnings": warning_lines(err)})
+  problems = []
+  trained = [r for r in runs if r["rc"] == 0]
+  refused = [r for r in runs if r["rc"] != 0]
+  if len(trained) != 1 or len(refused) != 1:
+    problems.append(f"exit statuses {[r['rc'] for r in runs]}: not one 0 and one 1")
+  else:
+    winner, loser = trained[0], refused[0]
+    if loser["rc"] != 1:
+      problems.append(f"the refused process exited {loser['rc']}, not 1")
+    if len(loser["refusals"]) != 1:
+      problems.append(f"the refused process wrote {len(loser['refusals'])} error lines: "
+                      f"{loser['refusals']}")
+    elif _holder_pid(loser["refusals"][0]) != winner["pid"]:
+      problems.append(f"the refusal does not name the holder (PID {winner['pid']}): "
+                      f"{loser['refusals'][0]}")
+    elif loser["last_stderr_line"] != loser["refusals"][0][:300]:
+      problems.append(f"the refusal is not the last stderr line: {loser['last_stderr_line']}")
+    if loser["rounds_logged"]:
+      problems.append(f"the refused process trained {loser['rounds_logged']} rounds")
+    if winner["refusals"]:
+      problems.append(f"the training process wrote error lines: {winner['refusals']}")
+    if winner["rounds_logged"] != args.num_rounds:
+      problems.append(f"the training process logged {winner['rounds_logged']} rounds")
+  differences = problems + (compare_runs(reference, workdir) if trained else [])
+  return {"kind": "concurrent", "trial": index, "gap_s": gap, "wall_s": wall,
+          "first_started": processes[0].pid, "processes": runs,
+          "refusal": refused[0]["refusals"][0] if refused and refused[0]["refusals"] else None,
+          "warnings": [w for r in runs for w in r["warnings"]],
+          "identical": not differences,
+          "outcome": "refused correctly" if not differences else "failed",
+          "differences": differences[:50], "workdir": str(workdir)}
+
+
+KINDS = ("kill", "corrupt_checkpoint", "truncate_checkpoint", "damage_metrics", "concurrent")
+
+
 def _trial_line(trial: Mapping[str, Any], total: int) -> str:
+  where = f"{trial['kind']} {trial['trial'] + 1:2d}/{total}"
+  if trial["kind"] == "concurrent":
+    return (f"{where}: second start after {trial['gap_s']:.2f} s -> {trial['outcome']}"
+            f" ({trial['refusal'] or 'no refusal'})")
   kills = "; ".join(f"{d:5.2f} s {detail}" for d, detail in zip(trial["delays_s"],
                                                                trial["details"]))
-  return (f"trial {trial['trial'] + 1:2d}/{total}: {trial['kills']} kill(s) [{kills}] -> "
-          f"identical: {'yes' if trial['identical'] else 'NO'}")
+  damaged = "; ".join(f"{d['action']} {d['file']}" for d in trial["damaged"])
+  return (f"{where}: {trial['kills']} kill(s) [{kills}]"
+          + (f", {damaged}" if damaged else "")
+          + (f", {len(trial['warnings'])} warning(s)" if trial["warnings"] else "")
+          + f" -> {trial['outcome']}")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--trials", type=int, default=20)
-  parser.add_argument("--seed", type=int, default=0, help="seed of the kill times")
+  parser.add_argument("--kinds", default=",".join(KINDS),
+                      help=f"comma-separated trial kinds, of {','.join(KINDS)}")
+  parser.add_argument("--trials-per-kind", "--trials", dest="trials", type=int, default=20)
+  parser.add_argument("--config", default="digits_fcclplus_quick",
+                      help="the experiments/configs name, shrunk by TINY_FLAGS")
+  parser.add_argument("--seed", type=int, default=0, help="seed of the kill times and damage")
   parser.add_argument("--num-rounds", type=int, default=6)
   parser.add_argument("--second-kill", type=float, default=0.3,
-                      help="probability that the first resume is killed too")
+                      help="probability that the first resume is killed too (kind kill)")
   parser.add_argument("--round-focus", type=float, default=0.5,
                       help="probability that a kill time is drawn over the training rounds "
-                      "instead of the whole wall time")
+                      "instead of the whole wall time (kind kill)")
+  parser.add_argument("--concurrent-gap", type=float, default=3.0,
+                      help="the most seconds between the two starts of a concurrent trial")
+  parser.add_argument("--time-limit-s", type=float, default=0.0,
+                      help="start no trial after this many seconds (0: no limit)")
   parser.add_argument("--max-attempts", type=int, default=6,
                       help="processes per trial before giving up")
   parser.add_argument("--tmp-dir", default=None, help="parent of the temporary folder")
@@ -431,21 +687,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       help="keep every workdir (by default only those that differ)")
   parser.add_argument("--out", default=str(DEFAULT_OUT))
   args = parser.parse_args(argv)
+  kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+  unknown = sorted(set(kinds) - set(KINDS))
+  if unknown:
+    parser.error(f"unknown --kinds {unknown}; expected some of {','.join(KINDS)}")
 
+  started = time.perf_counter()
   root = pathlib.Path(tempfile.mkdtemp(prefix="soak_resume_", dir=args.tmp_dir))
   cache_dir = root / "jaxcache"
   env = child_env(root)
-  print(f"soak: {args.trials} trials, seed {args.seed}, {args.num_rounds} rounds, in {root}",
-        flush=True)
+  print(f"soak: {args.trials} trials of each of {','.join(kinds)}, {args.config}, seed "
+        f"{args.seed}, {args.num_rounds} rounds, in {root}", flush=True)
+
+  def command(workdir: pathlib.Path) -> list[str]:
+    return cli_command(workdir, cache_dir, args.num_rounds, args.config)
 
   reference = root / "reference"
-  ref = run_once(cli_command(reference, cache_dir, args.num_rounds), env,
-                 root / "reference.log", reference, args.num_rounds, None)
+  ref = run_once(command(reference), env, root / "reference.log", reference, args.num_rounds,
+                 None)
   if ref["rc"] != 0:
     raise RuntimeError(f"the reference run failed (exit {ref['rc']}):\n{ref.get('log_tail')}")
   control_dir = root / "control"
-  control = run_once(cli_command(control_dir, cache_dir, args.num_rounds), env,
-                     root / "control.log", control_dir, args.num_rounds, None)
+  control = run_once(command(control_dir), env, root / "control.log", control_dir,
+                     args.num_rounds, None)
   control["differences"] = (compare_runs(reference, control_dir) if control["rc"] == 0
                             else [f"exit status {control['rc']}"])
   control["identical"] = not control["differences"]
@@ -460,41 +724,87 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{windows['rounds'][0]:.1f}-{windows['rounds'][1]:.1f} s); control identical to "
         f"reference: {control['identical']}", flush=True)
 
-  trials = []
-  for index in range(args.trials):
-    trial = run_trial(index, root, reference, env, cache_dir, args, kill_times)
-    trials.append(trial)
-    print(_trial_line(trial, args.trials), flush=True)
-    for line in trial["differences"][:5]:
-      print(f"    {line}", flush=True)
-    if trial["identical"] and not args.keep:
-      shutil.rmtree(trial["workdir"], ignore_errors=True)
-
-  identical = sum(t["identical"] for t in trials)
-  kills = [p for t in trials for p in t["phases"]]
-  phase_counts = {p: kills.count(p) for p in PHASES if p in kills}
-  first_kill = collections.Counter(t["phases"][0] for t in trials if t["phases"])
-  summary = {
-      "benchmark": "soak_resume", "command": cli_command(pathlib.Path("<workdir>"),
-                                                          pathlib.Path("<tmp>/jaxcache"),
-                                                          args.num_rounds)[1:],
-      "trials": args.trials, "seed": args.seed, "num_rounds": args.num_rounds,
-      "second_kill": args.second_kill, "round_focus": args.round_focus, "identical": identical,
-      "all_identical": identical == args.trials and control["identical"],
-      "kills": len(kills), "phase_counts": phase_counts,
-      "first_kill_phase_counts": dict(first_kill),
-      "reference": ref, "control": control,
-      "kill_windows_s": {"first": {k: list(v) for k, v in windows.items()},
-                         "last": {k: list(v) for k, v in kill_times.windows().items()}},
-      "results": trials, "temporary_folder": str(root),
-      "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                  "platform": platform.platform()},
-  }
-  print(f"kills by phase: {phase_counts} ({len(kills)} kills in {args.trials} trials)")
-  print(f"identical: {identical}/{args.trials}")
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
   import timing  # noqa: PLC0415 (benchmarks/timing.py, beside this script)
   out = pathlib.Path(args.out)
+  trials: list[dict[str, Any]] = []
+  kind_wall = collections.Counter()
+  stopped_early = False
+
+  def summarize(complete: bool) -> dict[str, Any]:
+    per_kind = {}
+    for kind in kinds:
+      mine = [t for t in trials if t["kind"] == kind]
+      per_kind[kind] = {"trials": len(mine),
+                        "identical": sum(t["outcome"] == "identical" for t in mine),
+                        "refused_correctly": sum(t["outcome"] == "refused correctly"
+                                                 for t in mine),
+                        "failed": sum(t["outcome"] == "failed" for t in mine),
+                        "with_warnings": sum(bool(t["warnings"]) for t in mine),
+                        "wall_s": round(kind_wall[kind], 1)}
+    passed = sum(t["identical"] for t in trials)
+    killed = [t for t in trials if t["kind"] != "concurrent"]
+    kills = [p for t in killed for p in t["phases"]]
+    return {
+        "benchmark": "soak_resume", "command": ["benchmarks/soak_resume.py", *(argv or [])],
+        "config": args.config, "train_command": command(pathlib.Path("<workdir>"))[1:],
+        "complete": complete, "stopped_early": stopped_early,
+        "kinds": kinds, "trials_per_kind": args.trials, "trials": len(trials),
+        "seed": args.seed, "num_rounds": args.num_rounds,
+        "second_kill": args.second_kill, "round_focus": args.round_focus,
+        "concurrent_gap_s": args.concurrent_gap, "time_limit_s": args.time_limit_s,
+        "identical": sum(t["outcome"] == "identical" for t in trials),
+        "refused_correctly": sum(t["outcome"] == "refused correctly" for t in trials),
+        "failed": len(trials) - passed,
+        "all_identical": passed == len(trials) and control["identical"],
+        "per_kind": per_kind, "kills": len(kills),
+        "phase_counts": {p: kills.count(p) for p in PHASES if p in kills},
+        "first_kill_phase_counts": dict(collections.Counter(t["phases"][0] for t in killed
+                                                            if t["phases"])),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "reference": ref, "control": control,
+        "kill_windows_s": {"first": {k: list(v) for k, v in windows.items()},
+                           "last": {k: list(v) for k, v in kill_times.windows().items()}},
+        "results": trials, "temporary_folder": str(root),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform(), "load_average": list(os.getloadavg())},
+    }
+
+  # Round robin over the kinds (trial 0 of each, then trial 1, ...), so that a run stopped
+  # by --time-limit-s has as many trials of each kind.
+  for index in range(args.trials):
+    for kind in kinds:
+      if args.time_limit_s and time.perf_counter() - started > args.time_limit_s:
+        stopped_early = True
+        break
+      tick = time.perf_counter()
+      if kind == "concurrent":
+        trial = run_concurrent_trial(index, root, reference, env, cache_dir, args,
+                                     kill_times.rng)
+      else:
+        trial = run_trial(index, root, reference, env, cache_dir, args, kill_times, kind)
+      kind_wall[kind] += time.perf_counter() - tick
+      trial["wall_s"] = round(time.perf_counter() - tick, 2)
+      trials.append(trial)
+      print(_trial_line(trial, args.trials), flush=True)
+      for line in trial["differences"][:5]:
+        print(f"    {line}", flush=True)
+      if trial["identical"] and not args.keep:
+        shutil.rmtree(trial["workdir"], ignore_errors=True)
+      timing.write_result(out, summarize(False), indent=2)  # so far
+    if stopped_early:
+      print(f"stopped after {len(trials)} trials: --time-limit-s {args.time_limit_s} reached",
+            flush=True)
+      break
+
+  summary = summarize(True)
+  phase_counts, kills = summary["phase_counts"], summary["kills"]
+  passed = summary["identical"] + summary["refused_correctly"]
+  for kind, counts in summary["per_kind"].items():
+    print(f"{kind}: {counts}")
+  print(f"kills by phase: {phase_counts} ({kills} kills)")
+  print(f"passed: {passed}/{len(trials)} (identical {summary['identical']}, refused correctly "
+        f"{summary['refused_correctly']}); wall {summary['wall_s']:.0f} s")
   timing.write_result(out, summary, indent=2)
   print(f"wrote {out}")
   if summary["all_identical"] and not args.keep:

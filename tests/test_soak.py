@@ -154,9 +154,100 @@ def test_kill_times_use_median_windows_of_full_runs():
     assert window == "rounds" and 5.0 <= delay <= 7.0
 
 
+def _folder(tmp_path):
+  folder = tmp_path / "checkpoints" / "3"
+  (folder / "state" / "d").mkdir(parents=True)
+  for name, size in (("_CHECKPOINT_METADATA", 40), ("state/_METADATA", 300),
+                     ("state/d/chunk", 1000), ("run/metadata", 200)):
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
+  return folder
+
+
+def _contents(folder):
+  return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+          if p.is_file()}
+
+
+def test_corrupt_files_changes_exactly_the_bytes_it_names(tmp_path):
+  folder = _folder(tmp_path)
+  before = _contents(folder)
+  done = soak.corrupt_files(folder, random.Random(3))
+  after = _contents(folder)
+  assert 1 <= len(done) <= 3 and before.keys() == after.keys()
+  named = {d["file"] for d in done}
+  for name in before:
+    changed = [i for i, (a, b) in enumerate(zip(before[name], after[name])) if a != b]
+    assert len(before[name]) == len(after[name])
+    assert changed == (next(d["offsets"] for d in done if d["file"] == name)
+                       if name in named else []), name
+
+
+def test_truncate_or_delete_shortens_or_removes_one_file(tmp_path):
+  actions = set()
+  for seed in range(12):
+    folder = _folder(tmp_path / str(seed))
+    before = _contents(folder)
+    [done] = soak.truncate_or_delete(folder, random.Random(seed))
+    after = _contents(folder)
+    actions.add(done["action"])
+    if done["action"] == "deleted":
+      assert set(before) - set(after) == {done["file"]}
+    else:
+      assert after[done["file"]] == before[done["file"]][:done["length"]]
+      assert done["length"] < len(before[done["file"]])
+    assert all(after[k] == before[k] for k in after if k != done["file"])
+  assert actions == {"deleted", "truncated"}
+
+
+def test_damage_metrics_file_cuts_deletes_a_line_or_the_file(tmp_path):
+  text = "".join(json.dumps(r) + "\n" for r in _records())
+  actions = set()
+  for seed in range(12):
+    path = tmp_path / str(seed) / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text(text)
+    [done] = soak.damage_metrics_file(path, random.Random(seed))
+    actions.add(done["action"])
+    lines = text.splitlines()
+    if done["action"] == "deleted the file":
+      assert not path.exists()
+      continue
+    got, k = path.read_text().splitlines(), done["line"] - 1
+    if done["action"] == "deleted a line":
+      assert got == lines[:k] + lines[k + 1:]
+    else:
+      assert got == lines[:k] + [lines[k][:len(lines[k]) // 2]] + lines[k + 1:]
+      with pytest.raises(json.JSONDecodeError):
+        json.loads(got[k])
+  assert actions == {"cut a line", "deleted a line", "deleted the file"}
+  assert soak.damage_metrics_file(tmp_path / "absent.jsonl", random.Random(0)) == []
+
+
+def test_damage_needs_two_checkpoints_and_names_the_newest(tmp_path):
+  workdir = tmp_path / "run"
+  _folder(workdir)
+  assert soak.damage("corrupt_checkpoint", workdir, random.Random(0)) == []
+  (workdir / "checkpoints" / "2").mkdir()
+  (workdir / "checkpoints" / "4.orbax-checkpoint-tmp-9").mkdir()
+  done = soak.damage("truncate_checkpoint", workdir, random.Random(0))
+  assert len(done) == 1 and done[0]["file"].startswith("checkpoints/3/")
+
+
+def test_warning_lines_leave_out_the_synthetic_data_notices():
+  log = ("W1126 09:54:44.431060 1 scenarios.py:603] SYNTHETIC SUBSTITUTION in scenario\n"
+         "W1126 09:54:44.937775 1 train.py:88] !!!!!!!!!!\n"
+         "I1126 09:54:45.402205 1 train.py:105] compiling the round\n"
+         "W1126 09:54:46.000000 1 train.py:411] the checkpoint of round 3 in /w cannot be "
+         "restored (ValueError: x); it is removed\n")
+  assert soak.warning_lines(log) == [
+      "the checkpoint of round 3 in /w cannot be restored (ValueError: x); it is removed"]
+
+
 @pytest.mark.slow
 def test_soak_resume_three_kills_end_identical(tmp_path):
-  summary = soak.main(["--trials", "3", "--seed", "1", "--tmp-dir", str(tmp_path),
+  summary = soak.main(["--kinds", "kill", "--trials-per-kind", "3", "--seed", "1",
+                       "--tmp-dir", str(tmp_path),
                        "--out", str(tmp_path / "soak.json")])
   assert summary["control"]["identical"], summary["control"]["differences"]
   assert summary["kills"] >= 3
