@@ -150,6 +150,22 @@ def test_nca_matches_numpy_and_ignores_unseen_classes(scale):
   assert np.isfinite(np.asarray(grad)).all() and np.all(np.asarray(grad)[:, 4] == 0)
 
 
+def test_nca_margin_does_not_train_the_scale():
+  sim = jnp.asarray([[0.2, 0.1, -0.3], [0.0, 0.4, 0.1]])
+  labels = jnp.asarray([0, 2])
+
+  def loss(scale, margin):
+    return incremental.nca_loss(similarities=sim, labels=labels, scale=scale, margin=margin,
+                                num_seen_classes=3)
+
+  with_margin, without = jax.grad(loss)(2.0, 0.05), jax.grad(loss)(2.0, 0.0)
+  # Both rows stay inside the hinge; d/d_eta = mean(E_softmax[s_others] - s_y) either way.
+  assert float(loss(2.0, 0.05)) > 0 and float(loss(2.0, 0.0)) > 0
+  np.testing.assert_allclose(float(with_margin), float(without), rtol=1e-6)
+  np.testing.assert_allclose(float(loss(2.0, 0.05)) - float(loss(2.0, 0.0)), 2.0 * 0.05,
+                             rtol=1e-5)
+
+
 def test_nca_hinge_and_a_single_seen_class():
   sim = jnp.asarray([[1.0, -1.0, 0.0]])
   # Well separated with a large scale: the hinge is at 0.

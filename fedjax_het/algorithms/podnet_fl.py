@@ -51,7 +51,9 @@ Interpretations and deviations:
     1 / sqrt(D)); PODNet imprints them from the new classes' features
     (k-means per class), which needs every client's data at the task start.
   * NCA margin on the true class only, as the paper's equation (the code's
-    subtraction of delta from every similarity cancels in the loss).
+    subtraction of delta from every similarity cancels in the loss); the
+    margin term does not train the scale eta (`losses.incremental.nca_loss`:
+    with it, eta crossed 0 and the quick run stayed at chance).
   * PODNet's last stage, a classifier-only fine-tuning on a class-balanced
     subset (20 epochs at lr 0.05), is not run. PODNet's optimiser (SGD lr
     0.1, cosine schedule, 160 epochs, weight decay 5e-4) is not used: the
