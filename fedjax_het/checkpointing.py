@@ -12,12 +12,15 @@ fingerprint that `run.json` also holds) and every metrics record up to that
 round. The checkpoint is the run's source of truth: a resume checks its identity
 against the checkpoint, and `metrics.jsonl`, `results.json` and the tables are
 views that the trainer rebuilds from the checkpoint's records when they are
-missing or damaged. A checkpoint written as one unnamed item (`<round>/default/`,
+missing or damaged. The `run` item also holds the SHA-256 of the state's arrays:
+a checkpoint whose bytes changed on disk fails to restore (and the trainer
+falls back to the checkpoint before it) instead of resuming from other numbers. A checkpoint written as one unnamed item (`<round>/default/`,
 no record) still restores; its run is then checked against `run.json`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pathlib
 import time
@@ -25,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -34,6 +38,30 @@ def _drop_orbax_info(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("absl").addFilter(_drop_orbax_info)
+
+
+#: The key of the state's SHA-256 in a checkpoint's `run` document.
+DIGEST_KEY = "state_sha256"
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint's arrays differ from the SHA-256 saved with them."""
+
+
+def state_digest(state: Any) -> str | None:
+  """SHA-256 over every array of `state` (tree order, dtype, shape and bytes; typed PRNG keys
+  by their key data); None when an array is not fully addressable (a multi-process run)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(state):
+    if isinstance(leaf, jax.Array):
+      if not leaf.is_fully_addressable:
+        return None
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    digest.update(f"{array.dtype}:{array.shape};".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
 
 
 class Checkpointer:
@@ -71,9 +99,14 @@ class Checkpointer:
 
   def save(self, round_index: int, state: Any, run: Mapping[str, Any] | None = None) -> None:
     """Saves `state` as round `round_index` (asynchronously), with the JSON document `run`
-    (the run's identity and records: `{"identity": ..., "records": [...]}`)."""
+    (the run's identity and records: `{"identity": ..., "records": [...]}`) and the state's
+    SHA-256 (`state_digest`; in one process) that `restore` checks."""
+    document = dict(run or {})
+    digest = state_digest(state)
+    if digest is not None:
+      document[DIGEST_KEY] = digest
     self._manager.save(round_index, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(dict(run or {}))))
+        state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(document)))
 
   def _unnamed(self, round_index: int) -> pathlib.Path | None:
     """The item folder of a checkpoint written as one unnamed item, else None."""
@@ -81,13 +114,24 @@ class Checkpointer:
     return folder if folder.is_dir() else None
 
   def restore(self, round_index: int, like: Any) -> Any:
-    """Restores round `round_index` with the structure, dtypes and shardings of `like`."""
+    """Restores round `round_index` with the structure, dtypes and shardings of `like`.
+
+    Raises `CorruptCheckpointError` when the restored arrays do not match the SHA-256 saved
+    with them (bytes of the checkpoint changed on disk: orbax reads them without noticing).
+    """
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
     unnamed = self._unnamed(round_index)
     if unnamed is not None:
       return ocp.StandardCheckpointer().restore(unnamed, abstract)
-    return self._manager.restore(round_index, args=ocp.args.Composite(
+    state = self._manager.restore(round_index, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract)))["state"]
+    expected = (self.run_record(round_index) or {}).get(DIGEST_KEY)
+    if expected is not None:
+      got = state_digest(state)
+      if got is not None and got != expected:
+        raise CorruptCheckpointError(f"the arrays of the checkpoint of round {round_index} do "
+                                     f"not match their SHA-256 ({got[:12]} != {expected[:12]})")
+    return state
 
   def run_record(self, round_index: int) -> dict[str, Any] | None:
     """The `run` document saved with round `round_index`; None for a checkpoint without one.

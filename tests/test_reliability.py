@@ -279,3 +279,21 @@ def test_private_sizes_below_one_are_refused(size):
 def test_a_run_without_public_data_trains_without_its_diagnostics(tmp_path):
   out = train_and_evaluate(tiny_config("solo", **{"scenario.public_size": 0}), tmp_path)
   assert out["rounds_done"] == 3 and not (tmp_path / "cross_correlation.npz").exists()
+
+
+def test_changed_bytes_in_a_checkpoint_are_caught_by_its_digest(tmp_path, caplog, full_run):
+  reference, want = full_run
+  config = tiny_config("solo")
+  train_and_evaluate(config, tmp_path, max_rounds=2)
+  # Flip bits inside the largest array file of round 2: orbax itself reads it without error.
+  files = [p for p in (tmp_path / "checkpoints" / "2" / "state").rglob("*") if p.is_file()]
+  target = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(target.read_bytes())
+  for offset in (len(data) // 2, len(data) // 2 + 1, 2 * len(data) // 3):
+    data[offset] ^= 0x40
+  target.write_bytes(bytes(data))
+  resumed = train_and_evaluate(config, tmp_path)
+  assert "do not match their SHA-256" in caplog.text and "round 2" in caplog.text
+  chex.assert_trees_all_equal(resumed["state"], want["state"])
+  assert ((tmp_path / "results.json").read_text()
+          == (reference / "results.json").read_text())
