@@ -414,6 +414,7 @@ GLFC_PROTOCOL = ("CIFAR-100 in T incremental tasks of 100/T classes, 30 clients 
 GLFC_ROWS = (("fedavg_cil", "FedAvg (fine-tuning)", "fedavg_cil", ()),
              ("icarl_fl", "iCaRL + FL", "icarl_fl", ()),
              ("bic_fl", "BiC + FL", "bic_fl", ()),
+             ("podnet_fl", "PODNet + FL", "podnet_fl", ()),
              ("ssil_fl", "SS-IL + FL", "ssil_fl", ()),
              ("glfc_no_cgc", "GLFC w/o CGC (Ours-w/oCGC)", "glfc_no_cgc", ()),
              ("glfc_no_crd", "GLFC w/o CRD (Ours-w/oCRD)", "glfc_no_crd", ()),
@@ -429,8 +430,8 @@ def _glfc_table(tasks: int) -> Table:
                for key, label, method, overrides in GLFC_ROWS)
   paper = ({k: v for k, v in numbers.GLFC_TABLE1.items()} if tasks == 10 else {})
   notes = ["FedAvg (fine-tuning) is the lower bound; the paper prints no row for it",
-           "the paper's PODNet + FL, DDE + iCaRL + FL and GeoDL + iCaRL + FL rows are not "
-           "reproduced (not in this library)",
+           "the paper's DDE + iCaRL + FL and GeoDL + iCaRL + FL rows are not reproduced (not "
+           "in this library)",
            "the quick scale is every method's _quick config: 4 tasks of 5 classes of a 20-class "
            "stream, whatever T the table has",
            "Forgetting: average forgetting after the last task (Chaudhry et al. 2018); the "
