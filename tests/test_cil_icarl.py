@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.algorithms import icarl_fl as icarl_lib
 from fedjax_het.cil import masking
@@ -38,7 +39,7 @@ def _settings(**overrides):
 
 
 def _icarl(stream, memory=8):
-  return icarl_lib.ICaRLSettings(memory_size=memory, distinct=True, max_per_class=memory,
+  return cil_replay.ReplaySettings(memory_size=memory, distinct=True, max_per_class=memory,
                                  max_client_classes=int(stream.client_classes.sum(-1).max()))
 
 

@@ -14,6 +14,8 @@
   fedmd     FedMD (2019): L1 digest of the mean logits on a public subset, then private CE.
   feddf     FedDF (NeurIPS 2020): KL distillation toward the all-participant logit ensemble.
   fedmatch  FedMatch (ICLR 2021): inter-client KL + agreement pseudo labels on public data, CE.
+  fml       FML (Shen et al. 2020; FCCL Tables 1-3): deep mutual learning of each private
+            model with a shared meme model, FedAvg of the memes.
 
 On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
 `cil.stream`; `Method.class_incremental`):

@@ -1,6 +1,7 @@
-"""The exemplar memory of the FL baselines of GLFC Table 1 (SS-IL + FL, BiC + FL).
+"""The exemplar memory of the FL baselines of GLFC Table 1 (iCaRL + FL, SS-IL + FL, BiC + FL,
+PODNet + FL).
 
-Every such baseline keeps iCaRL + FL's memory (`algorithms.icarl_fl`): at a
+Every such baseline keeps iCaRL's memory: at a
 task transition read from the stream, a sampled client adds the classes of
 its previous data that it does not hold now, by iCaRL herding on the
 L2-normalised features of the received global model, m = memory_size //

@@ -74,17 +74,15 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import common
+from fedjax_het.algorithms import cil_replay, common
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import stream as cil_stream
@@ -114,35 +112,6 @@ def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
            "fedjax_het.config.base_config('icarl_fl'))", None)
   v.check(config, "icarl.memory_size", v.int_at_least(1), "an integer >= 1")
   v.check(config, "icarl.distinct_exemplars", v.is_bool, "True or False")
-
-
-@dataclasses.dataclass(frozen=True)
-class ICaRLSettings:
-  memory_size: int
-  distinct: bool
-  max_per_class: int          # static herding length: memory // fewest classes of a client
-  max_client_classes: int     # static: most classes one client holds in one task
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
-                  ) -> "ICaRLSettings":
-    memory = int(config.icarl.memory_size)
-    max_per_class, most = glfc_lib.herding_sizes(client_classes, memory)
-    return cls(memory_size=memory, distinct=bool(config.icarl.distinct_exemplars),
-               max_per_class=max_per_class, max_client_classes=most)
-
-
-class ClientState(NamedTuple):
-  """iCaRL state of every client (leading axis K_max = all clients of the stream)."""
-  memory: exemplars.ExemplarMemory   # "images" are pool indices (glfc.encode_pool_indices)
-  task: jax.Array                    # (K,) int32 task of the data last trained on (-1: none)
-  last_task: jax.Array               # (K,) int32 task of the data before that (-1: none)
-
-
-def init_client_state(num_clients: int, memory_size: int) -> ClientState:
-  memory = jax.vmap(lambda _: exemplars.init_memory(memory_size, (4,)))(jnp.arange(num_clients))
-  return ClientState(memory=memory, task=jnp.full((num_clients,), -1, jnp.int32),
-                     last_task=jnp.full((num_clients,), -1, jnp.int32))
 
 
 def icarl_local_loss(model: Any) -> local.LocalLossFn:
@@ -226,13 +195,13 @@ def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test:
   return counts
 
 
-def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, std: Any,
+def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, mean: Any, std: Any,
                   max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
   """iCaRL + FL on the task stream as an `Algorithm` (module docstring).
 
   `settings` is the run's `cil.stream.StreamSettings`. State: {"server":
   variables, "old_model": variables (the global model at the end of the
-  previous task), "clients": `ClientState`, "class_sums": (C, D) float32,
+  previous task), "clients": `cil_replay.ClientState`, "class_sums": (C, D) float32,
   "class_counts": (C,) int32 (the NME statistics)}. The round's data is a
   `cil.stream.StreamArrays`. Metrics: "train/loss" (cohort mean),
   "icarl/exemplars" (mean stored exemplars of the cohort after the update),
@@ -255,27 +224,17 @@ def make_icarl_fl(settings: Any, icarl: ICaRLSettings, model: Any, mean: Any, st
     variables = models.init_variables(model, key)
     features = jax.eval_shape(lambda x: forward(variables, x)[0], data.images[:1])
     return {"server": variables, "old_model": variables,
-            "clients": init_client_state(num_clients, mem),
+            "clients": cil_replay.init_client_state(num_clients, mem),
             "class_sums": jnp.zeros((c, features.shape[-1]), jnp.float32),
             "class_counts": jnp.zeros((c,), jnp.int32)}
 
   def prepare(global_vars, client, client_id, task, data):
     """Transition and memory update of ONE sampled client (before training)."""
-    rows = data.client_indices[task, client_id]
-    size = data.client_sizes[task, client_id]
-    current = data.client_classes[task, client_id]
-    moved = client.task != task
-    last_task = jnp.where(moved, client.task, client.last_task)
-    before = data.client_classes[jnp.maximum(client.task, 0), client_id]
-    transition = (client.task >= 0) & moved & jnp.any(before != current)
-    memory = glfc_lib.store_previous_classes(
-        client.memory, forward, global_vars, data, client_id, last_task=last_task,
-        current=current, detected=transition, n_max=n_max, num_classes=c,
-        max_new_classes=icarl.max_client_classes, max_per_class=icarl.max_per_class,
-        distinct=icarl.distinct)
-    new_client = ClientState(memory=memory, task=jnp.asarray(task, jnp.int32),
-                             last_task=last_task.astype(jnp.int32))
-    train_rows, train_size = glfc_lib.replay_rows(rows, size, memory, n_max)
+    new_client, transition = cil_replay.update_client(
+        icarl, forward, global_vars, client, client_id, task, data, n_max=n_max, num_classes=c)
+    train_rows, train_size = glfc_lib.replay_rows(
+        data.client_indices[task, client_id], data.client_sizes[task, client_id],
+        new_client.memory, n_max)
     return new_client, train_rows, train_size, transition
 
   def class_statistics(variables, train_rows, train_size, data):
@@ -347,6 +306,6 @@ validate_config = validate_icarl_config
 
 def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Algorithm:
   """iCaRL + FL from a class-incremental config (`make_icarl_fl`)."""
-  return make_icarl_fl(setup.settings, ICaRLSettings.from_config(config, setup.client_classes),
+  return make_icarl_fl(setup.settings, cil_replay.ReplaySettings.from_section(config.icarl, setup.client_classes),
                        setup.model, setup.mean, setup.std, setup.max_client_size,
                        eval_batch_size=setup.eval_batch_size)
