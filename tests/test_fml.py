@@ -148,6 +148,7 @@ def test_per_participant_epochs_are_validated_naming_the_field():
     validate_config(fedavg)  # methods that read one number keep rejecting a sequence
 
 
+@pytest.mark.slow  # compiles two models per participant (about 20 s on 2 cores)
 def test_fml_trains_end_to_end(tmp_path):
   config = tiny_config("fml", **{"num_rounds": 1, "logging.plots": False,
                                  "logging.diagnostic_rounds": ()})
