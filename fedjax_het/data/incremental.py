@@ -540,8 +540,9 @@ def _check_source(source) -> str:
 def _how_to(dataset: str, source: str) -> str:
   hints = []
   if source == "real" and dataset == "cifar100":
-    hints.append(f"put cifar100_glfc.npz of the offline bundle in the data directory "
-                 f"(data_dir=... or ${DATA_DIR_ENV})")
+    hints.append(f"python -m fedjax_het.data.download --data_dir <dir> cifar100 writes "
+                 f"cifar100_glfc.npz into the data directory (data_dir=... or ${DATA_DIR_ENV}; "
+                 "docs/data.md)")
   if source != "tfds" and dataset == "cifar100":
     hints.append(f"source='tfds' (TFDS {dataset} prepared; data_dir = the TFDS data directory; "
                  "the official split)")
@@ -698,8 +699,9 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
           "SYNTHETIC SUBSTITUTION in the class-incremental stream: dataset %r requested "
           "source %r, which is unavailable (%s). Using %d synthetic (domain, digit) classes "
           "of the %s digit domains instead because synthetic_fallback=True; results say "
-          "nothing about %s and are not comparable with real-data runs.",
-          dataset, source, str(e).splitlines()[0], num_classes, domains, dataset)
+          "nothing about %s and are not comparable with real-data runs. Real data: %s.",
+          dataset, source, str(e).splitlines()[0], num_classes, domains, dataset,
+          _how_to(dataset, source).split("; ")[0])
       provenance = (f"synthetic(seed={seed}; {domains} digits, classes = (domain, digit) "
                     f"pairs; substituted for {source!r})")
       substituted = (dataset,)
