@@ -239,7 +239,7 @@ def test_sampling_is_reproducible_after_a_resume(tmp_path, tmp_path_factory, mon
   def crash_in_round_3(self, record):
     if record["round"] == 3:
       raise KeyboardInterrupt("simulated kill")
-    original(self, record)
+    return original(self, record)
 
   monkeypatch.setattr(reporting.MetricsWriter, "write", crash_in_round_3)
   with pytest.raises(KeyboardInterrupt):

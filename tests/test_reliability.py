@@ -103,6 +103,7 @@ def _scramble(step_dir: pathlib.Path) -> None:
       path.write_bytes(b"\x00garbage" * 4)
 
 
+@pytest.mark.slow  # about 16 s on 2 cores; the digest test below falls back the same way
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
   config = tiny_config("solo")
   full = train_and_evaluate(config, tmp_path / "full")

@@ -453,6 +453,7 @@ def test_end_to_end_the_command_trains_skips_and_reports(tmp_path, monkeypatch, 
   assert document.stale_blocks(doc.read_text(), results) == []
 
 
+@pytest.mark.slow  # about 17 s; tests/test_seed_stack.py checks seed-by-seed equality
 def test_a_rows_fresh_seeds_train_as_one_program_and_equal_separate_runs(tmp_path, monkeypatch,
                                                                         capsys, tmp_path_factory):
   monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))

@@ -106,6 +106,7 @@ def test_a_stacked_run_resumes_bit_identical(tmp_path):
             == (tmp_path / "full" / f"seed_{seed}" / "results.json").read_text())
 
 
+@pytest.mark.slow  # about 20 s on 2 cores; test_a_stacked_run_resumes_bit_identical covers resume
 def test_lanes_a_kill_left_a_round_apart_resume_from_their_common_checkpoint(tmp_path):
   config = tiny_config("solo")
   config.seeds = SEEDS

@@ -107,7 +107,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
   def crash_in_round_3(self, record):
     if record["round"] == 3:
       raise KeyboardInterrupt("simulated kill after round 3's computation")
-    original_write(self, record)
+    return original_write(self, record)
 
   monkeypatch.setattr(reporting.MetricsWriter, "write", crash_in_round_3)
   with pytest.raises(KeyboardInterrupt):
@@ -124,6 +124,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # about 28 s on 2 cores (compiles the round to measure it)
 def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monkeypatch):
   config = tiny_config(**{"name": "memory", "num_rounds": 1, "logging.plots": False})
   monkeypatch.setattr(resources, "available_memory_bytes", lambda device: 1024)

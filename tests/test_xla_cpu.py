@@ -152,6 +152,7 @@ def test_an_auto_run_too_large_for_im2col_switches_to_custom_vjp(tmp_path, monke
       assert switched["last_record"][key] == value, key
 
 
+@pytest.mark.slow  # about 17 s on 2 cores
 def test_an_auto_run_whose_public_step_is_the_peak_keeps_im2col_for_the_local_phase(
     tmp_path, monkeypatch):
   # The im2col round is "too large", the one with custom-VJP convolutions on the public batch fits.
