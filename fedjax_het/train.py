@@ -225,7 +225,8 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     raise ValueError(f"train_and_evaluate: `max_rounds`={max_rounds} must be a multiple of "
                      f"config.rounds_per_call={per_call}.")
   # One process per workdir: process 0 takes each workdir's lock once its resume guard has
-  # passed and holds it until this function returns (or the process dies).
+  # passed and holds it until this function returns (or the process dies); the others learn
+  # whether it got the lock, so a held workdir stops every process at once.
   with contextlib.ExitStack() as locks:
     return _train_locked(run, configs, workdirs, primary=primary, stop=stop, locks=locks,
                          leaner_convs_for_seeds=leaner_convs_for_seeds)
@@ -245,7 +246,7 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   opened = [workdir_lib.open_run(
       w, c, identity, e.metadata(), primary=primary, sync=sharding.barrier,
       before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)),
-      num_rounds=num_rounds)
+      share=sharding.primary_text, num_rounds=num_rounds)
             for c, w, e, identity in zip(configs, workdirs, experiments, identities)]
   checkpointers = [c for c, _ in opened]
   kept_rounds = _common_rounds(checkpointers, [s for _, s in opened], workdirs)

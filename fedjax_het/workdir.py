@@ -77,6 +77,7 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "fcclplus.ewc_batch_size": None,
     "models.dropout_rate": (0.0,),
     "fccl.pretrain_batch_size": (0,),  # 0: local.batch_size, the batch of the recorded runs
+    "fccl.average_placement": ("after_local",),  # the placement of the recorded runs
     "scenario.class_order": ("seeded",),
     # GLFC's ablation switches and loss weights, at the values of the full method.
     "glfc.use_gradient_compensation": (True,),
@@ -89,6 +90,10 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
         "reconstruction_steps", "linesearch", "reconstruction_lr", "monitor_images",
         "perturbation_steps", "perturbation_lr", "noise_gamma", "perturbation_loss",
         "rebuild")},
+    # GLFC's protocol switches (the paper's text), at the code's behaviour of the recorded runs.
+    "scenario.client_roles": ("per_task",),
+    "glfc.update_all_clients": (False,),
+    "glfc.proxy.shuffle_gradients": (False,),
 }
 
 
@@ -291,6 +296,7 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
              metadata: Mapping[str, Any], *, primary: bool = True,
              sync: Callable[[str], None] | None = None,
              before_write: Callable[[], None] | None = None,
+             share: Callable[[str | None], str | None] | None = None,
              num_rounds: int | None = None) -> tuple[Any, int | None]:
   """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
 
@@ -309,7 +315,10 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   process looks at the workdir and passes the resume guard before any of them
   writes, so all of them resume from the same round. `before_write` (process 0 only) is
   called once the guard has passed and before anything is written: the trainer takes the
-  workdir's lock there, so a refused resume leaves the workdir untouched.
+  workdir's lock there, so a refused resume leaves the workdir untouched. `share` (a
+  broadcast of process 0's refusal line, or None, to every process) makes every process
+  of a multi-process run check process 0's lock: when another run holds the workdir,
+  all of them raise the same `WorkdirError` at once.
   """
   from fedjax_het import checkpointing  # pylint: disable=g-import-not-at-top
   checkpoints = workdir / "checkpoints"
@@ -332,9 +341,17 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
     check_fresh(workdir, config)
   if sync is not None:
     sync("fedjax_het:open_run:checked")
-  if primary:
-    if before_write is not None:
+  refusal = None
+  if primary and before_write is not None:
+    try:
       before_write()
+    except WorkdirError as error:
+      refusal = str(error)
+  if share is not None:
+    refusal = share(refusal)
+  if refusal is not None:
+    raise WorkdirError(refusal)
+  if primary:
     workdir.mkdir(parents=True, exist_ok=True)
     write_run_record(workdir, record)
     write_atomic(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")

@@ -193,6 +193,20 @@ def test_mesh_must_span_every_process(tmp_path, env):
   assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def test_a_held_workdir_stops_every_process_at_once(tmp_path, env):
+  """Process 0 finds the workdir's lock held (by this test's process): both processes exit 1
+  with the line naming the holder, and nothing is written to the workdir."""
+  from fedjax_het import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  run = tmp_path / "run"
+  with workdir_lib.WorkdirLock(run):
+    codes, logs = _two_processes(FEDAVG_FLAGS + [f"--workdir={run}"], tmp_path / "logs", env,
+                                 timeout=120)
+  assert codes == [1, 1], logs
+  for log in logs:
+    assert f"is in use by PID {os.getpid()} on " in log, log
+  assert sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
 def _metrics(workdir: pathlib.Path) -> list[dict]:
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   for record in records:

@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -146,7 +147,10 @@ def test_flag_and_config_file_mistakes_are_one_line(args, expected, tmp_path):
   assert not (tmp_path / "w").exists()
 
 
-def test_sigterm_stops_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
+def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
+  """SIGTERM after round 1, then the same command resumes and Ctrl-C (SIGINT) stops it
+  again: each stop is exit 130 and one line naming the round and the checkpoint."""
+  from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
   args = [sys.executable, "experiments/train.py", "--config=digits_solo_quick",
           f"--workdir={tmp_path}", "--config.num_rounds=40", "--config.local.epochs=1",
           "--config.models.architectures=('simple_cnn',)", "--config.scenario.test_size=30",
@@ -154,18 +158,26 @@ def test_sigterm_stops_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
           "--config.logging.plots=False"]
   env = {k: v for k, v in os.environ.items() if k not in ("FEDJAX_HET_TRACEBACK",
                                                           "FEDJAX_HET_DATA_DIR")}
-  child = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
-  for line in child.stderr:
-    if "round 1/40" in line:
-      break
-  child.terminate()   # SIGTERM
-  rest = child.stderr.read()
-  assert child.wait(timeout=120) == 130
-  assert any(re.match(r"stopped at round \d+; rerun the same command to resume from the "
-                      r"checkpoint of round \d+ in ", line) for line in rest.splitlines()), rest
-  assert "Traceback" not in rest
-  from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
-  assert checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round() >= 1
+  stopped_at = 0
+  for stop_signal in (signal.SIGTERM, signal.SIGINT):
+    # SIGINT as a terminal's Ctrl-C sends it, also where pytest runs with SIGINT ignored.
+    child = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    resumed = False
+    for line in child.stderr:
+      resumed |= f"resumed from the checkpoint of round {stopped_at}" in line
+      if f"round {stopped_at + 1}/40" in line:
+        break
+    child.send_signal(stop_signal)
+    rest = child.stderr.read()
+    assert child.wait(timeout=120) == 130
+    stops = [re.match(r"stopped at round (\d+); rerun the same command to resume from the "
+                      r"checkpoint of round (\d+) in ", line) for line in rest.splitlines()]
+    stops = [m for m in stops if m]
+    assert len(stops) == 1 and "Traceback" not in rest, rest
+    assert resumed == (stopped_at > 0)
+    stopped_at = checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round()
+    assert stopped_at == int(stops[0].group(2)) >= 1
 
 
 # -- the checkpoint is the run's source of truth ---------------------------------------------

@@ -106,6 +106,25 @@ def primary_bytes(value: int | None) -> int | None:
   return None if agreed < 0 else int(agreed * 2.0 ** 20)
 
 
+def primary_text(text: str | None, max_bytes: int = 4096) -> str | None:
+  """Process 0's `text` (or None) in every process; `text` itself in one process.
+
+  For an outcome that only process 0 sees (its workdir lock, say) and every
+  process must act on: UTF-8 bytes, cut at `max_bytes`, broadcast from process 0.
+  """
+  if jax.process_count() == 1:
+    return text
+  data = np.zeros(max_bytes + 1, np.int32)  # [0]: length + 1 (0: None), then the bytes
+  if text is not None:
+    encoded = text.encode()[:max_bytes]
+    data[0] = len(encoded) + 1
+    data[1:len(encoded) + 1] = np.frombuffer(encoded, np.uint8)
+  agreed = np.asarray(multihost_utils.broadcast_one_to_all(data))
+  if agreed[0] == 0:
+    return None
+  return bytes(agreed[1:int(agreed[0])].astype(np.uint8)).decode(errors="replace")
+
+
 def fetch(tree: Any) -> Any:
   """`jax.device_get(tree)`, also for arrays sharded across processes.
 
