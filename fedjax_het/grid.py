@@ -260,6 +260,24 @@ def rounds_done(cell_dir: pathlib.Path) -> int:
   return max((int(r["round"]) for r in document.read_records(cell_dir)), default=0)
 
 
+def _stand_ins(config: ml_collections.ConfigDict,
+               recorded: Mapping[str, Any]) -> dict[str, str]:
+  """The recorded data sources of the digit domains that `config` gives the synthetic
+  stand-in as well (read off the bundle's keys, `data.is_synthetic_stand_in`): a changed
+  `scenario.sources.<domain>` with the same stand-in on both sides is the same cell."""
+  sources = config.get("scenario", {}).get("sources")
+  if not sources:
+    return {}
+  from fedjax_het.data import scenarios  # pylint: disable=g-import-not-at-top (numpy-heavy)
+  recorded_sources = recorded.get("data", {}).get("sources", {})
+  data_dir = config.scenario.get("data_dir") or None
+  fallback = bool(config.scenario.get("synthetic_fallback", False))
+  return {domain: recorded_sources[domain] for domain, source in sources.items()
+          if str(recorded_sources.get(domain, "")).startswith("synthetic(")
+          and scenarios.is_synthetic_stand_in(domain, source, data_dir=data_dir,
+                                             synthetic_fallback=fallback)}
+
+
 def is_finished(cell_dir: pathlib.Path, config: ml_collections.ConfigDict) -> bool:
   """True for a cell whose run completed `expected_rounds(config)` (results.json written).
 
@@ -274,9 +292,10 @@ def is_finished(cell_dir: pathlib.Path, config: ml_collections.ConfigDict) -> bo
   if recorded is not None:
     # Compare the configs only: the same (absent) fingerprint on both sides.
     lines = workdir_lib.differences(
-        {"config": recorded.get("config", {})},
-        {"config": workdir_lib.flatten_config(config), "data": {"fingerprint": None,
-                                                                "sources": {}}},
+        {"config": recorded.get("config", {}),
+         "data": {"sources": recorded.get("data", {}).get("sources", {})}},
+        {"config": workdir_lib.flatten_config(config),
+         "data": {"fingerprint": None, "sources": _stand_ins(config, recorded)}},
         workdir_lib.allowed_changes(config))
     if lines:
       listing = "\n  ".join(lines)

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -157,13 +158,28 @@ def covered(field: str, prefixes: tuple[str, ...]) -> bool:
   return any(field == p or field.startswith(p + ".") for p in prefixes)
 
 
+def _same_stand_in(field: str, old_data: Mapping[str, Any], new_data: Mapping[str, Any]) -> bool:
+  """True for a changed `scenario.sources.<domain>` that gives the same synthetic stand-in on
+  both sides (e.g. `tfds` and `real` on a machine with neither): the recorded data sources name
+  the stand-in (`synthetic(seed=...`, same seed) for that domain in both runs. The stand-in
+  depends on the domain and the seed only; the data fingerprints are compared as well."""
+  prefix = "scenario.sources."
+  if not field.startswith(prefix):
+    return False
+  domain = field[len(prefix):]
+  stand_ins = [re.match(r"synthetic\(seed=\d+", str(data.get("sources", {}).get(domain, "")))
+               for data in (old_data, new_data)]
+  return all(stand_ins) and stand_ins[0].group(0) == stand_ins[1].group(0)
+
+
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
                 allowed: tuple[str, ...]) -> list[str]:
   """Human-readable lines for every difference that changes results."""
   lines = []
   old, new = recorded.get("config", {}), current["config"]
   for field in sorted(set(old) | set(new)):
-    if covered(field, allowed) or _added_unchanged(field, old, new):
+    if (covered(field, allowed) or _added_unchanged(field, old, new)
+        or _same_stand_in(field, recorded.get("data", {}), current["data"])):
       continue
     missing = "<absent>"
     if old.get(field, missing) != new.get(field, missing):

@@ -135,6 +135,31 @@ def test_fields_added_since_a_record_are_differences_only_at_values_that_change_
                                  ()) == ["config.local.momentum: 0.0 -> 0.5"]
 
 
+def test_a_changed_source_with_the_same_synthetic_stand_in_is_the_same_run(tmp_path):
+  def record(source, provenance):
+    return {"config": {"scenario.sources.svhn": source},
+            "data": {"fingerprint": "x", "sources": {"svhn": provenance}}}
+
+  tfds = record("tfds", "synthetic(seed=0; substituted for 'tfds')")
+  assert workdir_lib.differences(
+      tfds, record("real", "synthetic(seed=0; substituted for 'real')"), ()) == []
+  for provenance in ("synthetic(seed=1; substituted for 'real')", "npz:/d/digits.npz[svhn]"):
+    assert workdir_lib.differences(tfds, record("real", provenance), ()) == [
+        "config.scenario.sources.svhn: 'tfds' -> 'real'"]
+  # The runner's check of a finished cell reads the bundle's keys instead of the data:
+  # the stand-in without a digits.npz holding svhn, the real domain with one.
+  from fedjax_het.data import scenarios  # pylint: disable=import-outside-toplevel
+  check = lambda source, **kw: scenarios.is_synthetic_stand_in(  # noqa: E731
+      "svhn", source, data_dir=tmp_path, **kw)
+  assert check("real", synthetic_fallback=True) and check("synthetic", synthetic_fallback=False)
+  assert check("real", synthetic_fallback=False) is None and check("tfds",
+                                                                   synthetic_fallback=True) is None
+  np.savez(tmp_path / "digits.npz", **{f"svhn_{s}_{k}": np.zeros((1, 32, 32, 3) if k == "x"
+                                                                  else (1,), np.uint8)
+                                       for s in ("train", "test") for k in "xy"})
+  assert check("real", synthetic_fallback=True) is False
+
+
 def test_a_workdir_that_is_a_file_is_named(tmp_path):
   path = tmp_path / "results"
   path.write_text("not a directory")

@@ -46,12 +46,15 @@ Variants (the part after "digits.py:" or "digits_"):
                                         learning rate (as SOLO's) for the methods compared
                                         with SOLO: minutes on a 2-core CPU
 
-Data (see metadata.json of a run): MNIST and USPS are real when the data directory holds
-digits.npz (set FEDJAX_HET_DATA_DIR or --config.scenario.data_dir); SVHN is read through
-TensorFlow Datasets when `svhn_cropped` is prepared; SYN has no offline source (give
---config.scenario.sources.syn=folder:/path/to/SynthDigits). Every config here opts in to
-`synthetic_fallback`: an unavailable domain is replaced by the embedded synthetic domain,
-logged loudly and listed in metadata.json / results.md. The public set is CIFAR-100 (5000
+Data (see metadata.json of a run): every domain is read from digits.npz in the data
+directory (FEDJAX_HET_DATA_DIR or --config.scenario.data_dir), which
+`python -m fedjax_het.data.download mnist usps svhn cifar100` writes (SYN: `... syn --from
+<archive>`; docs/data.md). Other sources per domain: `--config.scenario.sources.svhn=tfds`
+(TensorFlow Datasets' prepared `svhn_cropped`) or `...=folder:/path/to/SynthDigits`. Every
+config here opts in to `synthetic_fallback`: a domain the data directory lacks is replaced by
+the embedded synthetic domain, logged loudly and listed in metadata.json / results.md. A
+finished run whose domain was the synthetic stand-in under another source (`tfds`,
+`synthetic`) is the same run where that domain is the stand-in again (`fedjax_het.grid`). The public set is CIFAR-100 (5000
 images, public_cifar100_5000.npz) or, without it, the synthetic public set.
 
 Paper setting (full configs): 40 rounds, public batch 512 (1 epoch of 5000 images), local
@@ -93,7 +96,7 @@ def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
   c.name = f"digits_{arg}"
   c.scenario.name = "digits"
   c.scenario.sources = ml_collections.ConfigDict(
-      {"mnist": "real", "usps": "real", "svhn": "tfds", "syn": "synthetic"})
+      {"mnist": "real", "usps": "real", "svhn": "real", "syn": "real"})
   c.scenario.synthetic_fallback = True
   c.scenario.public_name = "cifar100"
   c.models.architectures = HETEROGENEOUS

@@ -328,6 +328,30 @@ _TFDS_PUBLIC = {"tfds:cifar100": "cifar100", "tfds:fashion_mnist": "fmnist",
                 "tfds:fmnist": "fmnist"}
 
 
+def is_synthetic_stand_in(domain: str, source: str, *, data_dir: str | os.PathLike | None,
+                          synthetic_fallback: bool) -> bool | None:
+  """Whether a digits scenario's `domain` with `source` is the synthetic stand-in, read off the
+  bundle's keys without loading any data: True or False, or None where only loading the data
+  can tell (a `tfds` or `folder:` source).
+
+  `synthetic` is the stand-in; `real` is the stand-in when the data directory's digits.npz
+  lacks the domain (or there is none) and `synthetic_fallback` is on. The stand-in depends on
+  the domain and the seed only, so two sources that both give it give the same data.
+  """
+  if domain not in synthetic.DIGIT_DOMAINS or source not in ("synthetic", "real"):
+    return None
+  if source == "synthetic":
+    return True
+  try:
+    with npz.open_bundle("digits", data_dir) as reader:
+      present = f"{domain}_train_x" in reader.keys
+  except DataError:  # no data directory, no digits.npz, or an unreadable one
+    present = False
+  if present:
+    return False
+  return True if synthetic_fallback else None
+
+
 def _download_hint(name: str, source: str = "real") -> str:
   """How to get `name`'s real data into the data directory, as a sentence.
 
