@@ -159,9 +159,10 @@ SCENARIO_CONFIGS = {"digits": ("experiments/configs/digits.py", ""),
 SCENARIO_LABELS = {"digits": "Digits", "office_caltech": "Office-Caltech",
                    "office31": "Office31", "office_home": "Office-Home"}
 SCENARIO_NOTES = {
-    "digits": ("SVHN needs the tfds `svhn_cropped` data and SYN a folder "
-               "(--set scenario.sources.syn=folder:<path>); without them the configs use "
-               "the embedded synthetic domains and say so in the provenance line",),
+    "digits": ("the four domains are read from digits.npz, which `python -m "
+               "fedjax_het.data.download mnist usps svhn` and `... syn --from <archive>` "
+               "write; a domain it lacks is the embedded synthetic domain, and the provenance "
+               "line says so",),
     "office_caltech": ("the caltech domain needs an image folder: --set "
                        "scenario.sources.caltech=folder:<path> (experiments/configs/office.py)",),
     "office_home": ("every Office-Home domain needs an image folder: --set "
