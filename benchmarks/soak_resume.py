@@ -43,7 +43,10 @@ What it does (everything in a fresh temporary folder; no real data directory):
      `--concurrent-gap` seconds apart. Exactly one must train all rounds and exit 0; the
      other must exit 1, train no round, and end its stderr (after the absl log lines every
      run writes) with exactly one "error:" line that names the trainer's PID. The trained
-     workdir is then compared as below; the trial's outcome is "refused correctly".
+     workdir is then compared as below; the trial's outcome is "refused correctly". Where
+     the second process starts after the first has finished, it is a rerun of a finished
+     run: it must resume from the final checkpoint, train no round and exit 0; the outcome
+     is "identical" (`second_start_after_finish` in its record).
    Each trial records the kind, what was damaged, its outcome ("identical", "refused
    correctly" or "failed"), the warning lines the runs logged (the synthetic-data notices
    left out) and any "error:" line of the last process.
@@ -583,7 +586,8 @@ def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path
                          args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
   """Two processes on one fresh workdir, at once or a few seconds apart: one trains (and ends
   identical to the reference), the other exits 1 with one "error:" line naming the holder's
-  PID and trains nothing."""
+  PID and trains nothing; or, where the second starts after the first has finished, it
+  resumes from the final checkpoint, trains nothing and exits 0 (outcome "identical")."""
   name = f"concurrent_{index:02d}"
   workdir = root / name
   cmd = cli_command(workdir, cache_dir, args.num_rounds, args.config)
@@ -615,7 +619,15 @@ def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path
   problems = []
   trained = [r for r in runs if r["rc"] == 0]
   refused = [r for r in runs if r["rc"] != 0]
-  if len(trained) != 1 or len(refused) != 1:
+  # The second start came after the first run finished: a rerun of a finished run, which
+  # resumes from its last checkpoint, trains nothing and exits 0.
+  second_err = (root / f"{name}_1.err").read_text(errors="replace")
+  after_finish = (len(trained) == 2 and runs[1]["rounds_logged"] == 0 and not runs[1]["refusals"]
+                  and f"resumed from the checkpoint of round {args.num_rounds} " in second_err)
+  if after_finish:
+    if runs[0]["rounds_logged"] != args.num_rounds:
+      problems.append(f"the training process logged {runs[0]['rounds_logged']} rounds")
+  elif len(trained) != 1 or len(refused) != 1:
     problems.append(f"exit statuses {[r['rc'] for r in runs]}: not one 0 and one 1")
   else:
     winner, loser = trained[0], refused[0]
@@ -640,8 +652,9 @@ def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path
           "first_started": processes[0].pid, "processes": runs,
           "refusal": refused[0]["refusals"][0] if refused and refused[0]["refusals"] else None,
           "warnings": [w for r in runs for w in r["warnings"]],
-          "identical": not differences,
-          "outcome": "refused correctly" if not differences else "failed",
+          "identical": not differences, "second_start_after_finish": after_finish,
+          "outcome": ("failed" if differences else "identical" if after_finish
+                      else "refused correctly"),
           "differences": differences[:50], "workdir": str(workdir)}
 
 
