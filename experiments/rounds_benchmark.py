@@ -4,8 +4,8 @@
       [--methods=fedavg,fedmmd,fedmmd_l2,fedfusion_single,fedfusion_multi,fedfusion_conv] \\
       [--seeds=0,1,2] [--quick] [--workdir=results] [--set field=value ...] [--verbose]
 
-Settings: those of experiments/configs/_two_stream.py: cifar10 binary | iid, mnist binary |
-shards | permuted. The grid of the six method tokens (FedAvg, FedMMD with its MMD and the
+Settings: those of experiments/configs/_two_stream.py: cifar10 binary | iid | classes5 |
+classes2, mnist binary | shards | permuted. The grid of the six method tokens (FedAvg, FedMMD with its MMD and the
 authors' L2 constraint, FedFusion with each fusion operator) trains through
 `fedjax_het.grid` as experiments/reproduce.py's tables do, into
 <workdir>/rounds_<dataset>_<setting>/<quick|paper>/ (default workdir results/), with the

@@ -107,8 +107,10 @@ def main(argv):
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise ConfigError("--num_processes must be 1 for config.scenario.name="
                         "'class_incremental' (the task stream runs in one process).")
-    # SIGTERM (a scheduler, `kill`) stops the run as Ctrl-C does.
+    # SIGTERM (a scheduler, `kill`) stops the run as Ctrl-C does; SIGINT stops it also where
+    # the shell started the process with SIGINT ignored (a background job).
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     train_and_evaluate(config, workdir)
   except UserError as error:
     if _verbose():

@@ -28,7 +28,7 @@ from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
-PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "permuted")
+PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 OFFICE_SCENARIOS = ("office_caltech", "office31", "office_home")
 
@@ -118,7 +118,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.scenario.dataset = "mnist"           # mnist | cifar10
   c.scenario.dataset_source = "real"     # the .npz bundle; "tfds"; "folder:<path>"
   c.scenario.num_clients = 100
-  c.scenario.partition = "iid"           # iid | dirichlet | shards | class_split | permuted
+  c.scenario.partition = "iid"           # iid | dirichlet | shards | class_split[_own] | permuted
   c.scenario.dirichlet_alpha = 0.5
   c.scenario.shards_per_client = 2
   c.scenario.train_size = 0              # 0: the whole training set; else a stratified subsample

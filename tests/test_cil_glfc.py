@@ -169,6 +169,7 @@ def _tiny_config():
   return c
 
 
+@pytest.mark.slow  # tests/test_cil_pinned.py runs GLFC end to end; its table: test_reports_*
 def test_end_to_end_writes_table1(tmp_path):
   config = _tiny_config()
   _, results, records, matrix = train_tiny_and_check_table1(config, tmp_path / "full")

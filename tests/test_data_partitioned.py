@@ -73,7 +73,7 @@ def _fake_bundle(directory, n_train=60, n_test=30, domains=("mnist",)):
 @pytest.mark.parametrize("partition", data.PARTITIONS)
 def test_clients_are_disjoint_and_cover_the_pool(partition):
   labels = _pool().labels
-  k = 5 if partition == "class_split" else 8  # class_split: k must divide the 10 classes
+  k = 5 if partition.startswith("class_split") else 8  # class_split*: k divides the 10 classes
   parts = data.partition_indices(labels, k, partition, rng=np.random.default_rng(0))
   joined = np.concatenate(parts)
   assert len(parts) == k and len(joined) == N_TRAIN
@@ -224,7 +224,7 @@ def test_class_split_is_fedmmds_binary_split_with_two_clients():
 
 def test_same_seed_gives_an_identical_scenario():
   for partition in data.PARTITIONS:
-    kwargs = {"num_clients": 2} if partition == "class_split" else {}
+    kwargs = {"num_clients": 2} if partition.startswith("class_split") else {}
     a, b = _build(partition, seed=3, **kwargs), _build(partition, seed=3, **kwargs)
     assert a.domains == b.domains and a.sources == b.sources
     for x, y in zip(a.train, b.train):
@@ -372,7 +372,7 @@ def test_real_bundle(real_dir):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dataset="imagenet"), r"`dataset` must be one of \('mnist', 'cifar10'"),
     (dict(partition="foo"), r"`partition` must be one of \('iid', 'dirichlet', 'shards', "
-                            r"'class_split', 'permuted'\), got 'foo'\."),
+                            r"'class_split', 'class_split_own', 'permuted'\), got 'foo'\."),
     (dict(num_clients=0), r"`num_clients` must be an integer >= 1, got 0"),
     (dict(num_clients=2.5), r"`num_clients` must be an integer >= 1, got 2.5"),
     (dict(num_clients=True), r"`num_clients` must be an integer >= 1"),

@@ -1,12 +1,10 @@
 """Dropout of the FedAvg CNNs (FedMMD/FedFusion Sec. 4.1; p = 0.2 in the FedFusion code).
 
 `get_model(..., dropout_rate=p)`, `models.with_dropout`, and `config.models.dropout_rate` read
-by FedMMD and FedFusion (the `_dropout` variants of experiments/configs/mnist.py): dropout in
-local training only, off in evaluation and in the frozen global stream.
+by every FedAvg-family method (0.2 in the FedMMD / FedFusion paper settings; the configs and
+FedAvg's own dropout are tested in tests/test_two_stream_table1.py): dropout in local training
+only, off in evaluation and in the frozen global stream.
 """
-
-import json
-import pathlib
 
 import flax.linen as nn
 import jax
@@ -16,15 +14,11 @@ import pytest
 
 from fedjax_het import models
 from fedjax_het.algorithms import fedfusion, fedmmd
-from fedjax_het.config import load_module, validate_config
+from fedjax_het.config import validate_config
 from fedjax_het.evaluation import stack_test_sets
 from fedjax_het.models.base import Classifier, MLPTail
-from fedjax_het.train import train_and_evaluate
 from tests.test_fedmmd_fedfusion import TinyTrunk
 from tests.tiny_federation import tiny_config, tiny_data, tiny_setup
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-MNIST = load_module(REPO / "experiments" / "configs" / "mnist.py")
 
 
 def _images(n=16, seed=0):
@@ -158,45 +152,3 @@ def test_the_methods_drop_out_in_local_training_only_and_repeat_their_masks(meth
   jax.tree_util.tree_map(np.testing.assert_array_equal, algorithm.evaluate(first, test),
                          runs[0.0][0].evaluate(first, test))
   assert setup.groups[0].model.tail.dropout_rate == 0.0  # the caller's setup is unchanged
-
-
-def test_the_dropout_variants_of_the_mnist_configs():
-  for name in ("fedfusion_permuted_conv_dropout_quick", "fedmmd_shards_dropout",
-               "fedfusion_dropout_quick", "fedmmd_binary_l2_dropout"):
-    config = MNIST.get_config(name)
-    validate_config(config)
-    assert config.name == f"mnist_{name}" and config.models.dropout_rate == 0.2
-    without = MNIST.get_config(name.replace("_dropout", ""))
-    assert "dropout_rate" not in without.models  # the existing configs are left as they were
-    del config.models["dropout_rate"]
-    config.name = without.name
-    assert config.to_dict() == without.to_dict()
-  for name in ("fedavg_dropout", "fedfusion_dropout_dropout"):
-    with pytest.raises(ValueError, match="the dropout variants exist for"):
-      MNIST.get_config(name)
-  bad = MNIST.get_config("fedmmd_dropout")
-  bad.models.dropout_rate = 1.0
-  with pytest.raises(ValueError, match=r"config.models.dropout_rate must be a number in \[0, 1\)"):
-    validate_config(bad)
-
-
-@pytest.mark.slow  # about 25 s on a 2-core CPU
-def test_fedfusion_dropout_variant_trains_end_to_end(tmp_path, tmp_path_factory, monkeypatch):
-  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
-  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
-  config = MNIST.get_config("fedfusion_permuted_conv_dropout_quick")
-  config.num_rounds = 2
-  config.scenario.train_size = 200
-  config.scenario.test_size = 100
-  config.local.epochs = 1
-  config.local.batch_size = 32
-  config.eval.batch_size = 100
-  config.logging.progress = False
-  config.logging.plots = False
-  config.compilation_cache_dir = ""
-  out = train_and_evaluate(config, tmp_path)
-  assert [r["round"] for r in out["records"]] == [1, 2]
-  losses = [v for k, v in out["records"][-1].items() if k.startswith("train/local/loss")]
-  assert losses and np.all(np.isfinite(losses))
-  recorded = json.loads((tmp_path / "config.json").read_text())
-  assert recorded["models"]["dropout_rate"] == 0.2

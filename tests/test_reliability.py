@@ -151,18 +151,17 @@ def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_p
   """SIGTERM after round 1, then the same command resumes and Ctrl-C (SIGINT) stops it
   again: each stop is exit 130 and one line naming the round and the checkpoint."""
   from fedjax_het import checkpointing  # pylint: disable=import-outside-toplevel
+  # The second run reads the first one's compiled programs from the cache.
   args = [sys.executable, "experiments/train.py", "--config=digits_solo_quick",
-          f"--workdir={tmp_path}", "--config.num_rounds=40", "--config.local.epochs=1",
+          f"--workdir={tmp_path / 'run'}", "--config.num_rounds=40", "--config.local.epochs=1",
           "--config.models.architectures=('simple_cnn',)", "--config.scenario.test_size=30",
-          "--config.scenario.public_size=64", "--config.compilation_cache_dir=",
-          "--config.logging.plots=False"]
+          "--config.scenario.public_size=64",
+          f"--config.compilation_cache_dir={tmp_path / 'cache'}", "--config.logging.plots=False"]
   env = {k: v for k, v in os.environ.items() if k not in ("FEDJAX_HET_TRACEBACK",
                                                           "FEDJAX_HET_DATA_DIR")}
   stopped_at = 0
   for stop_signal in (signal.SIGTERM, signal.SIGINT):
-    # SIGINT as a terminal's Ctrl-C sends it, also where pytest runs with SIGINT ignored.
-    child = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    child = subprocess.Popen(args, cwd=REPO, stderr=subprocess.PIPE, text=True, env=env)
     resumed = False
     for line in child.stderr:
       resumed |= f"resumed from the checkpoint of round {stopped_at}" in line
@@ -176,7 +175,7 @@ def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_p
     stops = [m for m in stops if m]
     assert len(stops) == 1 and "Traceback" not in rest, rest
     assert resumed == (stopped_at > 0)
-    stopped_at = checkpointing.Checkpointer(tmp_path / "checkpoints").latest_round()
+    stopped_at = checkpointing.Checkpointer(tmp_path / "run" / "checkpoints").latest_round()
     assert stopped_at == int(stops[0].group(2)) >= 1
 
 

@@ -123,8 +123,8 @@ def test_paper_rows_are_rows_of_their_setting():
         assert set(setting.paper) <= keys
   assert tables.get_table("glfc_tasks5").settings[0].paper == {}
   assert set(tables.get_table("glfc_table1").settings[0].paper) == {
-      "icarl_fl", "bic_fl", "podnet_fl", "ssil_fl", "glfc_no_cgc", "glfc_no_crd",
-      "glfc_no_proxy", "glfc"}
+      "icarl_fl", "bic_fl", "podnet_fl", "dde_icarl_fl", "geodl_icarl_fl", "ssil_fl",
+      "glfc_no_cgc", "glfc_no_crd", "glfc_no_proxy", "glfc"}
 
 
 def test_fcclplus_conference_rows_equal_fccl_tables_1_and_2_digit_for_digit():

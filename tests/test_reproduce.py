@@ -233,10 +233,12 @@ def test_dry_run_prints_the_gpu_queue_in_priority_order(tmp_path, capsys):
       "fedfusion_table2/paper/fedfusion_multi__seed0",
       "fedfusion_table2/paper/fedfusion_conv__seed0", "glfc_table1/paper/fedavg_cil__seed0",
       "glfc_table1/paper/icarl_fl__seed0", "glfc_table1/paper/bic_fl__seed0",
-      "glfc_table1/paper/podnet_fl__seed0", "glfc_table1/paper/ssil_fl__seed0", "glfc_table1/paper/glfc_no_cgc__seed0",
+      "glfc_table1/paper/podnet_fl__seed0", "glfc_table1/paper/dde_icarl_fl__seed0",
+      "glfc_table1/paper/geodl_icarl_fl__seed0", "glfc_table1/paper/ssil_fl__seed0",
+      "glfc_table1/paper/glfc_no_cgc__seed0",
       "glfc_table1/paper/glfc_no_crd__seed0", "glfc_table1/paper/glfc_no_proxy__seed0",
       "glfc_table1/paper/glfc__seed0"]
-  assert lines[0].startswith("[1/17] fcclplus_office31/paper/fcclplus__seed0: skip (finished); "
+  assert lines[0].startswith("[1/19] fcclplus_office31/paper/fcclplus__seed0: skip (finished); "
                              "experiments/configs/office.py:office31_fcclplus -> ")
   assert ": train; experiments/configs/digits.py:solo -> " in lines[3]
   assert not (tmp_path / "invocations.jsonl").exists()
@@ -302,12 +304,12 @@ def test_a_deadline_too_close_starts_no_cell_and_says_so(tmp_path):
   out = grid.run(cells, results_dir=tmp_path, deadline_secs=5, min_cell_secs=10,
                  echo=lines.append, copy_to=tmp_path / "out")
   assert out["deadline_reached"] and set(out["statuses"].values()) == {"not started"}
-  assert lines[0].startswith("[1/17] fcclplus_office31/quick/fcclplus__seed0: not started (")
+  assert lines[0].startswith("[1/19] fcclplus_office31/quick/fcclplus__seed0: not started (")
   assert "deadline, a cell needs 10 s); rerun to continue" in lines[0]
   [record] = [json.loads(line) for line in
               (tmp_path / "invocations.jsonl").read_text().splitlines()]
   assert record["deadline_secs"] == 5 and record["deadline_reached"]
-  assert len(record["cells"]) == 17
+  assert len(record["cells"]) == 19
   assert (tmp_path / "out" / tmp_path.name / "invocations.jsonl").exists()
 
 

@@ -183,7 +183,7 @@ def test_memory_estimate_is_positive_and_below_this_machine():
 
 
 @pytest.mark.parametrize("variant", ["fcclplus", pytest.param("fccl", marks=pytest.mark.slow),
-                                     "solo"])
+                                     pytest.param("solo", marks=pytest.mark.slow)])
 def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds(variant):
   config = tiny_config(variant, name=f"trace_guard_{variant}")
   experiment = Experiment(config)
@@ -324,7 +324,8 @@ def test_one_architecture_name_applies_to_every_participant():
 
 @pytest.mark.parametrize("field,value,message", [
     ("scenario.partition", "pathological", "config.scenario.partition must be one of ('iid', "
-                                          "'dirichlet', 'shards', 'class_split', 'permuted')"),
+                                          "'dirichlet', 'shards', 'class_split', "
+                                          "'class_split_own', 'permuted')"),
     ("scenario.num_clients", 0, "config.scenario.num_clients must be an integer >= 1"),
     ("eval.targets", (50.0, 120.0), "config.eval.targets must be a sequence of accuracies in "
                                     "(0, 100]"),

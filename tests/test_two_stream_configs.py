@@ -29,13 +29,13 @@ ALL = [(dataset, name) for dataset in CONFIGS for name in _names(dataset)]
 
 
 def test_every_paper_setting_config_validates_and_says_what_it_is():
-  assert len(ALL) == 2 * 2 * 7 + 3 * 2 * 7
+  assert len(ALL) == 4 * 2 * 7 + 3 * 2 * 7
   for dataset, name in ALL:
     c = CONFIGS[dataset].get_config(name)
     validate_config(c)
     assert c.name == f"{dataset}_{name}"
     assert c.scenario.name == "partitioned" and c.scenario.dataset == dataset
-    assert len(c.eval.targets) >= 1
+    assert len(c.eval.targets) >= 1 and c.models.dropout_rate == 0.2
   binary = CONFIGS["cifar10"].get_config("fedmmd_binary_l2")
   assert (binary.scenario.partition, binary.scenario.num_clients) == ("class_split", 2)
   assert (binary.fedmmd.constraint, binary.fedmmd.outputs, binary.fedmmd.weight) == ("l2",
@@ -97,6 +97,9 @@ def test_fedfusion_permuted_trains_from_its_config_with_one_trace(tmp_path, tmp_
   assert "Rounds to reach 99.9% mean intra-domain accuracy: not reached in 2." in text
   last = out["records"][-1]
   assert last["train/server/bytes_up"] == last["train/server/bytes_down"] > 0
+  # The paper's CNN with its dropout (the default of the paper settings).
+  recorded = json.loads((tmp_path / "config.json").read_text())
+  assert recorded["models"]["dropout_rate"] == 0.2
 
 
 @pytest.mark.slow

@@ -7,16 +7,20 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar10_fedprox --config.fedavg.clients_per_round=20
   python experiments/train.py --config=cifar10_fedavg --config.server.optimizer=adam \
       --config.server.lr=0.01                                   # FedAdam
+  python experiments/train.py --config=cifar10_fedfusion_classes2_multi_quick
 
 Variants: <method>[_quick], method one of the FedAvg family (fedavg, fedprox, moon,
 fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
-FedFusion paper settings <method>_<setting>[_<variant>][_quick] with setting binary or
-iid (see experiments/configs/_two_stream.py), e.g. cifar10_fedmmd_binary,
-cifar10_fedfusion_iid_multi_quick. This file's setting (the MOON / FedAvg non-IID
+FedFusion paper settings <method>_<setting>[_<variant>][_nodropout][_quick] with setting
+binary, iid, classes5 or classes2 (FedFusion Table 1 (a) / (b) in our reading; see
+experiments/configs/_two_stream.py, whose CNNs have the papers' dropout, p = 0.2, unless
+`_nodropout`), e.g. cifar10_fedmmd_binary, cifar10_fedfusion_iid_multi_quick,
+cifar10_fedavg_classes5_quick. This file's setting (the MOON / FedAvg non-IID
 CIFAR-10 benchmark): 100 clients, Dirichlet(0.5) label skew (Hsu et al. 2019), 10 clients sampled per round, the FedAvg
 CIFAR CNN (McMahan et al. 2017), local SGD lr 0.01 momentum-free, batch 50, E = 5 epochs,
 data-size weighted averaging, plain server averaging; global test accuracy per round, and
-`eval.targets` (50%) gives the rounds to reach it in results.md.
+`eval.targets` (50%) gives the rounds to reach it in results.md. The CNN here has no
+dropout (no `models.dropout_rate` field).
 
 Data: cifar10.npz of the offline bundle (FEDJAX_HET_DATA_DIR or
 --config.scenario.data_dir). Without it the configs fall back to the synthetic digit

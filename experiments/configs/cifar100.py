@@ -12,7 +12,8 @@ Commands (from the repository root):
   python experiments/train.py --config=cifar100_glfc_tasks20       # T=20 (5 classes per task)
 
 Variant names: <method>[_tasks<T>] and <method>_quick, method in fedavg_cil, icarl_fl,
-glfc, glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl, podnet_fl and T in 5, 10, 20 (no suffix:
+glfc, glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl, geodl_icarl_fl
+and T in 5, 10, 20 (no suffix:
 T = 10, GLFC Table 1; _tasks10 is the same setting under another name). _tasks<T> sets
 scenario.num_tasks = T (100 / T classes per task) and keeps everything else: 30 clients at
 the start, 10 new clients per task, each client drawing 60% of its task's classes, 10
@@ -59,6 +60,25 @@ the end of the previous task) with iCaRL + FL's memory; FedAvg of the models and
 classifier. Local lr 0.1 as fedavg_cil. podnet_fl_quick: the fedavg_cil_quick stream and
 model (simple_cnn's two conv stages for POD-spatial) with a memory of 90 images per client.
 
+DDE + iCaRL + FL (fedjax_het/algorithms/dde_icarl_fl.py; Hu et al., CVPR 2021, federated as
+GLFC's paper federates every baseline): iCaRL + FL whose clients train with DDE's
+colliding-effect distillation (from task 1 on, each row's prediction on the new-class
+columns is 1/2 its own sigmoid output plus 1/2 the mean of those of its 10 nearest new-class
+rows of the batch in the old model's normalised feature space) and accumulate DDE's feature
+momentum (mu 0.9, averaged with the model); the NME classifier removes the momentum effect
+(alpha 0.5) from the test features. iCaRL's sigmoid BCE: local lr 2.0 as icarl_fl.
+dde_icarl_fl_quick: icarl_fl_quick's memory (90 images per client) and lr 0.5.
+
+GeoDL + iCaRL + FL (fedjax_het/algorithms/geodl_icarl_fl.py; Simon et al., CVPR 2021,
+federated as GLFC's paper federates every baseline): iCaRL + FL whose clients add GeoDL's
+geodesic distillation from task 1 on: the old and new model's L2-normalised features of a
+batch span subspaces of dimension min(batch, feature dim) - 2 (top singular vectors), and
+the loss is 1 - the cosine of each row's old and new feature under the geodesic flow kernel
+between the two subspaces, weighted lambda * sqrt(old classes / new classes) with lambda = 5
+(the GeoDL code's; not tuned at this scale). iCaRL's sigmoid BCE: local lr 2.0 as icarl_fl.
+geodl_icarl_fl_quick: icarl_fl_quick's memory (90 images per client), lr 0.5 and lambda = 1
+(lambda = 5 lowers both the old and the new classes' accuracy of this small model).
+
 Learning-rate schedule within a task (local.lr_schedule = "glfc_code", every full-size
 variant): the GLFC code's step decays, lr / 5, lr / 25, lr / 125 from the in-task epochs
 100, 150, 180 of 200 to the end of the round they fall in
@@ -85,7 +105,13 @@ each with the _tasks<T> and _quick forms of glfc;
 model is the global model at the end of the previous task);
 --config.glfc.proxy.rebuild=new_classes rebuilds the proxy's monitor set only from
 gradients of classes it has not reconstructed before (the paper's text; the code rebuilds
-on any gradient). Quick runs on the bundle, seed 0 (accuracy after tasks 1-4, Avg.,
+on any gradient). GLFC's protocol as the paper's text gives it, three switches (defaults:
+the code's protocol, the recorded runs): --config.scenario.client_roles=per_round (old /
+in-between / new clients re-drawn at every global round, new clients joining at any round
+of their task; fedjax_het.cil.stream.draw_round_roles), --config.glfc.update_all_clients=True
+(every joined client updates its entropy and exemplar memory every round, Sec. 4.3) and
+--config.glfc.proxy.shuffle_gradients=True (the proxy shuffles the round's gradient pool,
+Sec. 4.2; other dummy draws, so other numbers). Quick runs on the bundle, seed 0 (accuracy after tasks 1-4, Avg.,
 forgetting): glfc_quick 30.4 / 23.8 / 9.7 / 14.7, 19.7, 27.7; without the proxy 30.4 /
 24.6 / 15.1 / 16.9, 21.7, 20.0; rebuild=new_classes 30.4 / 23.8 / 10.4 / 13.7, 19.6;
 icarl_fl_quick 41.6 / 30.0 / 20.5 / 22.7, 28.7, 16.4; fedavg_cil_quick 32.4 / 26.6 / 9.2
@@ -153,7 +179,8 @@ GLFC_ABLATIONS = {
 }
 #: The softmax baselines of GLFC Table 1 with an exemplar memory (local lr 0.1, as fedavg_cil).
 SOFTMAX_REPLAY = ("ssil_fl", "bic_fl", "podnet_fl")
-METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS, *SOFTMAX_REPLAY)
+METHODS = ("fedavg_cil", "icarl_fl", "glfc", *GLFC_ABLATIONS, *SOFTMAX_REPLAY, "dde_icarl_fl",
+           "geodl_icarl_fl")
 #: Task counts of the _tasks<T> variants (T = 10, the paper's Table 1, is also the default).
 TASK_COUNTS = (5, 10, 20)
 VARIANTS = tuple(name for method in METHODS
@@ -212,6 +239,13 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
       c.local.lr = 0.5          # as glfc_quick (the same sigmoid BCE)
     if method in SOFTMAX_REPLAY:
       c[method.removesuffix("_fl")].memory_size = 90  # as icarl_fl_quick
+    if method == "dde_icarl_fl":
+      c.dde.memory_size = 90    # as icarl_fl_quick
+      c.local.lr = 0.5          # as icarl_fl_quick (iCaRL's sigmoid BCE)
+    if method == "geodl_icarl_fl":
+      c.geodl.memory_size = 90  # as icarl_fl_quick
+      c.local.lr = 0.5          # as icarl_fl_quick (iCaRL's sigmoid BCE)
+      c.geodl.weight = 1.0      # 5 kept the new classes from being learned (docstring)
   for field, value in GLFC_ABLATIONS.get(variant, ()):
     c.glfc[field] = value
   return c

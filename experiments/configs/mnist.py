@@ -8,10 +8,13 @@ Commands (from the repository root):
   python experiments/train.py --config=mnist_fedfusion_permuted_conv_quick
   python experiments/train.py --config=mnist_fedmmd_shards
 
-Variants: <method>[_quick], method one of the FedAvg family (fedavg, fedprox, moon,
-fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
-FedFusion paper settings <method>_<setting>[_<variant>][_quick] with setting binary,
-shards or permuted (see experiments/configs/_two_stream.py). This file's setting (McMahan et al. 2017, "pathological non-IID"): the 60000 MNIST
+Variants: <method>[_nodropout][_quick], method one of the FedAvg family (fedavg, fedprox,
+moon, fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
+FedFusion paper settings <method>_<setting>[_<variant>][_nodropout][_quick] with setting
+binary, shards or permuted (see experiments/configs/_two_stream.py, whose CNNs have the
+papers' dropout, p = 0.2, unless `_nodropout`).
+
+This file's setting (McMahan et al. 2017, "pathological non-IID"): the 60000 MNIST
 training images sorted by label, cut into 200 shards of 300, 2 shards per client (so most
 clients see two digits), 10 of the 100 clients per round (C = 0.1), the FedAvg MNIST CNN,
 local SGD lr 0.05, batch 10, E = 5; global test accuracy per round; `eval.targets`
@@ -23,13 +26,13 @@ logged and recorded.
 
 Quick variant: 3000 training images (30 per client), 10 rounds of E = 5.
 
-Dropout variants (FedMMD and FedFusion): a `dropout` token anywhere in the name, e.g.
-`mnist_fedfusion_permuted_conv_dropout_quick`, `mnist_fedmmd_shards_dropout`,
-`mnist_fedfusion_dropout_quick`: the config without the token plus
-`models.dropout_rate = 0.2`, the FedAvg CNN with the dropout FedMMD/FedFusion describe
-("a fully connected layer with 512 units (with a ReLU activation and random dropout)",
-Sec. 4.1) at the authors' FedFusion code's rate, after fc 512, in local training only. The
-other names keep the CNN without dropout (no `models.dropout_rate` field).
+Dropout: `mnist_fedmmd` and `mnist_fedfusion` train the FedAvg CNN with the dropout
+FedMMD/FedFusion describe ("a fully connected layer with 512 units (with a ReLU activation
+and random dropout)", Sec. 4.1) at the authors' FedFusion code's rate
+(`models.dropout_rate = 0.2`, after fc 512, in local training only); their `_nodropout`
+variants (`mnist_fedmmd_nodropout`, `mnist_fedfusion_nodropout_quick`) set it to 0. The other
+methods of this file's setting (`mnist_fedavg`, `mnist_fedprox`, ...) keep McMahan et al.'s
+CNN without dropout (no `models.dropout_rate` field).
 """
 
 from __future__ import annotations
@@ -44,30 +47,23 @@ from fedjax_het.config import base_config, load_module
 two_stream = load_module(pathlib.Path(__file__).with_name("_two_stream.py"))
 
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
-#: The methods that read `models.dropout_rate` (their `make` puts it in the model's tail).
+#: The methods of this file's setting that train the CNN with dropout (FedMMD / FedFusion).
 DROPOUT_METHODS = ("fedmmd", "fedfusion")
-#: The dropout of the FedFusion code's CNNs.
-DROPOUT_RATE = 0.2
 
 
 def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
-  """`arg` = <method>[_quick] (this file's setting), or a FedMMD/FedFusion paper setting;
-  with a `dropout` token, its dropout variant."""
-  tokens = arg.split("_")
-  if "dropout" in tokens:
-    if tokens[0] not in DROPOUT_METHODS or tokens.count("dropout") > 1:
-      raise ValueError(f"mnist config {arg!r}: the dropout variants exist for "
-                       f"{DROPOUT_METHODS} (one 'dropout' token).")
-    c = get_config("_".join(t for t in tokens if t != "dropout"))
-    c.name = f"mnist_{arg}"
-    c.models.dropout_rate = DROPOUT_RATE
-    return c
+  """`arg` = <method>[_nodropout][_quick] (this file's setting), or a FedMMD/FedFusion paper
+  setting."""
   if two_stream.parse("mnist", arg) is not None:
     return two_stream.get_config("mnist", arg)
   method, _, rest = arg.partition("_")
+  dropout = method in DROPOUT_METHODS
+  if method in DROPOUT_METHODS and rest.split("_")[0] == two_stream.NO_DROPOUT:
+    dropout, rest = False, rest[len(two_stream.NO_DROPOUT) + 1:]
   if method not in FEDAVG_FAMILY or rest not in ("", "quick"):
     raise ValueError(f"mnist config: expected <method>[_quick] with method in "
-                     f"{FEDAVG_FAMILY}, got {arg!r}.")
+                     f"{FEDAVG_FAMILY} (fedmmd, fedfusion: <method>[_{two_stream.NO_DROPOUT}]"
+                     f"[_quick]), got {arg!r}.")
   c = base_config(method)
   c.name = f"mnist_{arg}"
   c.num_rounds = 100
@@ -79,6 +75,8 @@ def get_config(arg: str = "fedavg") -> ml_collections.ConfigDict:
   c.scenario.synthetic_fallback = True
   c.scenario.public_size = 0
   c.models.architectures = ("fedavg_mnist_cnn",)
+  if method in DROPOUT_METHODS:
+    c.models.dropout_rate = two_stream.DROPOUT_RATE if dropout else 0.0
   c.fedavg.clients_per_round = 10
   c.fedavg.weighting = "size"
   c.fedavg.evaluate = "global"

@@ -30,6 +30,10 @@ On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
              per task fitted on held-out exemplars by the clients, FedAvg of both.
   podnet_fl  PODNet + FL: POD-spatial/POD-flat distillation, local similarity classifier
              with NCA loss on every client, iCaRL + FL's memory, FedAvg of the models.
+  dde_icarl_fl DDE + iCaRL + FL (GLFC Table 1): iCaRL with DDE's colliding-effect distillation
+             and momentum effect removal in the NME classifier, FedAvg of the models.
+  geodl_icarl_fl GeoDL + iCaRL + FL (GLFC Table 1): iCaRL plus GeoDL's distillation along the
+             geodesic between the old and new feature subspaces, FedAvg of the models.
 
 A class-incremental method's `make(config, setup)` receives a
 `cil.stream.StreamSetup` instead of an `engine.api.Setup`; its `evaluate(state,
@@ -81,8 +85,10 @@ import ml_collections
 from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fedfusion, fedmatch,
                                    fedmd, fedmmd, fedproc, fedprox, fedrs, glfc, icarl_fl, moon, rhfl,
                                    solo)
-from fedjax_het.algorithms import bic_fl, podnet_fl, ssil_fl  # CIL baselines (GLFC Table 1)
+from fedjax_het.algorithms import (bic_fl, dde_icarl_fl, podnet_fl,  # CIL baselines (GLFC Table 1)
+                                   ssil_fl)
 from fedjax_het.algorithms import fml  # FML (FCCL Tables 1-3)
+from fedjax_het.algorithms import geodl_icarl_fl  # GeoDL + iCaRL + FL (GLFC Table 1)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -147,7 +153,8 @@ register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.defaul
          validate_config=fedmatch.validate_config)
 register("fml", make=fml.make_fml, default_config=fml.default_config,
          validate_config=fml.validate_config)
-for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl):
+for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl,
+                geodl_icarl_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,
            default_config=_module.default_config, validate_config=_module.validate_config,
            class_incremental=_module.CLASS_INCREMENTAL)

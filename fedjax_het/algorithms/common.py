@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_het import evaluation, losses, models, plots
+from fedjax_het import evaluation, losses, models, plots, validation
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import public, rounds
 from fedjax_het.engine.api import Algorithm, Diagnostics, Setup, Stage
@@ -179,6 +180,40 @@ def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
       setup.groups, batch_size=int(config.eval.batch_size), max_size=setup.max_test_size,
       top_k=int(config.eval.top_k), preprocess=normalizer(setup.private_mean, setup.private_std),
       sizes=setup.test_sizes or None)
+
+
+def model_dropout_rate(config: Any) -> float:
+  """`config.models.dropout_rate`, 0 where the config has no such field."""
+  return float(config.models.get("dropout_rate", 0.0))
+
+
+def with_model_dropout(config: Any, setup: Setup) -> Setup:
+  """`setup` whose models have `config.models.dropout_rate` in their tails (`models.with_dropout`).
+
+  The FedAvg CNNs as FedMMD/FedFusion describe them (Yao et al., Sec. 4.1: "a fully connected
+  layer with 512 units (with a ReLU activation and random dropout)"; p = 0.2 in the authors'
+  FedFusion code, for FedAvg's model (its fusion "none") as for the fused ones): dropout after
+  every fully connected hidden layer in local training, with the step's key
+  (`apply_model(rng=...)`, folded from the client's key, so a resumed run draws the same
+  masks); none in evaluation or in frozen streams (eval mode). Every FedAvg-family method
+  applies it (`fedavg.make_family`). A rate of 0, or a config without the field, returns
+  `setup` itself.
+  """
+  rate = model_dropout_rate(config)
+  if rate == 0.0:
+    return setup
+  groups = tuple(dataclasses.replace(
+      g, model=models.with_dropout(g.model, rate),
+      public_model=None if g.public_model is None else models.with_dropout(g.public_model, rate))
+      for g in setup.groups)
+  return dataclasses.replace(setup, groups=groups)
+
+
+def validate_model_dropout(config: Any) -> None:
+  """Checks `config.models.dropout_rate` where the config has it."""
+  if "dropout_rate" in config.models:
+    validation.check(config, "models.dropout_rate",
+                     lambda v: validation.finite_number(v) and 0 <= v < 1, "a number in [0, 1)")
 
 
 def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:

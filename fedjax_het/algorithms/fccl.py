@@ -12,9 +12,29 @@ also starts training. Every round t:
      uses every current model, like FCCL+).
   2. Local updating: L_Loc = CE + lambda_Loc (KL(theta^{t-1}) + KL(theta^*))
      (Eq. 3-7), tau = 1, both teachers in eval mode.
-  3. theta_i^{t-1} <- the new end-of-local model; homogeneous variant: the
-     participants' models are then averaged (the code aggregates after the
-     local update).
+  3. theta_i^{t-1} <- the new end-of-local model.
+Homogeneous variant (`fccl.average_parameters=True`, one architecture): the
+participants' models (parameters and BatchNorm statistics, uniform weights)
+are averaged once a round, where `fccl.average_placement` says:
+  * "after_local" (default): after step 2; every participant enters the next
+    round with the average, while theta_i^{t-1} (the inter-domain teacher and
+    the own-slot model) is its own end-of-local model, not the average. This
+    is the FCCL+ benchmark code (`fccl+/models/fccl.py`, `loc_update`:
+    `copy_nets2_prevnets()` then `aggregate_nets(None)`), which produced the
+    FCCL row of FCCL+ Table XV.
+  * "between_phases": after step 1, before step 2 (FCCL Sec. 4.1, "Model
+    Homogeneity Analysis", Table 3: "add the averaging parameters operation
+    between collaborative updating and local updating"); every participant's
+    local phase starts from the average of the post-collaborative models, and
+    its end-of-local model is kept unaveraged (it is theta_i^{t-1} and the
+    model evaluated and carried into the next round's collaborative phase).
+  Interpretations: the conference code (`fccl/Idea/Ours/FCCL.py`) has no
+  homogeneous variant, so "between_phases" follows the paper's sentence; the
+  average is taken over the models as they leave the last public batch. Both
+  placements start every participant from participant 0's pretrained model
+  (the FCCL+ code's `ini` for `structure == 'homogeneity'`; the CVPR paper does
+  not say how the homogeneous run starts), and each keeps its own pretrained
+  model as the intra-domain teacher.
 Learning rates and optimisers as FCCL+ (`fcclplus.py`): Adam 1e-3 re-created
 per public batch, Adam 1e-3 + L2 1e-5 re-created per round, linear decay.
 `local.epochs` is one number or one per participant (the CVPR code's Digits
@@ -46,6 +66,8 @@ from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_s
 from fedjax_het.errors import ConfigError
 
 OWN_SLOTS = ("previous", "current")
+#: Where the homogeneous variant averages the models (`fccl.average_placement`).
+AVERAGE_PLACEMENTS = ("after_local", "between_phases")
 
 
 class Phases(NamedTuple):
@@ -70,6 +92,10 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   teacher_train_mode = bool(cfg.teacher_train_mode)
   average = common.check_parameter_averaging("fccl.average_parameters",
                                               cfg.average_parameters, setup)
+  placement = common.check_choice("fccl.average_placement", cfg.average_placement,
+                                  AVERAGE_PLACEMENTS)
+  average_after_local = average and placement == "after_local"
+  average_before_local = average and placement == "between_phases"
   if col.optimizer_reset != "batch":
     raise ConfigError("config.collaborative.optimizer_reset must be 'batch' for fccl (the "
                       f"code's fresh Adam per public batch), got {col.optimizer_reset!r}.")
@@ -170,12 +196,16 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       rates = jnp.full((epochs[group.name],), loc_lr(round_index))
       g = state["groups"][group.name]
       aux = {"previous": g["previous"], "pretrained": g["pretrained"]}
-      new_vars, m = local.train_clients(trainers[group.name], g["variables"], aux,
+      start = g["variables"]
+      if average_before_local:  # FCCL Sec. 4.1: average the post-collaborative models
+        start = where_active(active[group.name],
+                             aggregation.average_over_active(start, active[group.name]), start)
+      new_vars, m = local.train_clients(trainers[group.name], start, aux,
                                         data[group.name], client_keys(key, ids[group.name]),
                                         rates)
       new_vars = where_active(active[group.name], new_vars, g["variables"])
-      current = (aggregation.average_over_active(new_vars, active[group.name]) if average
-                 else new_vars)
+      current = (aggregation.average_over_active(new_vars, active[group.name])
+                 if average_after_local else new_vars)
       groups[group.name] = {**g, "variables": current, "previous": new_vars}
       metrics[group.name] = m
     return {**state, "groups": groups}, metrics
@@ -233,6 +263,7 @@ def default_config() -> ml_collections.ConfigDict:
           "pretrain_min_lr": 1e-6,
           "pretrain_batch_size": 0,     # 0: local.batch_size
           "average_parameters": False,
+          "average_placement": "after_local",  # read only when average_parameters is True
       },
   })
 
@@ -255,6 +286,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
           "a number in [0, fccl.pretrain_lr]")
   for flag in ("teacher_train_mode", "average_parameters"):
     v.check(config, f"fccl.{flag}", v.is_bool, "True or False")
+  v.check(config, "fccl.average_placement", v.choice(AVERAGE_PLACEMENTS),
+          f"one of {AVERAGE_PLACEMENTS}")
   v.check(config, "collaborative.optimizer_reset", v.choice(("batch",)),
           "'batch' for fccl (the code's fresh Adam per public batch)")
   if config.fccl.average_parameters and len(set(config.models.architectures)) > 1:

@@ -42,6 +42,13 @@ and for methods with frozen parts in the model (FedFusion) `prepare_server`,
 `server_tx`, `decay_mask` and `communicated`. The local loss reads everything
 from its `aux` argument (see `make_family`).
 
+Dropout (`config.models.dropout_rate`; absent or 0: none): every family member trains
+`common.with_model_dropout`'s model, dropout after the fully connected hidden layers of the
+model's tail in local training only (never in evaluation or in a frozen stream). The FedMMD /
+FedFusion paper settings set 0.2 for every method they compare, FedAvg included, as the
+authors' FedFusion code does for all its models (`experiments/configs/_two_stream.py`); the
+other configs have no dropout.
+
 Evaluation (`fedavg.evaluate`): "global" tests the server model and reports it
 for every participant; "local" tests each participant's own model at the end
 of its latest local training (clients keep it as state; only sampled clients
@@ -183,8 +190,10 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   """A FedAvg-style `Algorithm` with a custom local objective (FedAvg, FedProx, MOON, ...).
 
   Args:
-    config: reads `config.fedavg`, `config.local`, `config.server`, `config.eval`.
-    setup: the run setup (one architecture group).
+    config: reads `config.fedavg`, `config.local`, `config.server`, `config.eval` and
+      `config.models.dropout_rate` (`common.with_model_dropout`).
+    setup: the run setup (one architecture group); the method trains and evaluates its
+      models with the config's dropout in their tails.
     name: the method name.
     objective_for: group -> local loss. Its `aux` holds, per client: "global"
       (the round's server variables), "round" (the round index, int32) and
@@ -207,6 +216,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   Returns:
     The `Algorithm`.
   """
+  setup = common.with_model_dropout(config, setup)
   group = the_group(setup, name)
   cfg, loc = config.fedavg, config.local
   cohort_size = int(cfg.clients_per_round) or group.num_clients
@@ -338,8 +348,9 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks `config.fedavg`, `config.local`, `config.server`."""
+  """Checks `config.fedavg`, `config.local`, `config.server`, `config.models.dropout_rate`."""
   local.validate_config(config)
+  common.validate_model_dropout(config)
   aggregation.validate_server_config(config)
   validation.check(config, "local.momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
   validation.check(config, "local.lr_schedule", validation.choice(LR_SCHEDULES),

@@ -40,11 +40,12 @@ trunk), exactly what the authors' code tests. `bytes_up` / `bytes_down` count
 the trunk, fusion and classifier once: the frozen trunk is a copy of the
 received trunk and is never sent.
 
-Dropout: `config.models.dropout_rate` (absent or 0: none, the default of every
-config; 0.2 in the `_dropout` variants of `experiments/configs/mnist.py`, the
-authors' code's p) puts dropout after the fully connected layers of the
+Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
+`experiments/configs/_two_stream.py` and in `mnist_fedfusion`, the authors'
+code's p for every fusion operator and for FedAvg's model; 0 or absent in their
+`_nodropout` variants) puts dropout after the fully connected layers of the
 classifier C (the tail, fed by the fused map), active in local training only,
-never in the frozen trunk or in evaluation (`fedmmd.with_model_dropout`).
+never in the frozen trunk or in evaluation (`common.with_model_dropout`).
 
 Learning rate: the paper decays it exponentially per round (0.985 on the
 artificial non-IID CIFAR-10 split, 0.99 on permuted MNIST): set
@@ -75,7 +76,7 @@ import ml_collections
 import optax
 
 from fedjax_het import validation
-from fedjax_het.algorithms import common, fedavg, fedmmd
+from fedjax_het.algorithms import common, fedavg
 from fedjax_het.engine import aggregation
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
@@ -118,10 +119,10 @@ def gamma_ema_server_tx(rest: optax.GradientTransformation, ema: float
 
 def fused_setup(config: ml_collections.ConfigDict, setup: Setup) -> Setup:
   """`setup` with its one group's model wrapped into FedFusion (`config.fedfusion.fusion`),
-  its tail with `config.models.dropout_rate` (`fedmmd.with_model_dropout`)."""
+  its tail with `config.models.dropout_rate` (`common.with_model_dropout`)."""
   fusion = common.check_choice("fedfusion.fusion", config.fedfusion.fusion, FUSION_OPERATORS)
   conv_init = common.check_choice("fedfusion.conv_init", config.fedfusion.conv_init, CONV_INITS)
-  group = fedavg.the_group(fedmmd.with_model_dropout(config, setup), "fedfusion")
+  group = fedavg.the_group(common.with_model_dropout(config, setup), "fedfusion")
   # `model_on_public` stays the fused model too (FedFusion itself has no public batch).
   public_model = (None if group.public_model is None
                   else fuse(group.public_model, fusion, conv_init))
@@ -154,7 +155,6 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
   fedavg.validate_config(config)
-  fedmmd.validate_model_dropout(config)
   validation.require_section(config, "fedfusion")
   validation.check(config, "fedfusion.fusion", validation.choice(FUSION_OPERATORS),
                    f"one of {FUSION_OPERATORS}")

@@ -28,10 +28,12 @@ sampling, data-size weighting, `config.server`). The constraint D
 (the code's L2 variant works on logits). The global stream runs in eval mode
 (running BatchNorm statistics, no dropout) and gets no gradient.
 
-Dropout: `config.models.dropout_rate` (absent or 0: none, the default of every
-config; 0.2 in the `_dropout` variants of `experiments/configs/mnist.py`) puts
-the dropout the paper's CNNs have (Sec. 4.1) after their fully connected
-layers, active in local training only (`with_model_dropout`).
+Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
+`experiments/configs/_two_stream.py` and in `mnist_fedmmd`, the authors'
+FedFusion code's p; 0 or absent in their `_nodropout` variants) puts the
+dropout the paper's CNNs have (Sec. 4.1) after their fully connected layers,
+active in local training only, never in the frozen global stream
+(`common.with_model_dropout`, applied by `fedavg.make_family`).
 
 Deviations: the paper does not say which layer's "outputs" MMD compares; the
 default here is the features for "mmd" as in the DAN/DSN domain-adaptation
@@ -45,12 +47,10 @@ with Additional Mechanisms on Clients to Reduce Communication Costs. 2019
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import ml_collections
 
-from fedjax_het import losses, models, validation
+from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, fedavg
 from fedjax_het.engine.api import Algorithm, Setup
 
@@ -92,43 +92,10 @@ def make_objective(config: ml_collections.ConfigDict) -> fedavg.ObjectiveFor:
   return objective_for
 
 
-def model_dropout_rate(config: ml_collections.ConfigDict) -> float:
-  """`config.models.dropout_rate`, 0 where the config has no such field."""
-  return float(config.models.get("dropout_rate", 0.0))
-
-
-def with_model_dropout(config: ml_collections.ConfigDict, setup: Setup) -> Setup:
-  """`setup` whose models have `config.models.dropout_rate` in their tails (`models.with_dropout`).
-
-  The FedAvg CNNs as FedMMD/FedFusion describe them (Sec. 4.1: "a fully connected layer
-  with 512 units (with a ReLU activation and random dropout)"; p = 0.2 in the authors'
-  FedFusion code): dropout after every fully connected hidden layer in local training, with
-  the step's key (`apply_model(rng=...)`, folded from the client's key, so a resumed run
-  draws the same masks); none in evaluation or in the frozen global stream (eval mode). A
-  rate of 0, or a config without the field, returns `setup` itself.
-  """
-  rate = model_dropout_rate(config)
-  if rate == 0.0:
-    return setup
-  groups = tuple(dataclasses.replace(
-      g, model=models.with_dropout(g.model, rate),
-      public_model=None if g.public_model is None else models.with_dropout(g.public_model, rate))
-      for g in setup.groups)
-  return dataclasses.replace(setup, groups=groups)
-
-
-def validate_model_dropout(config: ml_collections.ConfigDict) -> None:
-  """Checks `config.models.dropout_rate` where the config has it."""
-  if "dropout_rate" in config.models:
-    validation.check(config, "models.dropout_rate",
-                     lambda v: validation.finite_number(v) and 0 <= v < 1, "a number in [0, 1)")
-
-
 def make_fedmmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedMMD from `config.fedmmd`, `config.fedavg`, `config.local`, `config.server` (and
-  `config.models.dropout_rate`, `with_model_dropout`)."""
-  return fedavg.make_family(config, with_model_dropout(config, setup), name="fedmmd",
-                            objective_for=make_objective(config))
+  `config.models.dropout_rate`, read by `fedavg.make_family`)."""
+  return fedavg.make_family(config, setup, name="fedmmd", objective_for=make_objective(config))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -145,7 +112,6 @@ def default_config() -> ml_collections.ConfigDict:
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
   fedavg.validate_config(config)
-  validate_model_dropout(config)
   validation.require_section(config, "fedmmd")
   validation.check(config, "fedmmd.constraint", validation.choice(CONSTRAINTS),
                    f"one of {CONSTRAINTS}")

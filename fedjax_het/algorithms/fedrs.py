@@ -21,9 +21,26 @@ Deviations:
 
 Forms (`fedrs.form`): "paper" (default) is the binary present / missing
 scaling above (`losses.restricted_softmax_logits`); "count" is the FedRS
-authors' code's variant that the FCCL+ benchmark runs: class c's logit is
-scaled by alpha + (1 - alpha) n_c / max_c' n_c', with n_c the client's count of
-class c (1 for its most frequent class, alpha for a missing one).
+authors' code's variant: class c's logit is scaled by
+alpha + (1 - alpha) n_c / max_c' n_c', with n_c the client's count of class c
+(1 for its most frequent class, alpha for a missing one).
+
+FCCL+ Table XV's FedRS row is the count form (the row of
+`reports/tables.py` `fcclplus_table15` sets `fedrs.form="count"`):
+  * the benchmark repository the FCCL+ paper links (WenkeHuang/FCCL,
+    `fccl+/`) runs `--model fedrs` in `fccl+/run.sh` but ships no FedRS
+    module, so the row's own code is not public;
+  * the public FedRS code of the same group's later benchmark
+    (WenkeHuang/MarsFL, `Local/FedRSLocal.py`) scales by the class rates,
+    cdist = alpha + (1 - alpha) rate_c / max rate, as the FedRS authors' code
+    does (lxcnju/FedRepo, `algorithms/fedrs.py`);
+  * in Table XV's domain-shift scenarios (Digits, Office31) a participant
+    holds every class (Digits) or nearly every class (Office31), so the
+    present / missing form is FedAvg or nearly so, while the paper's FedRS row
+    (Digits 63.97 / 81.65) is far from its FedAvg row (75.54 / 90.05).
+  Both codes multiply the scale into features @ W^T, i.e. their training
+  logits carry no classifier bias; here the bias stays and is scaled too (see
+  Deviations).
 
 Reference: X.-C. Li, D.-C. Zhan. FedRS: Federated Learning with Restricted
 Softmax for Label Distribution Non-IID Data. ACM SIGKDD 2021, pp. 995-1005.

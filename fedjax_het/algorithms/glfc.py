@@ -62,18 +62,34 @@ The old model (L_RD), `glfc.old_model`:
     distils from it.
 
 Per-client state (`ClientState`, client axis leading, K_max = all clients of
-the stream; only the sampled clients' rows change in a round):
+the stream; only the sampled clients' rows change in a round, every joined
+client's with `glfc.update_all_clients`):
   * `memory`: the exemplar memory (`cil.exemplars.ExemplarMemory`). Its
     "images" are the exemplars' POOL INDICES, 4 bytes each (an int32 bitcast
     to uint8 (4,), `encode_pool_indices`), not the 3072-byte images: every
     exemplar is an image of the stream's pool, so this is exact, and the
     memories cost K_max * M * 4 bytes (paper: 120 * 2000 * 4 = 0.96 MB)
     instead of 737 MB on the device and in every checkpoint.
-  * `entropy`: the entropy of the last round the client was sampled in (the
-    code's `last_entropy`, 0 at the start).
+  * `entropy`: the entropy of the last round the client was sampled in (with
+    `glfc.update_all_clients`: of the last round; the code's `last_entropy`,
+    0 at the start).
   * `task` / `last_task`: the task of the data the client last trained on, and
-    of the data before that (-1: none). The classes to store at a transition
-    are those of `last_task` that the client does not hold now.
+    of the data before that (-1: none): rows of the stream's per-task arrays.
+    The classes to store at a transition are those of `last_task` that the
+    client does not hold now.
+
+Client roles (`scenario.client_roles`, `cil.stream.CLIENT_ROLES`): on the
+default "per_task" stream the old / in-between / new groups are drawn once
+per task (the code) and a client holds row `task` of the per-task arrays. On
+a "per_round" stream (GLFC Sec. 3: "we randomly determine {S_o, S_b, S_n} at
+each global round, and S_n are irregularly added at any global round";
+`cil.stream.draw_round_roles` states the reading) a client holds row
+`cil.stream.client_tasks(...)[client]` at each round: an old client its
+latest earlier task's data, an in-between or new client its current task's
+data; the cohort is sampled among the clients joined by the round, and the
+round also reports the cohort's roles ("glfc/roles/{old,in_between,new}").
+Everything else (entropy rule, exemplars, prototypes) reads the client's
+row, so the same round serves both.
 
 The entropy rule is checked against the stream: every round reports, over the
 sampled clients, `glfc/transitions/true` (the client's classes changed since
@@ -87,10 +103,28 @@ Deviations from the authors' code (the proxy's are listed in `cil.proxy`):
     classes are non-empty, grouping by those classes). It differs only for a
     client that kept an old task's data: the code counts those current
     samples as "new", here they are "old".
-  * Only sampled clients update their memory and entropy (the code also runs
-    `update_new_set` for every non-sampled client each round,
-    `participant_exemplar_storing`); a client not sampled at a task change
-    detects it the next time it is sampled.
+  * By default only sampled clients update their memory and entropy; a
+    client not sampled at a task change detects it the next time it is
+    sampled. `glfc.update_all_clients = True` follows the paper (Sec. 4.3:
+    "all clients are required to compute the average entropy ... at the
+    beginning of each global round, and follow iCaRL to update their
+    exemplar memory") and the code (`participant_exemplar_storing` runs
+    `beforeTrain` + `update_new_set` for every non-sampled client each
+    round): every joined client runs step 1-2 above with the round's
+    received global model (the model before aggregation, as the code's
+    `model_g` at that point), so a non-sampled client's entropy, transition
+    state and exemplars follow the stream round by round; when it is sampled
+    later its entropy has already risen, so it does not signal then (as in
+    the code). The sampled clients' results are unchanged. Cost: one
+    `prepare` (a forward pass over the client's data, herding at a
+    transition) for each of the K_max clients every round, run `cil.
+    clients_per_round` clients at a time (`map_clients_in_groups`: the
+    memory of one cohort; vmapped within a group unless `cil.client_loop`
+    is "map"); not-yet-joined clients are skipped. Each updated unsampled
+    client receives the global model (counted in "train/server/bytes_down").
+    Extra metrics:
+    "glfc/unsampled/updated" (non-sampled clients updated) and
+    "glfc/unsampled/detected" (transitions they detected).
   * Herding runs over the client's own previous data (the code: every
     training image of the class; the same with the default "overlap" data).
 
@@ -143,6 +177,7 @@ def glfc_section() -> ml_collections.ConfigDict:
       "gc_weight": 0.5,                              # lambda_1 of Eq. 6 (from task 1 on)
       "rd_weight": 0.5,                              # lambda_2 of Eq. 6 (from task 1 on)
       "first_task_gc_weight": 1.0,                   # L_GC's weight without an old model
+      "update_all_clients": False,                   # True: every joined client, every round
       "proxy": proxy_lib.proxy_section(),            # the proxy server (cil.proxy)
   })
 
@@ -158,6 +193,8 @@ def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "glfc.old_model", v.choice(OLD_MODELS), f"one of {OLD_MODELS}")
   v.check(config, "glfc.use_gradient_compensation", v.is_bool, "True or False")
   v.check(config, "glfc.use_relation_distillation", v.is_bool, "True or False")
+  if "update_all_clients" in config.glfc:
+    v.check(config, "glfc.update_all_clients", v.is_bool, "True or False")
   for name in ("gc_weight", "rd_weight", "first_task_gc_weight"):
     v.check(config, f"glfc.{name}",
             lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0,
@@ -193,6 +230,7 @@ class GLFCSettings:
   gc_weight: float = 0.5
   rd_weight: float = 0.5
   first_task_gc_weight: float = 1.0
+  update_all_clients: bool = False   # every joined client updates memory and entropy each round
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
@@ -208,7 +246,8 @@ class GLFCSettings:
                gradient_compensation=bool(config.glfc.use_gradient_compensation),
                relation_distillation=bool(config.glfc.use_relation_distillation),
                gc_weight=float(config.glfc.gc_weight), rd_weight=float(config.glfc.rd_weight),
-               first_task_gc_weight=float(config.glfc.first_task_gc_weight))
+               first_task_gc_weight=float(config.glfc.first_task_gc_weight),
+               update_all_clients=bool(config.glfc.get("update_all_clients", False)))
 
 
 def encode_pool_indices(indices: jax.Array) -> jax.Array:
@@ -292,15 +331,19 @@ def replay_rows(rows: jax.Array, size: jax.Array, memory: exemplars.ExemplarMemo
 
 
 def replay_cohort(key: jax.Array, client_states: Any, data: Any, task: jax.Array, m: int,
-                  client_map: Any, prepare: Any) -> tuple[Any, Any, jax.Array, GroupData, Any]:
+                  client_map: Any, prepare: Any, *, joined: jax.Array | None = None
+                  ) -> tuple[Any, Any, jax.Array, GroupData, Any]:
   """Samples a round's cohort and builds its training data (GLFC, iCaRL + FL).
 
   `prepare(client_state, client_id) -> (new client state, train_rows (n,),
   train_size, extra)` runs for each of the `m` clients sampled among those
-  joined by `task` (`client_map`). Returns (clients, their new states, their
+  joined by `task` (`client_map`; `joined` (K,) bool overrides the
+  candidates, e.g. the clients present at a round of a "per_round" stream,
+  `cil.stream.client_tasks`). Returns (clients, their new states, their
   train rows (m, n), the cohort's `GroupData` gathered from the pool, extra).
   """
-  clients = cohort.sample_cohort(key, data.client_joined[task], m)
+  candidates = data.client_joined[task] if joined is None else joined
+  clients = cohort.sample_cohort(key, candidates, m)
   updated, train_rows, sizes, extra = client_map(
       prepare, (cohort.gather(client_states, clients), clients))
   members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
@@ -400,6 +443,28 @@ def make_replay_training(settings: Any, loss_fn: local.LocalLossFn, model: Any, 
   return preprocess, trainer, forward, client_map
 
 
+def _state_and_detected(prepared: tuple[Any, ...]) -> tuple[ClientState, jax.Array]:
+  new_client, _, _, flags = prepared
+  return new_client, flags["detected"]
+
+
+def map_clients_in_groups(f: Any, client_states: Any, num_clients: int, group: int,
+                          client_map: Any) -> Any:
+  """`f(client_state, client_id)` for every client 0..K-1, `group` clients at a time.
+
+  The clients are taken in groups of `group` (the cohort size: the memory of
+  one cohort's `prepare`), one group after another (`lax.map`), each group
+  through `client_map` (vmapped, or one client after another on CPU). The
+  last group is filled with clients 0, 1, ... again; their results are
+  dropped. Returns f's outputs with a leading axis K.
+  """
+  groups = -(-num_clients // group)
+  ids = (jnp.arange(groups * group, dtype=jnp.int32) % num_clients).reshape(groups, group)
+  out = jax.lax.map(lambda g: client_map(f, (cohort.gather(client_states, g), g)), ids)
+  return jax.tree_util.tree_map(lambda x: x.reshape((groups * group,) + x.shape[2:])[:num_clients],
+                                out)
+
+
 def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any,
               max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
   """GLFC's client side on the task stream as an `Algorithm` (module docstring).
@@ -415,7 +480,9 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   "glfc/exemplars" (mean stored exemplars of the cohort after the update),
   with the proxy its "proxy/..." metrics (`proxy.server_update`),
   "train/server/bytes_up" / ".../bytes_down" (the round's communication, `common`), "task",
-  "clients".
+  "clients"; on a "per_round" stream "glfc/roles/{old,in_between,new}" (the
+  cohort's roles), with `glfc.update_all_clients` "glfc/unsampled/{updated,
+  detected}" (module docstring).
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
@@ -441,17 +508,21 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       state["old_model"] = variables
     return state
 
-  def prepare(global_vars, client, client_id, task, data):
-    """Entropy, transition and memory update of ONE sampled client (before training)."""
+  def prepare(global_vars, client, client_id, task, source, data):
+    """Entropy, transition and memory update of ONE client (before training).
+
+    `source` is the row of the per-task arrays the client holds this round
+    (`cil.stream.client_tasks`: the round's task on a "per_task" stream).
+    """
     class_mask = masking.seen_class_mask((task + 1) * k, c)
-    rows = data.client_indices[task, client_id]
-    size = data.client_sizes[task, client_id]
+    rows = data.client_indices[source, client_id]
+    size = data.client_sizes[source, client_id]
     valid = jnp.arange(n_max) < size
     _, logits = forward(global_vars, data.images[rows])
     entropy = glfc_losses.mean_prediction_entropy(logits=logits, class_mask=class_mask,
                                                   mask=valid)
-    current = data.client_classes[task, client_id]
-    moved = client.task != task
+    current = data.client_classes[source, client_id]
+    moved = client.task != source
     last_task = jnp.where(moved, client.task, client.last_task)
     before = data.client_classes[jnp.maximum(client.task, 0), client_id]
     true = (client.task >= 0) & moved & jnp.any(before != current)
@@ -473,19 +544,19 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
         max_new_classes=glfc.max_client_classes, max_per_class=glfc.max_per_class,
         distinct=glfc.distinct)
     new_client = ClientState(memory=memory, entropy=entropy.astype(jnp.float32),
-                             task=jnp.asarray(task, jnp.int32),
+                             task=jnp.asarray(source, jnp.int32),
                              last_task=last_task.astype(jnp.int32))
     train_rows, train_size = replay_rows(rows, size, memory, n_max)
     flags = {"true": true, "detected": detected, "signal": signal, "entropy": entropy}
     return new_client, train_rows, train_size, flags
 
-  def prototype_gradients(trained_vars, client_id, signal, key, task, class_mask, data,
+  def prototype_gradients(trained_vars, client_id, signal, key, source, class_mask, data,
                           encoder_vars):
     """A signalling client's shared gradients (`proxy.client_prototype_gradients`)."""
-    (classes,) = jnp.nonzero(data.client_classes[task, client_id], size=slots, fill_value=-1)
+    (classes,) = jnp.nonzero(data.client_classes[source, client_id], size=slots, fill_value=-1)
     classes = classes.astype(jnp.int32)
-    rows = data.client_indices[task, client_id]
-    valid = jnp.arange(n_max) < data.client_sizes[task, client_id]
+    rows = data.client_indices[source, client_id]
+    valid = jnp.arange(n_max) < data.client_sizes[source, client_id]
 
     def share(_):
       return proxy_lib.client_prototype_gradients(
@@ -504,10 +575,33 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   def round_fn(state, data, key, round_index):
     sample_key, train_key, share_key, proxy_key = jax.random.split(key, 4)
     task = task_of_round(round_index, settings)
+    sources = cil_stream.client_tasks(data, round_index, settings)   # (K,), -1: absent
     server = state["server"]
     clients, updated, _, members, flags = replay_cohort(
         sample_key, state["clients"], data, task, m, client_map,
-        lambda cs, cid: prepare(server, cs, cid, task, data))
+        lambda cs, cid: prepare(server, cs, cid, task, sources[cid], data),
+        joined=sources >= 0)
+    client_states = state["clients"]
+    extra_metrics = {}
+    unsampled = jnp.zeros((), jnp.float32)   # clients receiving the model without training
+    if glfc.update_all_clients:  # the code's participant_exemplar_storing, every client
+      num_clients = sources.shape[0]
+      others = (sources >= 0) & ~jnp.zeros((num_clients,), bool).at[clients].set(True)
+      everyone, detected_all = map_clients_in_groups(
+          lambda cs, cid: _state_and_detected(prepare(server, cs, cid, task,
+                                                      jnp.maximum(sources[cid], 0), data)),
+          client_states, num_clients, m, client_map)
+      client_states = jax.tree_util.tree_map(
+          lambda new, old: jnp.where(others.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+          everyone, client_states)
+      extra_metrics["glfc/unsampled/updated"] = jnp.sum(others).astype(jnp.int32)
+      unsampled = jnp.sum(others.astype(jnp.float32))
+      extra_metrics["glfc/unsampled/detected"] = jnp.sum(others & detected_all).astype(
+          jnp.int32)
+    roles = cil_stream.client_roles(data, round_index)
+    if roles is not None:  # the cohort's roles on a "per_round" stream
+      for code, name in enumerate(cil_stream.ROLE_NAMES[1:], start=1):
+        extra_metrics[f"glfc/roles/{name}"] = jnp.sum(roles[clients] == code).astype(jnp.int32)
     class_mask = masking.seen_class_mask((task + 1) * k, c)
     has_memory = updated.memory.num_seen > 0
     signal = flags["signal"]
@@ -543,15 +637,15 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
         "glfc/signals": jnp.sum(signal).astype(jnp.int32),
         "glfc/distilling": jnp.sum(use_old).astype(jnp.int32),
         "glfc/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "task": task, "clients": clients}
+        "task": task, "clients": clients, **extra_metrics}
     new_state = {"server": new_server,
-                 "clients": cohort.scatter(state["clients"], clients, updated)}
+                 "clients": cohort.scatter(client_states, clients, updated)}
     if use_proxy:
       encoder_vars = state["proxy"].encoder
       gradients, valid, classes = client_map(
-          lambda tv, cid, sig, kk: prototype_gradients(tv, cid, sig, kk, task, class_mask,
-                                                       data, encoder_vars),
-          (trained, clients, signal, client_keys(share_key, clients)))
+          lambda tv, cid, sig, kk, src: prototype_gradients(tv, cid, sig, kk, src, class_mask,
+                                                            data, encoder_vars),
+          (trained, clients, signal, client_keys(share_key, clients), sources[clients]))
       pool = jax.tree_util.tree_map(lambda g: g.reshape((m * slots,) + g.shape[2:]),
                                     gradients)
       new_state["proxy"], proxy_metrics = proxy_lib.server_update(
@@ -565,10 +659,12 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       new_state["old_model"] = old_model
       shared = 0.0
     # Communication: the cohort's models (and the prototype gradients for the proxy) up; the
-    # global model, and the old model of L_RD to every client distilling from it, down.
+    # global model, and the old model of L_RD to every client distilling from it, down (with
+    # glfc.update_all_clients the global model also to every unsampled client it updates).
     model_size = common.tree_bytes(server)
     metrics.update(common.stream_bytes(
-        m * model_size + shared, model_size * (m + jnp.sum(use_old.astype(jnp.float32)))))
+        m * model_size + shared,
+        model_size * (m + unsampled + jnp.sum(use_old.astype(jnp.float32)))))
     return new_state, metrics
 
   def evaluate(state, test):

@@ -13,7 +13,9 @@ client data:
      noise gamma * N(0, sigma^2)) and shares only the gradient of the fixed,
      untrained LeNet encoder Gamma at the perturbed image
      (`prototype_gradient`).
-  2. Proxy side (`server_update`): when the round's pool of gradients is not
+  2. Proxy side (`server_update`): with `glfc.proxy.shuffle_gradients` (see
+     "The gradient pool's order" below) the proxy first shuffles the round's
+     received gradients (`shuffle_pool`). When the round's pool of gradients is not
      empty (`glfc.proxy.rebuild = "any_gradients"`, the code; or, with
      "new_classes", the paper's text: when it holds gradients of classes the
      proxy has never reconstructed, and from those only), it infers each label from the sign of the last-layer gradient
@@ -30,6 +32,28 @@ client data:
      a client that signals a transition distils from Theta_t, the others from
      Theta_{t-1} [GLFC Sec. 4.2, "Selection of The Best Old Model"; the code's
      `model_back` and `GLFC.train`].
+
+The gradient pool's order (`glfc.proxy.shuffle_gradients`): GLFC Sec. 4.2:
+"S_P randomly shuffles all received gradients from selected clients of this
+global round to construct a gradient pool ... This shuffling operation
+prevents S_P from tracking certain selected clients by remarking special
+gradient distributions". Unshuffled, the pool is laid out client by client
+(slot i * S + j: the j-th class slot of the i-th sampled client, clients in
+ascending id), so a slot's position names the client that sent it. With
+`shuffle_gradients = True`, `server_update` first permutes the pool (the
+gradients, their validity and the diagnostic true labels alike) by a
+uniformly random permutation drawn from its round key (`shuffle_pool`), and
+everything after it (label inference, which gradients are used, the
+reconstructions, the monitor set) sees only the shuffled pool. The
+permutation is not kept in the proxy's state. Numbers: every gradient's
+label, whether it is used, and the monitor accuracy as a function of the
+monitor SET are order-invariant, but the N(0, 1) dummy images are drawn per
+pool slot (`gradient_inversion.reconstruct_batch` splits the key by slot),
+so a shuffled pool pairs each gradient with another dummy draw: the same
+distribution, other reconstructions and other monitor accuracies. The
+default is therefore False (the recorded and pinned runs; the authors' code
+does not shuffle: `ProxyServer.reconstruction` walks `pool_grad` label by label
+in arrival order); True is the paper's privacy protocol.
 
 State (`ProxyState`): the encoder's variables (fixed; drawn once from the run
 key with the encoder's U(-0.5, 0.5) init), the two best models with their
@@ -97,6 +121,9 @@ LINESEARCHES = ("zoom", "none")
 #: gradients of classes it has never reconstructed (the paper's "gradients of new classes").
 REBUILDS = ("any_gradients", "new_classes")
 PERTURBATION_LOSSES = ("bce", "ce")
+#: `server_update` shuffles the pool with `jax.random.fold_in(key, SHUFFLE_KEY_DATA)` (the
+#: dummy images use `key` itself, so they do not change with the switch).
+SHUFFLE_KEY_DATA = 1
 
 
 def proxy_section() -> ml_collections.ConfigDict:
@@ -111,6 +138,7 @@ def proxy_section() -> ml_collections.ConfigDict:
       "noise_gamma": glfc_losses.PROTOTYPE_NOISE_SCALE,  # gamma of Eq. 10 (0: the code)
       "perturbation_loss": "bce",                        # "bce" (code) or "ce" (paper's D_CE)
       "rebuild": "any_gradients",                        # or "new_classes" (paper's text)
+      "shuffle_gradients": False,                        # True: shuffle the pool (paper)
   })
 
 
@@ -135,6 +163,8 @@ def validate_proxy_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "glfc.proxy.perturbation_loss", v.choice(PERTURBATION_LOSSES),
           f"one of {PERTURBATION_LOSSES}")
   v.check(config, "glfc.proxy.rebuild", v.choice(REBUILDS), f"one of {REBUILDS}")
+  if "shuffle_gradients" in config.glfc.proxy:
+    v.check(config, "glfc.proxy.shuffle_gradients", v.is_bool, "True or False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +179,7 @@ class ProxySettings:
   noise_gamma: float = glfc_losses.PROTOTYPE_NOISE_SCALE
   perturbation_loss: str = "bce"
   rebuild: str = "any_gradients"
+  shuffle_gradients: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ProxySettings":
@@ -158,7 +189,8 @@ class ProxySettings:
                monitor_images=int(p.monitor_images),
                perturbation_steps=int(p.perturbation_steps),
                perturbation_lr=float(p.perturbation_lr), noise_gamma=float(p.noise_gamma),
-               perturbation_loss=p.perturbation_loss, rebuild=p.rebuild)
+               perturbation_loss=p.perturbation_loss, rebuild=p.rebuild,
+               shuffle_gradients=bool(p.get("shuffle_gradients", False)))
 
 
 class ProxyState(NamedTuple):
@@ -254,6 +286,25 @@ def client_prototype_gradients(model: Any, variables: Any, encoder: Any, encoder
   return jax.vmap(one)(classes, keys)
 
 
+def shuffle_pool(key: jax.Array, gradients: Any, gradient_valid: jax.Array,
+                 true_labels: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+  """The round's gradient pool in a uniformly random order (GLFC Sec. 4.2; module docstring).
+
+  Args:
+    key: the permutation's PRNG key (drawn from the round's key).
+    gradients: the pool, an encoder params tree with a leading P axis.
+    gradient_valid: (P,) bool; true_labels: (P,) int32.
+
+  Returns:
+    (gradients, gradient_valid, true_labels) permuted alike, and the
+    permutation (P,) int32: new slot i holds old slot permutation[i].
+  """
+  permutation = jax.random.permutation(key, gradient_valid.shape[0]).astype(jnp.int32)
+  take = lambda x: jnp.take(x, permutation, axis=0)  # noqa: E731
+  return (jax.tree_util.tree_map(take, gradients), take(gradient_valid), take(true_labels),
+          permutation)
+
+
 def monitor_accuracy(logits: jax.Array, labels: jax.Array, valid: jax.Array,
                      class_mask: jax.Array) -> jax.Array:
   """Top-1 accuracy (fraction) over the valid monitor images, seen classes only."""
@@ -275,7 +326,8 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
     gradient_valid: (P,) bool: the slot holds a shared gradient.
     true_labels: (P,) the classes the clients shared (diagnostics only: the
       proxy infers the labels from the gradients).
-    key: PRNG key of the dummy images.
+    key: PRNG key of the dummy images (and, folded with `SHUFFLE_KEY_DATA`,
+      of the pool's shuffle).
     class_mask: (C,) bool seen classes (monitor predictions span them).
     encoder: the LeNet encoder module.
     forward: eval-mode forward of the classification model (uint8 images).
@@ -290,6 +342,9 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
     the new global's accuracy on the monitor set (-1 when it is empty),
     "proxy/selected" whether it became the current best.
   """
+  if proxy.shuffle_gradients:  # S_P builds its pool from the gradients in a random order
+    gradients, gradient_valid, true_labels, _ = shuffle_pool(
+        jax.random.fold_in(key, SHUFFLE_KEY_DATA), gradients, gradient_valid, true_labels)
   received = jnp.sum(gradient_valid).astype(jnp.int32)
   r = proxy.monitor_images
   labels = gi.infer_label(gradients)

@@ -15,6 +15,10 @@ trainer (`fedjax_het.train`, through `fedjax_het.stream_experiment`) reads:
   * `StreamArrays`: the stream on the device, fixed shapes for the whole
     stream, so the round compiles once: round r trains task
     t = r // rounds_per_task (`task_of_round`), picked by dynamic indexing;
+  * `scenario.client_roles` (`CLIENT_ROLES`): when the clients' roles are
+    drawn: "per_task" (default; the authors' code) or "per_round" (the
+    paper's text, `draw_round_roles`, `RoundRoleStream`); `client_tasks` is
+    the row of the per-task arrays each client trains on at a round;
   * `epoch_learning_rates`: the local learning rate of each epoch of a round;
   * `batched_class_counts` / `make_class_counts`: the per-class test counts
     every evaluation gives, restricted to the classes seen so far;
@@ -50,6 +54,20 @@ from fedjax_het.engine.optim import OPTIMIZERS
 
 SCENARIO = "class_incremental"
 CLIENT_LOOPS = ("auto", "vmap", "map")
+#: `scenario.client_roles`: the clients' roles (old / in-between / new) and classes are drawn
+#: once per task (the authors' code) or again at every global round (the paper's text);
+#: `draw_round_roles`.
+CLIENT_ROLES = ("per_task", "per_round")
+#: The methods that read a "per_round" stream's roles (`client_tasks`); the others index the
+#: per-task arrays by the round's task.
+PER_ROUND_METHODS = ("glfc",)
+#: Roles of `draw_round_roles` (`RoundRoleStream.round_roles`): not joined yet, old (S_o: no
+#: data of the current task), in-between (S_b: the current task's data and a memory of earlier
+#: tasks), new (S_n: joined during the current task, its data, no memory of earlier tasks).
+ROLE_ABSENT, ROLE_OLD, ROLE_IN_BETWEEN, ROLE_NEW = 0, 1, 2, 3
+ROLE_NAMES = ("absent", "old", "in_between", "new")
+# Random-stream code of the per-round role draw (SeedSequence([seed, _ROLES_STREAM])).
+_ROLES_STREAM = 7321
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 #: `local.lr_schedule`: the learning rate over the local epochs of a round (`epoch_learning_rates`).
 LR_SCHEDULES = ("constant", "glfc_code")
@@ -91,6 +109,7 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
           "train_size": 0,             # 0 -> all training images of the stream's classes
           "test_size": 0,              # 0 -> all test images
           "class_order": "seeded",     # or "icarl", "identity" (incremental.CLASS_ORDERS)
+          "client_roles": "per_task",  # or "per_round" (the paper's text; draw_round_roles)
       },
       "cil": {
           "rounds_per_task": 10,
@@ -165,6 +184,13 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
       v.fail("scenario.class_order", "'seeded' or 'identity' unless scenario.dataset is "
              "'cifar100' with real data ('icarl' orders the CIFAR-100 labels)",
              config.scenario.class_order)
+  if "client_roles" in config.scenario:
+    v.check(config, "scenario.client_roles", v.choice(CLIENT_ROLES), f"one of {CLIENT_ROLES}")
+    if (config.scenario.client_roles == "per_round"
+        and config.get("algorithm") not in PER_ROUND_METHODS):
+      v.fail("scenario.client_roles", f"'per_task' for config.algorithm="
+             f"{config.get('algorithm')!r} ('per_round' is read by {PER_ROUND_METHODS})",
+             config.scenario.client_roles)
   v.check(config, "cil.rounds_per_task", v.int_at_least(1), "an integer >= 1")
   v.check(config, "cil.clients_per_round",
           lambda x: v.int_at_least(1)(x) and x <= config.scenario.initial_clients,
@@ -201,20 +227,155 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
 
 
 class StreamArrays(NamedTuple):
-  """The stream on the device (a pytree; shapes fixed for the whole stream)."""
+  """The stream on the device (a pytree; shapes fixed for the whole stream).
+
+  `round_tasks` / `round_roles` are None for a "per_task" stream; for a
+  "per_round" one (`RoundRoleStream`) they say, per global round, which row
+  of the per-task arrays each client trains on and its role
+  (`draw_round_roles`; read them through `client_tasks`).
+  """
   images: Any           # (N, 32, 32, 3) uint8 pool
   labels: Any           # (N,) int32
   client_indices: Any   # (T, K_max, n_max) int32
   client_sizes: Any     # (T, K_max) int32
   client_joined: Any    # (T, K_max) bool
   client_classes: Any   # (T, K_max, C) bool (read by glfc; fedavg_cil ignores it)
+  round_tasks: Any = None   # (R, K_max) int32 per_round: the task row a client holds (-1: absent)
+  round_roles: Any = None   # (R, K_max) int32 per_round: ROLE_* of each client
 
 
 def stream_arrays(stream: incremental.ClassIncrementalStream) -> StreamArrays:
   return StreamArrays(images=stream.images, labels=stream.labels,
                       client_indices=stream.client_indices, client_sizes=stream.client_sizes,
                       client_joined=stream.client_joined,
-                      client_classes=stream.client_classes)
+                      client_classes=stream.client_classes,
+                      round_tasks=getattr(stream, "round_tasks", None),
+                      round_roles=getattr(stream, "round_roles", None))
+
+
+def draw_round_roles(*, num_tasks: int, rounds_per_task: int, initial_clients: int,
+                     new_clients_per_task: int, shift_fraction: float, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The clients' roles re-drawn at every global round (`scenario.client_roles="per_round"`).
+
+  GLFC Sec. 3: the clients of a task are old (S_o: "cannot receive the new
+  data of current task but have the exemplar memory"), in-between (S_b: "the
+  new data of current task and the exemplar memory of previous tasks") or new
+  (S_n: newly added, "the new data of current task, but ... no exemplar
+  memory"); "we randomly determine {S_o, S_b, S_n} at each global round, and
+  S_n are irregularly added at any global round". The authors' code draws the
+  groups once per task (`fl_main.py`; `scenario.client_roles="per_task"`,
+  `partition.class_incremental_tasks`). The reading here, over R = T x
+  rounds_per_task rounds (round r trains task t = r // rounds_per_task):
+
+    * Every client has one data set per task it exists in: row t of the
+      stream's per-task arrays, a random round(class_fraction x k) of task
+      t's classes drawn once per (client, task) (`build_stream` draws the
+      per-task stream with shift_fraction 1, so every client present at task
+      t gets its task-t draw). A role picks which row a client trains on.
+    * Joining at any round: the `initial_clients` join at round 0; each of
+      the `new_clients_per_task` clients that task t >= 1 adds joins at a
+      round drawn uniformly from task t's rounds, so the number of clients
+      still grows by `new_clients_per_task` per task (GLFC Sec. 5.1). From its
+      joining round to the end of task t a client is new (S_n): it holds its
+      task-t data and has no earlier task.
+    * In-between / old: the veterans of task t (clients that joined before
+      task t's first round) are re-split at every round of the task: exactly
+      round(shift_fraction x veterans) of them, drawn uniformly, are
+      in-between (S_b) and hold their task-t data; the others are old (S_o)
+      and hold the data of the latest EARLIER task in which they held new data
+      (the latest task t' < t at whose rounds they were new or in-between),
+      as the code's old clients keep their previous classes. An old client
+      thus holds no data of the current task, even where it was in-between at
+      an earlier round of the task.
+
+  Shapes stay static: every client of the stream (K_max = initial + (T-1) x
+  new) has a column from the start, absent (-1) before it joins.
+
+  Args:
+    num_tasks, rounds_per_task: T and the rounds of each task.
+    initial_clients, new_clients_per_task: as `scenario`.
+    shift_fraction: the in-between fraction of a task's veterans per round.
+    seed: the run's seed (its own random stream).
+
+  Returns:
+    (round_tasks (R, K_max) int32: the task row each client trains on, -1
+    absent; round_roles (R, K_max) int32: ROLE_*; join_rounds (K_max,) int32).
+  """
+  t_count, per_task = int(num_tasks), int(rounds_per_task)
+  k_max = int(initial_clients) + (t_count - 1) * int(new_clients_per_task)
+  rng = np.random.default_rng(np.random.SeedSequence([int(seed), _ROLES_STREAM]))
+  join = np.zeros(k_max, np.int64)
+  for t in range(1, t_count):
+    ids = initial_clients + (t - 1) * new_clients_per_task + np.arange(new_clients_per_task)
+    join[ids] = t * per_task + rng.integers(per_task, size=ids.size)
+  tasks = np.full((t_count * per_task, k_max), -1, np.int32)
+  roles = np.full((t_count * per_task, k_max), ROLE_ABSENT, np.int32)
+  last_new = np.full(k_max, -1, np.int64)   # the latest task whose data a client held
+  for t in range(t_count):
+    earlier = last_new.copy()               # as at task t's first round
+    veterans = np.nonzero(join < t * per_task)[0]
+    movers = int(round(shift_fraction * veterans.size))
+    for r in range(t * per_task, (t + 1) * per_task):
+      new = np.nonzero((join >= t * per_task) & (join <= r))[0]
+      order = veterans[rng.permutation(veterans.size)]
+      between, old = order[:movers], order[movers:]
+      tasks[r, new], roles[r, new] = t, ROLE_NEW
+      tasks[r, between], roles[r, between] = t, ROLE_IN_BETWEEN
+      tasks[r, old], roles[r, old] = earlier[old], ROLE_OLD
+      last_new[new] = t
+      last_new[between] = t
+  return tasks, roles, join.astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RoundRoleStream(incremental.ClassIncrementalStream):
+  """A class-incremental stream whose roles are re-drawn every round (`draw_round_roles`).
+
+  The per-task arrays hold every client's data of every task it exists in
+  (drawn with shift_fraction 1); `round_tasks[r, k]` is the row client k
+  trains on at round r (-1: not joined), `round_roles[r, k]` its ROLE_*,
+  `join_rounds[k]` its joining round.
+  """
+  round_tasks: np.ndarray | None = None
+  round_roles: np.ndarray | None = None
+  join_rounds: np.ndarray | None = None
+  rounds_per_task: int = 1
+
+  def __post_init__(self):
+    super().__post_init__()
+    want = (self.num_tasks * self.rounds_per_task, self.max_clients)
+    for name in ("round_tasks", "round_roles"):
+      got = np.shape(getattr(self, name))
+      if got != want:
+        raise ValueError(f"RoundRoleStream: `{name}` must have shape {want}, got {got}.")
+    rows = self.round_tasks
+    if rows.size and (rows.max() >= self.num_tasks or rows.min() < -1):
+      raise ValueError(f"RoundRoleStream: `round_tasks` must lie in [-1, {self.num_tasks}).")
+
+
+def client_tasks(data: StreamArrays, round_index: jax.Array,
+                 settings: StreamSettings) -> jax.Array:
+  """(K_max,) int32: the row of the per-task arrays each client trains on at a round (-1: absent).
+
+  "per_task" streams (`data.round_tasks` None): the round's task
+  (`task_of_round`) for the clients joined by it, -1 for the others, i.e.
+  exactly `client_joined[task]` and the task's row. "per_round" streams:
+  `round_tasks[round]` (`draw_round_roles`; clamped to the last round).
+  """
+  if data.round_tasks is None:
+    task = task_of_round(round_index, settings)
+    return jnp.where(jnp.asarray(data.client_joined)[task], task, -1).astype(jnp.int32)
+  last = data.round_tasks.shape[0] - 1
+  return jnp.asarray(data.round_tasks)[jnp.minimum(jnp.asarray(round_index, jnp.int32), last)]
+
+
+def client_roles(data: StreamArrays, round_index: jax.Array) -> jax.Array | None:
+  """(K_max,) int32 ROLE_* of every client at a round of a "per_round" stream (else None)."""
+  if data.round_roles is None:
+    return None
+  last = data.round_roles.shape[0] - 1
+  return jnp.asarray(data.round_roles)[jnp.minimum(jnp.asarray(round_index, jnp.int32), last)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,22 +548,50 @@ def make_class_counts(model: Any, mean: Any, std: Any, num_classes: int, num_tes
 
 
 def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncrementalStream:
+  """The run's stream; a `RoundRoleStream` for scenario.client_roles = "per_round".
+
+  "per_round": the per-task arrays are drawn with shift_fraction 1 (every
+  client present at a task gets its own draw of that task's classes) and
+  `scenario.shift_fraction` splits the veterans at every round instead
+  (`draw_round_roles`).
+  """
   sc = config.scenario
-  return incremental.build_class_incremental_stream(
+  per_round = sc.get("client_roles", "per_task") == "per_round"
+  stream = incremental.build_class_incremental_stream(
       sc.dataset, num_tasks=int(sc.num_tasks), num_classes=int(sc.num_classes) or None,
       initial_clients=int(sc.initial_clients), new_clients_per_task=int(sc.new_clients_per_task),
-      class_fraction=float(sc.class_fraction), shift_fraction=float(sc.shift_fraction),
+      class_fraction=float(sc.class_fraction),
+      shift_fraction=1.0 if per_round else float(sc.shift_fraction),
       client_data=sc.client_data, source=sc.source, data_dir=sc.data_dir or None,
       synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
       test_size=int(sc.test_size) or None, class_order=sc.get("class_order", "seeded"),
       seed=int(config.seed))
+  if not per_round:
+    return stream
+  rounds_per_task = int(config.cil.rounds_per_task)
+  tasks, roles, join = draw_round_roles(
+      num_tasks=int(sc.num_tasks), rounds_per_task=rounds_per_task,
+      initial_clients=int(sc.initial_clients), new_clients_per_task=int(sc.new_clients_per_task),
+      shift_fraction=float(sc.shift_fraction), seed=int(config.seed))
+  for array in (tasks, roles, join):
+    array.setflags(write=False)
+  fields = {f.name: getattr(stream, f.name) for f in dataclasses.fields(stream)}
+  return RoundRoleStream(**fields, round_tasks=tasks, round_roles=roles, join_rounds=join,
+                         rounds_per_task=rounds_per_task)
 
 
 def stream_fingerprint(stream: incremental.ClassIncrementalStream) -> str:
-  """SHA-256 over every array of the stream the run trains and evaluates on."""
+  """SHA-256 over every array of the stream the run trains and evaluates on.
+
+  A `RoundRoleStream` adds its `round_tasks` (a "per_task" stream's digest is
+  unchanged).
+  """
   digest = hashlib.sha256()
-  for name in ("images", "labels", "client_indices", "client_sizes", "client_joined",
-               "test_images", "test_labels"):
+  names = ("images", "labels", "client_indices", "client_sizes", "client_joined",
+           "test_images", "test_labels")
+  if getattr(stream, "round_tasks", None) is not None:
+    names += ("round_tasks",)
+  for name in names:
     array = np.ascontiguousarray(getattr(stream, name))
     digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
     digest.update(array.data)

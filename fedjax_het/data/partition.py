@@ -1,5 +1,5 @@
-"""Client partitioners: IID, Dirichlet label skew, shards, binary split, permuted
-pixels, and GLFC class-incremental task streams.
+"""Client partitioners: IID, Dirichlet label skew, shards, binary and contiguous class
+splits, permuted pixels, and GLFC class-incremental task streams.
 
 All are NumPy functions seeded by an explicit `np.random.Generator` (or seed),
 returning integer index arrays into the dataset, one per client (use
@@ -168,6 +168,37 @@ def binary_class_split(labels: np.ndarray, *, num_classes: int = 10,
   first = np.isin(labels, order[:num_classes // 2])
   second = np.isin(labels, order[num_classes // 2:])
   return [np.nonzero(first)[0], np.nonzero(second)[0]]
+
+
+def class_groups(labels: np.ndarray, num_clients: int) -> np.ndarray:
+  """The classes present in `labels`, in label order, cut into `num_clients` contiguous groups.
+
+  Client k of the "class_split" partitions holds every example of group k: with 2 clients on
+  10 classes FedMMD's binary split (0-4 / 5-9, Sec. 4.2.1), with 5 clients 2 classes each.
+
+  Args:
+    labels: (N,) integer labels.
+    num_clients: K >= 1, dividing the number of classes present.
+
+  Returns:
+    (K, C / K) int64 array of class ids; row k is client k's classes.
+
+  Raises:
+    ValueError: K does not divide the number of classes present.
+  """
+  labels = _check_labels(labels)
+  k = _check_positive_int("num_clients", num_clients)
+  classes = np.unique(labels).astype(np.int64)
+  if classes.size % k:
+    raise ValueError(f"`num_clients`={k} must divide the {classes.size} classes present for "
+                     "the 'class_split' partitions (2 clients: FedMMD's binary split).")
+  return classes.reshape(k, -1)
+
+
+def examples_of_classes(labels: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
+  """Per row of `groups` (K, G), the indices (in dataset order) of the examples of its classes."""
+  labels = _check_labels(labels)
+  return [np.nonzero(np.isin(labels, group))[0] for group in np.asarray(groups)]
 
 
 def client_permutation(client_index: int, *, seed: int, num_pixels: int = 32 * 32) -> np.ndarray:

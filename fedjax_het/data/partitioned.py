@@ -2,7 +2,7 @@
 
 `build_partitioned_scenario` loads a whole dataset (`scenarios.load_dataset`),
 optionally subsamples it (stratified), and splits the training pool over
-`num_clients` clients (1 to thousands) with one of five partitions:
+`num_clients` clients (1 to thousands) with one of six partitions:
 
   * "iid": a uniformly random, disjoint split into near-equal parts (sizes
     differ by at most one) [FedAvg, "IID"].
@@ -31,7 +31,20 @@ optionally subsamples it (stratified), and splits the training pool over
     contiguous groups of equal size; each client holds every example of its
     group. With 2 clients on a 10-class dataset this is FedMMD's "binary"
     non-IID split (classes 0-4 / 5-9, `partition.binary_class_split`); the
-    number of clients must divide the number of classes.
+    number of clients must divide the number of classes
+    (`partition.class_groups`).
+  * "class_split_own": the "class_split" training partition, and every
+    client has its own test set: the test images of its own classes
+    (`partition.examples_of_classes` on the test labels), its own domain
+    f"{dataset}_classes{first}-{last}" (f"{dataset}_group{k}" when the
+    group's class ids are not consecutive). A client's intra-domain accuracy
+    (`eval/intra/<client>`) is then its accuracy on the test images of the
+    classes it holds, and `eval/inter` its accuracy on the other clients'
+    classes. This is the reading of FedFusion's "artificial non-IID
+    partitions of CIFAR10" (Table 1 (a), (b)) in
+    `experiments/configs/_two_stream.py`: the authors' code builds each
+    client's test loader from the test images of its class subset
+    (`CifarData(subset=...)`).
   * "permuted": the IID split, then every image of client i (training and
     test) has its pixel positions shuffled by client i's fixed permutation
     (`partition.permuted_pixels(images, i, seed=seed)`), the "user-specific
@@ -47,8 +60,11 @@ The returned `Scenario` (see `scenarios.Scenario`):
 
   * name f"{dataset}_{partition}", num_classes of the dataset (10 for a
     synthetic substitution);
-  * iid / dirichlet / shards: domains = (dataset,) * K and test = {dataset:
-    the (subsampled) test split}, one test domain shared by all clients;
+  * iid / dirichlet / shards / class_split: domains = (dataset,) * K and
+    test = {dataset: the (subsampled) test split}, one test domain shared by
+    all clients;
+  * class_split_own: one domain per client (see above) whose test set is the
+    (subsampled) test images of the client's classes;
   * permuted: domains = (f"{dataset}_perm0", ..., f"{dataset}_perm{K-1}") and
     one permuted test split per client domain;
   * public: an empty uint8 (0, 32, 32, 3) array (sources["public"] = "none");
@@ -100,7 +116,7 @@ from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError,
 from fedjax_het.data.scenarios import Scenario, load_dataset, stratified_subsample
 
 #: The partitions of `build_partitioned_scenario`.
-PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "permuted")
+PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted")
 #: The datasets of `build_partitioned_scenario` (those `load_dataset` reads).
 PARTITION_DATASETS = ("mnist", "cifar10", "usps", "cifar100", "svhn", "fashion_mnist")
 #: How a permuted scenario's per-client test sets are made (see the module docstring).
@@ -279,13 +295,8 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str, *,
                        "split would leave clients empty; use fewer clients or a larger "
                        "`train_size`.")
     return partition_lib.iid_partition(n, k, rng)
-  if partition == "class_split":
-    classes = np.unique(labels)
-    if classes.size % k:
-      raise ValueError(f"`num_clients`={k} must divide the {classes.size} classes present for "
-                       "the 'class_split' partition (2 clients: FedMMD's binary split).")
-    groups = classes.reshape(k, -1)
-    return [np.nonzero(np.isin(labels, group))[0] for group in groups]
+  if partition in ("class_split", "class_split_own"):
+    return partition_lib.examples_of_classes(labels, partition_lib.class_groups(labels, k))
   if partition == "dirichlet":
     if k * min_size > n:
       raise ValueError(f"`num_clients`={k} x `min_size`={min_size} = {k * min_size} exceeds the "
@@ -346,6 +357,14 @@ def _load(scenario_name: str, dataset: str, source: str, data_dir, synthetic_fal
   return train, test, provenance, None
 
 
+def _class_group_domain(dataset: str, k: int, group: np.ndarray) -> str:
+  """The test domain of client k of "class_split_own" (see the module docstring)."""
+  first, last = int(group[0]), int(group[-1])
+  if last - first + 1 == len(group):
+    return f"{dataset}_classes{first}-{last}" if last > first else f"{dataset}_class{first}"
+  return f"{dataset}_group{k}"
+
+
 def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str,
                                dirichlet_alpha: float = 0.5, shards_per_client: int = 2,
                                source: str = "real", data_dir: str | os.PathLike | None = None,
@@ -357,7 +376,7 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
   Args:
     dataset: one of PARTITION_DATASETS.
     num_clients: number of clients K >= 1 (thousands are fine).
-    partition: "iid", "dirichlet", "shards" or "permuted".
+    partition: one of PARTITIONS.
     dirichlet_alpha: Dirichlet concentration (> 0) of "dirichlet".
     shards_per_client: shards per client (>= 1) of "shards".
     source: "real" (offline bundle), "tfds", "folder:<path>" or (mnist, usps,
@@ -450,6 +469,16 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
              for i, (d, t) in enumerate(zip(domains, test_parts))}
     provenance += (f"; pixels permuted per client (partition.client_permutation, seed={seed}); "
                    f"test {permuted_test}")
+  elif partition == "class_split_own":
+    groups = partition_lib.class_groups(train.labels, num_clients)
+    domains = tuple(_class_group_domain(dataset, k, group) for k, group in enumerate(groups))
+    own = partition_lib.examples_of_classes(test.labels, groups)
+    for domain, idx in zip(domains, own):
+      if not idx.size:
+        raise ValueError(f"partition='class_split_own': the test set has no image of the classes "
+                         f"of client {domain!r}; use a larger `test_size` (or None).")
+    tests = {d: test.take(idx) for d, idx in zip(domains, own)}
+    provenance += "; test per client: the test images of its own classes"
   else:
     domains = (dataset,) * num_clients
     tests = {dataset: test}

@@ -29,7 +29,8 @@ from fedjax_het.reports import common
 
 #: Row labels of GLFC Table 1's methods.
 METHOD_LABELS = {"fedavg_cil": "FedAvg (fine-tuning)", "glfc": "GLFC", "icarl_fl": "iCaRL + FL",
-                 "ssil_fl": "SS-IL + FL", "bic_fl": "BiC + FL", "podnet_fl": "PODNet + FL"}
+                 "ssil_fl": "SS-IL + FL", "bic_fl": "BiC + FL", "podnet_fl": "PODNet + FL",
+                 "dde_icarl_fl": "DDE + iCaRL + FL", "geodl_icarl_fl": "GeoDL + iCaRL + FL"}
 
 
 def method_label(config: Any) -> str:

@@ -44,8 +44,9 @@ run_table = functools.partial(common.results_table, kinds=("accuracy",))
 
 KIND_TEXT = {
     "accuracy": "global test accuracy (eval/accuracy/mean)",
-    "intra": "the global model's accuracy averaged over the clients' permuted test splits "
-             "(eval/intra/mean)",
+    "intra": "the mean over the clients of the accuracy on their own test domain "
+             "(eval/intra/mean): the global model on the permuted test splits, each client's "
+             "local model on its own classes' test images (classes5, classes2)",
 }
 
 
