@@ -96,15 +96,10 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import cil_replay, common
-from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms import icarl_fl
-from fedjax_het.cil import masking
+from fedjax_het.algorithms import cil_replay, icarl_fl
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.cil.stream import epoch_learning_rates, task_of_round
-from fedjax_het.engine import aggregation, cohort, local
+from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import client_keys
 from fedjax_het.losses import geodesic as geodesic_losses
 from fedjax_het.losses import glfc as glfc_losses
 
@@ -192,86 +187,12 @@ def make_geodl_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model:
   (iCaRL + FL's: the models and NME statistics up, the global model twice
   down, and from task 1 on the old model too), "task", "clients".
   """
-  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
-  n_max, mem = int(max_client_size), replay.memory_size
   dim = resolve_subspace_dim(subspace_dim, settings.batch_size, model.feature_dim)
-  _, trainer, forward, client_map = glfc_lib.make_replay_training(
-      settings, geodl_icarl_local_loss(model, subspace_dim=dim), model, mean, std, n_max + mem,
-      eval_batch_size)
-
-  def init(key, data):
-    variables = models.init_variables(model, key)
-    features = jax.eval_shape(lambda x: forward(variables, x)[0], data.images[:1])
-    return {"server": variables, "old_model": variables,
-            "clients": cil_replay.init_client_state(data.client_joined.shape[1], mem),
-            "class_sums": jnp.zeros((c, features.shape[-1]), jnp.float32),
-            "class_counts": jnp.zeros((c,), jnp.int32)}
-
-  def prepare(global_vars, client, client_id, task, data):
-    """Transition and memory update of ONE sampled client (before training)."""
-    new_client, transition = cil_replay.update_client(
-        replay, forward, global_vars, client, client_id, task, data, n_max=n_max, num_classes=c)
-    rows, size = glfc_lib.replay_rows(data.client_indices[task, client_id],
-                                      data.client_sizes[task, client_id], new_client.memory,
-                                      n_max)
-    return new_client, rows, size, transition
-
-  def class_statistics(variables, rows, size, data):
-    """One client's NME statistics under `variables` over its training set."""
-    features, _ = forward(variables, data.images[rows])
-    valid = jnp.arange(rows.shape[0]) < size
-    return icarl_fl.class_feature_sums(features, data.labels[rows], valid, c)
-
-  def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server = state["server"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
-    clients, updated, train_rows, members, transitions = glfc_lib.replay_cohort(
-        sample_key, state["clients"], data, task, m, client_map,
-        lambda cs, cid: prepare(server, cs, cid, task, data))
-    lam = distillation_weight(task, weight, adaptive_weight)
-    aux = {"class_mask": jnp.broadcast_to(masking.seen_class_mask((task + 1) * k, c), (m, c)),
-           "old_model": aggregation.broadcast(old_model, m),
-           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
-           "weight": jnp.broadcast_to(lam, (m,))}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
-
-    sums, counts = client_map(lambda r, n: class_statistics(new_server, r, n, data),
-                              (train_rows, members.sizes))
-    sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
-    reported = counts > 0
-    class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
-    class_counts = jnp.where(reported, counts, state["class_counts"])
-    model_size = common.tree_bytes(server)
-    statistics_size = common.tree_bytes((state["class_sums"], state["class_counts"]))
-    metrics = {
-        "train/loss": jnp.mean(local_metrics["loss"]),
-        "train/icarl": jnp.mean(local_metrics["icarl"]),
-        "train/geodl": jnp.mean(local_metrics["geodl"]),
-        "geodl/weight": lam,
-        "geodl/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "geodl/transitions": jnp.sum(transitions).astype(jnp.int32),
-        "geodl/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
-        **common.stream_bytes(m * (model_size + statistics_size),
-                              m * model_size * (2.0 + (task > 0))),
-        "task": task, "clients": clients}
-    return ({"server": new_server, "old_model": old_model,
-             "clients": cohort.scatter(state["clients"], clients, updated),
-             "class_sums": class_sums, "class_counts": class_counts}, metrics)
-
-  def evaluate(state, test):
-    images, labels, num_seen = test
-    counts = icarl_fl.make_nme_counts(model, mean, std, c, labels.shape[0], eval_batch_size)
-    return counts(state["server"], state["class_sums"], state["class_counts"], images, labels,
-                  num_seen)
-
-  return Algorithm(name="geodl_icarl_fl", init=init, round=round_fn, evaluate=evaluate)
+  return icarl_fl.make_icarl_fl(
+      settings, replay, model, mean, std, max_client_size, eval_batch_size=eval_batch_size,
+      local_loss=geodl_icarl_local_loss(model, subspace_dim=dim),
+      task_aux=lambda task: {"weight": distillation_weight(task, weight, adaptive_weight)},
+      name="geodl_icarl_fl", metric_prefix="geodl")
 
 
 def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Algorithm:

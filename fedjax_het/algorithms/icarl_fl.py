@@ -74,6 +74,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -196,7 +197,10 @@ def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test:
 
 
 def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, mean: Any, std: Any,
-                  max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
+                  max_client_size: int, *, eval_batch_size: int = 500,
+                  local_loss: local.LocalLossFn | None = None,
+                  task_aux: Callable[[jax.Array], dict[str, jax.Array]] | None = None,
+                  name: str = "icarl_fl", metric_prefix: str = "icarl") -> Algorithm:
   """iCaRL + FL on the task stream as an `Algorithm` (module docstring).
 
   `settings` is the run's `cil.stream.StreamSettings`. State: {"server":
@@ -213,11 +217,17 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
   (C, D) float32 and (C,) int32), "task", "clients". `evaluate(state, (test_images,
   test_labels, num_seen))` gives the NME classifier's per-class (correct, total,
   predicted) counts.
+
+  A method built on iCaRL + FL (GeoDL + iCaRL + FL) passes its own `local_loss` (default
+  `icarl_local_loss`), `task_aux(task)`: extra per-client aux entries of the round's task
+  (scalars, broadcast to the cohort), its `name` and its `metric_prefix` (the
+  "icarl/..." metrics above); the loss's own metrics are logged as "train/<name>".
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), icarl.memory_size
   _, trainer, forward, client_map = glfc_lib.make_replay_training(
-      settings, icarl_local_loss(model), model, mean, std, n_max + mem, eval_batch_size)
+      settings, local_loss or icarl_local_loss(model), model, mean, std, n_max + mem,
+      eval_batch_size)
 
   def init(key, data):
     num_clients = data.client_joined.shape[1]
@@ -253,9 +263,11 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
         sample_key, state["clients"], data, task, m, client_map,
         lambda cs, cid: prepare(server, cs, cid, task, data))
     class_mask = masking.seen_class_mask((task + 1) * k, c)
+    extra = {} if task_aux is None else task_aux(task)
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
            "old_model": aggregation.broadcast(old_model, m),
-           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32)}
+           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
+           **{key: jnp.broadcast_to(value, (m,)) for key, value in extra.items()}}
     trained, local_metrics = local.train_clients(
         trainer, aggregation.broadcast(server, m), aux, members,
         client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
@@ -271,11 +283,16 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
     class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
     class_counts = jnp.where(reported, counts, state["class_counts"])
 
+    prefix = metric_prefix
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
-        "icarl/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "icarl/transitions": jnp.sum(transitions).astype(jnp.int32),
-        "icarl/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
+        **{f"train/{key}": jnp.mean(value) for key, value in local_metrics.items()
+           if key != "loss"},
+        **{f"{prefix}/{key}": value for key, value in extra.items()},
+        f"{prefix}/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(
+            jnp.float32)),
+        f"{prefix}/transitions": jnp.sum(transitions).astype(jnp.int32),
+        f"{prefix}/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
         **common.stream_bytes(m * (model_size + statistics_size),
                               m * model_size * (2.0 + (task > 0))),
         "task": task, "clients": clients}
@@ -289,7 +306,7 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
     return counts(state["server"], state["class_sums"], state["class_counts"], images, labels,
                   num_seen)
 
-  return Algorithm(name="icarl_fl", init=init, round=round_fn, evaluate=evaluate)
+  return Algorithm(name=name, init=init, round=round_fn, evaluate=evaluate)
 
 
 #: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
