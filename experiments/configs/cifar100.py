@@ -111,20 +111,15 @@ in-between / new clients re-drawn at every global round, new clients joining at 
 of their task; fedjax_het.cil.stream.draw_round_roles), --config.glfc.update_all_clients=True
 (every joined client updates its entropy and exemplar memory every round, Sec. 4.3) and
 --config.glfc.proxy.shuffle_gradients=True (the proxy shuffles the round's gradient pool,
-Sec. 4.2; other dummy draws, so other numbers). Quick runs on the bundle, seed 0 (accuracy after tasks 1-4, Avg.,
-forgetting): glfc_quick 30.4 / 23.8 / 9.7 / 14.7, 19.7, 27.7; without the proxy 30.4 /
-24.6 / 15.1 / 16.9, 21.7, 20.0; rebuild=new_classes 30.4 / 23.8 / 10.4 / 13.7, 19.6;
-icarl_fl_quick 41.6 / 30.0 / 20.5 / 22.7, 28.7, 16.4; fedavg_cil_quick 32.4 / 26.6 / 9.2
-/ 11.2, 19.9, 37.7 (experiments/cil_benchmark.py). glfc_quick: the
-fedavg_cil_quick stream and model with a memory of 90 images per client, local lr 0.5,
+Sec. 4.2; other dummy draws, so other numbers). The quick cells of GLFC Table 1 over 3 seeds
+are in docs/results.md (python experiments/reproduce.py --table=glfc_table1 --scale=quick).
+glfc_quick: the fedavg_cil_quick stream and model with a memory of 90 images per client,
+local lr 0.5 (with GLFC's lr 2.0 this small simple_cnn stays at chance after task 0),
 transitions read from the stream, and 600 reconstruction iterations (CPU time; 20-27 dB
-after 1000 on CIFAR-100 images). Measured on the bundle (2-core CPU, before the proxy and
-the lr schedule existed): with GLFC's lr
-2.0 the simple_cnn stayed at chance after task 0 (20.0 on 5 classes; lr 0.5: 30.4), and
-with lr 0.5 the entropy rule (glfc.transition="entropy", r_h = 1.2) fired at 0 of the 15
-true transitions of sampled clients: this weak 5-classes-per-task model's entropy on its
-own data stays near 0.9-1.6 (log 5 = 1.61), so the rise to the next task stays below 1.2
-(the rule is calibrated for a trained ResNet-18 and 10 classes per task). The quick
+after 1000 on CIFAR-100 images). The entropy rule (glfc.transition="entropy", r_h = 1.2)
+is calibrated for a trained ResNet-18 and 10 classes per task: this weak
+5-classes-per-task model's entropy on its own data stays near 0.9-1.6 (log 5 = 1.61), so
+the rise to the next task stays below 1.2 and the rule misses the transitions; the quick
 variant therefore takes transitions from the stream so that the exemplar memory is
 exercised; --config.glfc.transition=entropy restores the rule (metrics.jsonl reports
 glfc/transitions/{true,detected,hit,false} either way).
