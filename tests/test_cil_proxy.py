@@ -203,7 +203,7 @@ def _settings(**overrides):
   return tiny_settings(**{"batch_size": 16, **overrides})
 
 
-@pytest.mark.parametrize("sequential", [False, True])
+@pytest.mark.parametrize("sequential", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, sequential):
   model = TinyLinear(num_classes=stream.num_classes)
   algorithm = glfc_lib.make_glfc(_settings(sequential=sequential), _glfc_with_proxy(stream),
