@@ -615,15 +615,16 @@ def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path
     runs.append({"pid": process.pid, "rc": process.returncode,
                  "rounds_logged": len(re.findall(r"\bround \d+/\d+\b", err)),
                  "refusals": refusals, "last_stderr_line": lines[-1][:300] if lines else "",
+                 "resumed_final": (f"resumed from the checkpoint of round {args.num_rounds} "
+                                   in err),
                  "stderr_lines": len(lines), "warnings": warning_lines(err)})
   problems = []
   trained = [r for r in runs if r["rc"] == 0]
   refused = [r for r in runs if r["rc"] != 0]
   # The second start came after the first run finished: a rerun of a finished run, which
   # resumes from its last checkpoint, trains nothing and exits 0.
-  second_err = (root / f"{name}_1.err").read_text(errors="replace")
   after_finish = (len(trained) == 2 and runs[1]["rounds_logged"] == 0 and not runs[1]["refusals"]
-                  and f"resumed from the checkpoint of round {args.num_rounds} " in second_err)
+                  and runs[1]["resumed_final"])
   if after_finish:
     if runs[0]["rounds_logged"] != args.num_rounds:
       problems.append(f"the training process logged {runs[0]['rounds_logged']} rounds")
