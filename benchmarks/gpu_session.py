@@ -53,11 +53,12 @@ STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table")
 LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
 TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
 #: XLA flag sets the `flags` step compares on EfficientNet-B0's "gemm_taps" step (each added to
-#: the library's default): the autotuner without its buffer initialisation and correctness
-#: checks, the whole scan captured as one CUDA graph (a while loop in a command buffer), and no
+#: the library's default): no autotuning (each GEMM and convolution takes its library's
+#: first algorithm), the autotuner without its buffer initialisation and correctness checks, the whole scan captured as one CUDA graph (a while loop in a command buffer), and no
 #: command buffers at all (every kernel launched on its own).
 FLAG_SETS = {
     "default": "",
+    "autotune_level_0": "--xla_gpu_autotune_level=0",
     "autotune_level_1": "--xla_gpu_autotune_level=1",
     "command_buffer_while": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN,"
                              "CUSTOM_CALL,WHILE,CONDITIONAL"),
