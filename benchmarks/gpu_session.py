@@ -9,7 +9,9 @@ step, so a call cut short keeps what it measured; every step's output goes to
 `OUT/session.log`, each measurement's JSON to `OUT/<step>.json`. The steps:
 
   * `env`: the device (`nvidia-smi`), the JAX version and devices, and the
-    installed XLA's flags (`XLA_FLAGS=--help`, in `OUT/xla_flags.txt`).
+    installed XLA's flags (`XLA_FLAGS=--help`, in `OUT/xla_flags.txt`, cut by the
+    logger after about 15,000 characters; every flag's name in
+    `OUT/xla_flag_names.txt`, read from the libraries).
   * `steps`: `gpu_compile.py` on the full-width EfficientNet-B0 and
     MobileNetV2 local steps (batch 256) with the convolutions "gemm_taps" (the
     GPU default) and "xla" (stock): compile, first run, steady step, cuDNN /
@@ -41,6 +43,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -53,9 +56,10 @@ STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table")
 LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
 TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
 #: XLA flag sets the `flags` step compares on EfficientNet-B0's "gemm_taps" step (each added to
-#: the library's default): no autotuning (each GEMM and convolution takes its library's
-#: first algorithm), the autotuner without its buffer initialisation and correctness checks, the whole scan captured as one CUDA graph (a while loop in a command buffer), and no
-#: command buffers at all (every kernel launched on its own).
+#: the library's default): no autotuning (each GEMM and convolution takes its library's first
+#: algorithm), the autotuner without its buffer initialisation and correctness checks, the
+#: whole scan captured as one CUDA graph (a while loop in a command buffer), and no command
+#: buffers at all (every kernel launched on its own).
 FLAG_SETS = {
     "default": "",
     "autotune_level_0": "--xla_gpu_autotune_level=0",
@@ -64,6 +68,27 @@ FLAG_SETS = {
                              "CUSTOM_CALL,WHILE,CONDITIONAL"),
     "no_command_buffer": "--xla_gpu_enable_command_buffer=",
 }
+
+
+def xla_flag_names() -> list[str]:
+  """Every `xla_*` name in the installed jaxlib's and JAX plugins' shared libraries: the XLA
+  flags this build knows (with some other identifiers of that form), sorted.
+
+  `XLA_FLAGS=--help` prints the flags with their help, but the logger cuts the text after
+  about 15,000 characters, a fifth of the list; this reads the names from the binaries.
+  """
+  import importlib.util  # noqa: PLC0415
+  roots = []
+  for package in ("jaxlib", "jax_plugins"):
+    spec = importlib.util.find_spec(package)
+    if spec is not None:
+      roots += [pathlib.Path(p) for p in (spec.submodule_search_locations or [])]
+  pattern = re.compile(rb"\bxla_(?:gpu|cpu|dump|backend|llvm|enable|disable|hlo)_[a-z0-9_]+")
+  names = set()
+  for root in roots:
+    for library in root.rglob("*.so*"):
+      names.update(m.decode() for m in pattern.findall(library.read_bytes()))
+  return sorted(names)
 
 
 class Session:
@@ -149,6 +174,8 @@ def main() -> None:
                        env={**os.environ, **env, "XLA_FLAGS": "--help"}, check=False)
       except subprocess.TimeoutExpired:
         handle.write("timed out\n")
+    names = xla_flag_names()  # XLA's --help text is cut at the logger's limit; the names are not
+    (out / "xla_flag_names.txt").write_text("".join(f"--{name}\n" for name in names))
     session.run("env_jax", [python, "-c", "import jax, jaxlib; print(jax.__version__, "
                             "jaxlib.__version__, jax.devices(), jax.devices()[0].device_kind)"],
                 limit=60, env=env)
