@@ -198,7 +198,10 @@ def main() -> None:
       if path.is_file():
         merged[name] = json.loads(path.read_text())
         path.unlink()
-    (out / "flags.json").write_text(json.dumps(merged, indent=1) + "\n")
+    # The header of the flag sets' runs (the same machine and commit), then {flag set: result}.
+    header = next((result["header"] for result in merged.values() if "header" in result), None)
+    (out / "flags.json").write_text(json.dumps(
+        {**({"header": header} if header else {}), **merged}, indent=1) + "\n")
   if "quick" in plan:
     session.run("quick", [python, str(HERE / "first_round.py"), "--config",
                           f"{args.config}_quick", "--rounds", str(args.rounds), "--skip-warm",
