@@ -19,10 +19,11 @@ one filled):
     (`trace_cache`: "miss" / "hit"); with `--trace-cache off`, `trace_secs` and
     `lower_secs` split `jax.jit(run_rounds).trace(...)` from `.lower()` (for
     the one-program round);
-  * `round_programs`: "one" (the round as one program) or "stages" (one program
+  * `round_programs`: "one" (the round as one program), "stages" (one program
     per stage of the method's round, `config.round_programs`; `--set
-    round_programs=one` measures the former for a staged method), then
-    `compile_secs_by_stage`: each stage's compile;
+    round_programs=one` measures the former for a staged method) or "groups"
+    (the local stage one program per participant group), then
+    `compile_secs_by_stage`: each program's compile;
   * `first_round_secs`: the first execution of the compiled round (on a GPU it
     includes loading the kernels);
   * `eval_first_secs`: the evaluation's compile plus its first run;
@@ -135,7 +136,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   if experiment.trace_cache_directory() is not None:  # as train.py: export, or read the export
     lowered = experiment.lower_rounds(state)
     row["trace_cache"] = "hit" if lowered.hit else "miss"
-  elif experiment.round_programs == "stages":  # one program per stage, traced in turn
+  elif experiment.round_programs in ("stages", "groups"):  # one program per stage (or group)
     lowered = experiment.lower_rounds(state)
   else:
     traced = experiment.run_rounds.trace(state, experiment.data)
@@ -170,11 +171,11 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     times.append(_progress("round_secs", time.perf_counter() - tick))
   row["steady_round_secs"] = statistics.median(times) if times else None
   row["steady_round_all"] = times
-  if rounds and hasattr(compiled, "names"):  # one more round, each stage timed on its own
+  if rounds and hasattr(compiled, "stage_names"):  # one more round, each stage timed on its own
     row["steady_round_secs_by_stage"] = {}
-    for name, program in zip(compiled.names, compiled.compiled):
+    for index, name in enumerate(compiled.stage_names):
       tick = time.perf_counter()
-      state, _ = program(state, experiment.data)
+      state, _ = compiled.run_stage(index, state, experiment.data)
       jax.block_until_ready(state)
       row["steady_round_secs_by_stage"][name] = time.perf_counter() - tick
   if round_trace:  # one more round under the profiler, its trace kept in `round_trace`

@@ -80,9 +80,13 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.trace_cache = "auto"
   # A method whose round is given as stages (FCCL+, FCCL: public phase, local phase) can run it
   # as one XLA program per stage, compiled side by side on a CPU and loaded from the cache much
-  # faster than one large program: auto (stages when the method has them), one, stages. Same
-  # numbers either way. See fedjax_het/engine/programs.py.
+  # faster than one large program: auto (stages when the method has them), one, stages, or
+  # groups (as stages, with the local phase one program per participant group). Same numbers
+  # either way. See fedjax_het/engine/programs.py.
   c.round_programs = "auto"
+  # How the round's programs compile: auto (side by side on a CPU, in turn on an accelerator),
+  # side_by_side (threads), in_turn. Same programs either way.
+  c.round_compile = "auto"
   c.memory_check = True                  # fail before training if a round cannot fit in memory
   # A non-finite loss, metric or parameter: "stop" the run there (the last finite checkpoint
   # stays, the run exits non-zero naming the round and the metric) or "warn" and train on.
@@ -204,6 +208,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if "round_programs" in config:  # as trace_cache: older config files may lack it
     check(config, "round_programs", choice(programs.ROUND_PROGRAMS),
           f"one of {programs.ROUND_PROGRAMS}")
+  if "round_compile" in config:
+    check(config, "round_compile", choice(programs.ROUND_COMPILE),
+          f"one of {programs.ROUND_COMPILE}")
   check(config, "resume_allow_changes", lambda v: isinstance(v, str),
         "a comma-separated string of config field names (\"\" for none)")
   if config.num_rounds % config.rounds_per_call:

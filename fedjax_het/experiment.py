@@ -175,11 +175,21 @@ class Experiment:
     self.round_fn = rounds.make_round_fn(self.algorithm)
     calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
     init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
-    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage.
+    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage;
+    # "groups": as "stages", with a stage whose groups are independent split by group.
     self.round_programs = programs.resolve(config.get("round_programs", "auto"),
                                            bool(self.algorithm.stages))
-    stage_fns = (rounds.make_stage_fns(self.algorithm) if self.round_programs == "stages"
-                 else ())
+    if self.round_programs == "groups" and mesh is not None:
+      logging.info("config.round_programs='groups' runs as 'stages' on a device mesh (the "
+                   "group programs' outputs have no shardings of their own)")
+      self.round_programs = "stages"
+    stage_fns = (rounds.make_stage_fns(self.algorithm)
+                 if self.round_programs in ("stages", "groups") else ())
+    #: {stage name: group names} of the stages compiled as one program per group.
+    self.split_stages = {
+        stage.name: tuple(g.name for g in self.groups) for stage in self.algorithm.stages
+        if self.round_programs == "groups" and stage.groups_independent and len(self.groups) > 1}
+    self._stage_fns = dict(stage_fns)
     self._state_shardings = None
     round_jit = {}  # how every round program (whole or stage) is jitted
     if mesh is None:
@@ -257,21 +267,32 @@ class Experiment:
     """The round lowered for `state`'s shapes, through the trace cache when it is on.
 
     `run_rounds` lowered, or with `round_programs == "stages"` the
-    `programs.LoweredStages` of the stage programs (compiled side by side on a
-    CPU; on a GPU one after the other, as XLA's GPU compiler is itself
-    multi-threaded). With the cache, a later run of the same round reads each
+    `programs.LoweredStages` of the stage programs (and, with "groups", the group
+    programs of the stages split by group), compiled side by side on a CPU and
+    one after the other on an accelerator (`config.round_compile`). With the cache, a later run of the same round reads each
     exported program instead of tracing and lowering it
     (`fedjax_het.trace_cache`); both compile the same module. A program the
     cache cannot hold is traced as usual.
     """
     cache = self._trace_cache_key(state)
-    if self.round_programs == "stages":
-      # One key for the round (one read of the package source), one entry per stage.
+    if self.round_programs in ("stages", "groups"):
+      # One key for the round (one read of the package source), one entry per program.
+      jitted = dict(self.stage_programs)
+
+      def lower(name, fn):
+        if fn is self._stage_fns.get(name):
+          program = jitted[name]
+        else:  # a program of a stage split by group
+          program = jax.jit(fn)
+          program.state_part = fn.state_part
+        return self._lower_program(
+            program, state, cache and (cache[0], trace_cache.stage_key(cache[1], name)), name)
+
       return programs.lower_stages(
-          self.stage_programs,
-          lambda name, jitted: self._lower_program(
-              jitted, state, cache and (cache[0], trace_cache.stage_key(cache[1], name)), name),
-          int(self.config.rounds_per_call), side_by_side=jax.default_backend() == "cpu")
+          tuple(self._stage_fns.items()), lower, int(self.config.rounds_per_call),
+          side_by_side=programs.side_by_side(self.config.get("round_compile", "auto"),
+                                             jax.default_backend()),
+          split=self.split_stages)
     return self._lower_program(self.run_rounds, state, cache, None)
 
   def _trace_cache_key(self, state: Any) -> tuple[pathlib.Path, str] | None:
@@ -303,7 +324,8 @@ class Experiment:
     directory, key = cache
     tick = time.perf_counter()
     try:
-      lowered = trace_cache.lower_round(jitted, (state, self.data), directory=directory, key=key)
+      lowered = trace_cache.lower_round(jitted, (state, self.data), directory=directory, key=key,
+                                        state_part=getattr(jitted, "state_part", None))
     except Exception as error:  # pylint: disable=broad-except
       logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
                    type(error).__name__, error)

@@ -189,8 +189,12 @@ class LoweredRound:
 
 
 def lower_round(fn: Callable[..., Any], args: tuple[Any, ...], *, directory: pathlib.Path,
-                key: str) -> LoweredRound:
+                key: str, state_part: Callable[[Any], Any] | None = None) -> LoweredRound:
   """`fn(*args)`, a round `(state, data) -> (state, metrics)`, lowered through the cache.
+
+  `state_part(state)`: for a program that returns part of the state (a group program of
+  `programs.split_by_group`), that part of the input state, whose structure the returned one
+  has; None: the whole state.
 
   A hit deserializes the program saved under `key`; a miss (or an unreadable
   entry) exports `fn` (tracing and lowering it), saves the program and its
@@ -201,7 +205,8 @@ def lower_round(fn: Callable[..., Any], args: tuple[Any, ...], *, directory: pat
   """
   from jax import export  # pylint: disable=g-import-not-at-top
   leaves, in_tree = jax.tree_util.tree_flatten(args)
-  state_tree = jax.tree_util.tree_structure(args[0])
+  state_tree = jax.tree_util.tree_structure(args[0] if state_part is None
+                                            else state_part(args[0]))
   directory = pathlib.Path(directory)
   program, meta = directory / f"{key}{SUFFIX}", directory / f"{key}.json"
   exported = None

@@ -50,7 +50,8 @@ NEUTRAL_FIELDS = ("name", "logging", "overwrite", "compilation_cache_dir", "memo
                   "scenario.data_dir", "resume_allow_changes",
                   "xla_cpu_scheduler",  # the two schedulers give bitwise-identical rounds
                   "trace_cache",  # a cached round is the same program, bit for bit
-                  "round_programs")  # the same computations, one program or one per stage
+                  "round_programs",  # the same computations, one program or one per stage
+                  "round_compile")  # the same programs, compiled in threads or in turn
 
 
 #: Config fields added after runs were recorded without them, with the values under which such

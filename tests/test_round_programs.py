@@ -127,12 +127,21 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
   assert programs.resolve("auto", False) == "one"
   assert programs.resolve("one", True) == "one"
   with pytest.raises(ConfigError, match=r"config.round_programs must be one of "
-                                        r"\('auto', 'one', 'stages'\), got 'many'"):
+                                        r"\('auto', 'one', 'stages', 'groups'\), got 'many'"):
     config_lib.validate_config(tiny_config("solo", round_programs="many"))
   with pytest.raises(ConfigError, match=r"config.round_programs='stages' needs a method whose "
                                         r"round is given as stages"):
     experiment_lib.Experiment(tiny_config("solo", round_programs="stages"))
+  with pytest.raises(ConfigError, match=r"config.round_programs='groups' needs a method whose "):
+    experiment_lib.Experiment(tiny_config("solo", round_programs="groups"))
+  with pytest.raises(ConfigError, match=r"config.round_compile must be one of \('auto', "
+                                        r"'side_by_side', 'in_turn'\), got 'threads'"):
+    config_lib.validate_config(tiny_config("solo", round_compile="threads"))
+  assert programs.side_by_side("auto", "cpu") and not programs.side_by_side("auto", "gpu")
+  assert programs.side_by_side("side_by_side", "gpu")
+  assert not programs.side_by_side("in_turn", "cpu")
   assert "round_programs" in workdir_lib.NEUTRAL_FIELDS  # same bits, so a resume may change it
+  assert "round_compile" in workdir_lib.NEUTRAL_FIELDS
   for name in ("fccl", "fcclplus", "fedmd", "feddf", "rhfl", "fedmatch"):  # staged rounds
     assert [s.name for s in algorithms.get_method(name).make(
         *_made(name)).stages] == ["public", "local"]
@@ -181,3 +190,64 @@ def test_fcclplus_stage_programs_compute_the_one_program_bits_and_trace_once(tmp
   expected = one.run_rounds(state, one.data)
   assert _bitwise_equal(out, expected)
   assert _bitwise_equal(again, one.run_rounds(expected[0], one.data))
+
+
+def test_a_stage_split_by_group_computes_the_stage_and_traces_it_once():
+  """`programs.split_by_group` on a toy stage: each group's new state is its own, the rest
+  (counter, server value) and the metrics (per-group nodes at two depths, and others) are put
+  back as the stage gives them; the stage body is traced once for all programs."""
+  groups = ("a", "b", "c")
+
+  def body(state, data):
+    new = {g: state["groups"][g] * data[g] + 1.0 for g in groups}
+    metrics = {"local": {g: {"loss": jnp.sum(new[g])} for g in groups},
+               "server": {"seen": state["server"], "deep": {g: new[g][0] for g in groups}}}
+    return {**state, "groups": new, "round": state["round"] + 1}, metrics
+
+  chex.clear_trace_counter()
+  stage_fn = chex.assert_max_traces(body, n=1)
+  state = {"groups": {g: jnp.arange(3.0) + i for i, g in enumerate(groups)},
+           "round": jnp.int32(4), "server": jnp.float32(7.0)}
+  data = {g: jnp.float32(i + 2) for i, g in enumerate(groups)}
+  parts, join = programs.split_by_group("local", stage_fn, groups)
+  assert [name for name, _ in parts] == ["local[rest]", "local[a]", "local[b]", "local[c]"]
+  outputs = [jax.jit(fn)(state, data) for _, fn in parts]
+  # The rest program holds no group's arrays; group b's program holds b's only.
+  assert set(outputs[0][0]) == {"round", "server"} and outputs[0][1] == {"server": {"seen": 7.0}}
+  np.testing.assert_array_equal(outputs[2][0], (np.arange(3.0) + 1) * 3 + 1)
+  assert set(outputs[2][1]) == {"local", "server/deep"}
+  # Against the stage by hand: new_g = (arange(3) + i) * (i + 2) + 1.
+  expected_groups = {g: (np.arange(3.0) + i) * (i + 2) + 1 for i, g in enumerate(groups)}
+  joined_state, joined_metrics = join(outputs)
+  assert int(joined_state["round"]) == 5 and float(joined_state["server"]) == 7.0
+  for g in groups:
+    np.testing.assert_array_equal(joined_state["groups"][g], expected_groups[g])
+    assert float(joined_metrics["local"][g]["loss"]) == expected_groups[g].sum()
+    assert float(joined_metrics["server"]["deep"][g]) == expected_groups[g][0]
+  assert float(joined_metrics["server"]["seen"]) == 7.0
+  assert _bitwise_equal((joined_state, joined_metrics), jax.jit(body)(state, data))
+
+
+def test_fcclplus_group_programs_compute_the_stage_programs_bits(tmp_path):
+  """The tiny heterogeneous FCCL+ (two backbones) with its local stage split by group, through
+  the trace cache and back, against the same round as two stage programs."""
+  config = tiny_config("fcclplus", compilation_cache_dir=str(tmp_path), trace_cache="on",
+                       round_programs="groups", round_compile="side_by_side")
+  split = experiment_lib.Experiment(config)
+  assert split.round_programs == "groups"
+  names = tuple(g.name for g in split.groups)
+  assert len(names) > 1 and split.split_stages == {"local": names}
+  state = split.init_state()
+  lowered = split.lower_rounds(state)
+  assert lowered.names == ("public", "local[rest]") + tuple(f"local[{g}]" for g in names)
+  assert not lowered.hit
+  again = experiment_lib.Experiment(config, scenario=split.scenario).lower_rounds(state)
+  assert again.hit  # every program read back from the trace cache
+  compiled = again.compile()
+  assert compiled.stage_names == ("public", "local")
+  out = compiled(state, split.data)
+
+  config.round_programs, config.trace_cache = "stages", "off"
+  staged = experiment_lib.Experiment(config, scenario=split.scenario)
+  expected = staged.compile_rounds(state)(state, staged.data)
+  assert _bitwise_equal(out, expected)

@@ -314,13 +314,14 @@ def public_and_local_stages(spec: public.PublicSpec, collaborative_step: Callabl
 def local_stage(local_update: Callable[..., Any], *, key_splits: int, key_index: int) -> Stage:
   """A public-data method's local phase as the stage "local": `local_update(state, groups'
   data, jax.random.split(key, key_splits)[key_index], round_index) -> (state, metrics)` on the
-  key that a round running every phase gives it; the metrics become metrics["local"]."""
+  key that a round running every phase gives it; the metrics become metrics["local"]. Each
+  participant group trains on its own data (`Stage.groups_independent`)."""
   def run(state, data, key, round_index):
     state, metrics = local_update(state, data.groups,
                                   jax.random.split(key, key_splits)[key_index], round_index)
     return state, {"local": metrics}
 
-  return Stage("local", run)
+  return Stage("local", run, groups_independent=True)
 
 
 # Communication accounting (FCCL+ Tables II-IV). Every method logs, per round,

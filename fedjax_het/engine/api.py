@@ -118,9 +118,16 @@ class Stage(NamedTuple):
       draws the same numbers whether the round runs as one program or as
       stages. It returns the whole state; its metrics are a dict whose top-level
       keys no other stage of the round uses.
+    groups_independent: each participant group's new `state["groups"][g]` (and
+      its metrics, a dict keyed by the group names) depends on that group's own
+      state and data only, as in a local phase where every participant trains on
+      its private data. `config.round_programs="groups"` then compiles the stage
+      as one program per group (`fedjax_het.engine.programs`); with False it
+      stays one program.
   """
   name: str
   run: Callable[[State, FederatedArrays, jax.Array, jax.Array], tuple[State, Metrics]]
+  groups_independent: bool = False
 
 
 class Algorithm(NamedTuple):

@@ -1,11 +1,23 @@
-"""A round compiled as one XLA program per stage (`config.round_programs="stages"`).
+"""A round compiled as one XLA program per stage (`config.round_programs="stages"`), or per
+stage and participant group (`"groups"`).
 
 A method that gives its round as `Algorithm.stages` (FCCL+: the public phase,
 then the local phase) can be compiled stage by stage: `lower_stages` lowers one
 program per stage, `LoweredStages.compile` compiles them (side by side on a
-CPU), and `CompiledStages` runs them one after the other, `rounds_per_call`
-rounds per call, with the interface of a compiled `run_rounds`:
-`(state, data) -> (state, metrics stacked on a leading rounds axis)`.
+CPU; `config.round_compile`), and `CompiledStages` runs them one after the
+other, `rounds_per_call` rounds per call, with the interface of a compiled
+`run_rounds`: `(state, data) -> (state, metrics stacked on a leading rounds
+axis)`.
+
+With "groups", a stage whose participant groups are independent
+(`Stage.groups_independent`: the local phase, each participant on its private
+data) becomes one program per group plus one for the rest of the state
+(`split_by_group`): the stage is traced once (`jax.make_jaxpr`) and each
+program evaluates that trace for its own outputs only, so the tracer and
+XLA's dead-code elimination drop the other groups' loops. The programs read
+the same input state; `CompiledStages` joins their outputs into the stage's.
+Each program holds one backbone's training loop instead of four, and the
+programs compile side by side.
 
 Why: the stages are the same computations as the one-program round (the
 rounds are bitwise identical in the tests and in the quick FCCL+ round), but
@@ -33,47 +45,180 @@ from fedjax_het.engine import sharding
 from fedjax_het.errors import ConfigError
 
 #: The choices of `config.round_programs`.
-ROUND_PROGRAMS = ("auto", "one", "stages")
+ROUND_PROGRAMS = ("auto", "one", "stages", "groups")
+#: The choices of `config.round_compile`: how the programs of a round compile.
+ROUND_COMPILE = ("auto", "side_by_side", "in_turn")
 
 
 def resolve(choice: str, has_stages: bool) -> str:
-  """`config.round_programs` (one of `ROUND_PROGRAMS`, checked by `validate_config`) -> "one"
-  or "stages" ("auto": stages when the method has them).
+  """`config.round_programs` (one of `ROUND_PROGRAMS`, checked by `validate_config`) -> "one",
+  "stages" or "groups" ("auto": stages when the method has them).
 
-  Raises ConfigError for "stages" asked of a method whose round is one piece.
+  Raises ConfigError for "stages" or "groups" asked of a method whose round is one piece.
   """
-  if choice == "stages" and not has_stages:
-    raise ConfigError("config.round_programs='stages' needs a method whose round is given as "
-                     "stages (Algorithm.stages); this method's round is one piece: use 'one' "
-                     "or 'auto'")
+  if choice in ("stages", "groups") and not has_stages:
+    raise ConfigError(f"config.round_programs={choice!r} needs a method whose round is given "
+                      "as stages (Algorithm.stages); this method's round is one piece: use "
+                      "'one' or 'auto'")
   if choice == "auto":
     return "stages" if has_stages else "one"
   return choice
 
 
+def side_by_side(choice: str, backend: str) -> bool:
+  """`config.round_compile` (one of `ROUND_COMPILE`) on `backend` -> whether the round's
+  programs compile side by side in threads ("auto": on a CPU, where XLA's HLO passes are
+  single-threaded per program; in turn on an accelerator)."""
+  if choice == "auto":
+    return backend == "cpu"
+  return choice == "side_by_side"
+
+
+#: Joins a per-group node's path into one string key (a group program's metrics are
+#: {path: entry}, a tree of string keys as the trace cache's export needs).
+_SEP = "/"
+
+
+def _group_paths(tree: Any, names: frozenset[str], prefix: tuple = ()) -> list[tuple]:
+  """The paths (tuples of keys) of the per-group nodes of metrics `tree`: dicts keyed by
+  exactly the group names."""
+  if isinstance(tree, dict) and tree and frozenset(tree) == names:
+    return [prefix]
+  if isinstance(tree, dict):
+    if any(_SEP in str(k) for k in tree):
+      raise ValueError(f"metric names {sorted(tree)} hold {_SEP!r}, which the group programs "
+                       "of config.round_programs='groups' join paths with")
+    return [p for k, v in tree.items() for p in _group_paths(v, names, prefix + (k,))]
+  return []
+
+
+def _at(tree: Any, path: tuple) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _without(tree: Any, paths: list[tuple], prefix: tuple = ()) -> Any:
+  """Metrics `tree` without the nodes at `paths`."""
+  if not isinstance(tree, dict):
+    return tree
+  return {k: _without(v, paths, prefix + (k,)) for k, v in tree.items()
+          if prefix + (k,) not in paths}
+
+
+def _join(rest: Any, parts: dict[str, dict[str, Any]]) -> Any:
+  """Metrics `rest` with the node {group: parts[group][path]} put back at every path."""
+  joined = rest if rest is not None else {}
+  for joined_path in next(iter(parts.values()), {}):
+    entry = {g: part[joined_path] for g, part in parts.items()}
+    if not joined_path:  # the metrics are themselves the per-group node
+      return entry
+    path = joined_path.split(_SEP)
+    node = joined
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = entry
+  return joined
+
+
+def split_by_group(name: str, stage_fn: Callable[..., Any], groups: Sequence[str]
+                   ) -> tuple[tuple[tuple[str, Callable[..., Any]], ...], Callable[..., Any]]:
+  """One stage as programs: the rest of the state, then one per participant group.
+
+  `stage_fn(state, data) -> (state, metrics)` (`rounds.make_stage_fns`) with
+  `state["groups"]` keyed by `groups` and metrics whose per-group parts are dicts keyed by
+  exactly the group names. Returns ((program name, fn), ...) with names `name[rest]` (all
+  but the groups: the round counter, the key, the server's state, the metrics outside the
+  groups) and `name[group]`, each `fn(state, data)` giving its part, and `join(outputs)`
+  building the stage's (state, metrics) from the parts in that order; each fn's `state_part`
+  attribute selects, from an input state, the part its output state has the structure of
+  (`trace_cache.lower_round`). The stage is traced
+  once, the first time a program is traced (`jax.make_jaxpr`, kept); each program evaluates
+  that trace for its outputs only.
+  """
+  names = frozenset(groups)
+  traced = {}
+
+  def whole(state, data):
+    key = (jax.tree_util.tree_structure((state, data)),
+           tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves((state, data))))
+    if key not in traced:
+      traced[key] = jax.make_jaxpr(stage_fn, return_shape=True)(state, data)
+    closed, shape = traced[key]
+    flat = jax.core.eval_jaxpr(closed.jaxpr, closed.consts,
+                               *jax.tree_util.tree_leaves((state, data)))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), flat)
+
+  def rest(state, data):
+    new_state, metrics = whole(state, data)
+    return ({k: v for k, v in new_state.items() if k != "groups"},
+            _without(metrics, _group_paths(metrics, names)))
+
+  def one(group):
+    def run(state, data):  # the group's state and {path of a per-group node: its entry}
+      new_state, metrics = whole(state, data)
+      return new_state["groups"][group], {_SEP.join(path): _at(metrics, path)[group]
+                                          for path in _group_paths(metrics, names)}
+    run.state_part = lambda state: state["groups"][group]
+    return run
+
+  rest.state_part = lambda state: {k: v for k, v in state.items() if k != "groups"}
+
+  def join(outputs):
+    (rest_state, rest_metrics), parts = outputs[0], dict(zip(groups, outputs[1:]))
+    state = {**rest_state, "groups": {g: part[0] for g, part in parts.items()}}
+    return state, _join(rest_metrics, {g: part[1] for g, part in parts.items()})
+
+  programs = ((f"{name}[rest]", rest),) + tuple((f"{name}[{g}]", one(g)) for g in groups)
+  return programs, join
+
+
+#: How a round's programs make its stages: (stage name, number of programs, join) per stage,
+#: in order; join is None for a stage that is one program, else `split_by_group`'s join.
+Layout = tuple[tuple[str, int, Callable[..., Any] | None], ...]
+
+
+def _one_per_stage(names: Sequence[str]) -> Layout:
+  return tuple((name, 1, None) for name in names)
+
+
 class CompiledStages:
-  """The compiled stage programs, called as a compiled `run_rounds` is.
+  """The compiled round programs, called as a compiled `run_rounds` is.
 
   Attributes:
-    names: the stages' names, in order.
-    compiled: their compiled programs, `(state, data) -> (state, metrics)`.
+    names: the programs' names, in order (a stage's name, or with
+      `split_by_group` the stage's rest and `stage[group]`).
+    compiled: their compiled programs.
     rounds_per_call: rounds run by one call.
-    compile_secs: {stage name: seconds its `.compile()` took} (a persistent
+    compile_secs: {program name: seconds its `.compile()` took} (a persistent
       cache hit: the time to load it).
+    layout: which programs make which stage (`Layout`).
   """
 
   def __init__(self, names: Sequence[str], compiled: Sequence[Any], rounds_per_call: int,
-               compile_secs: dict[str, float]):
+               compile_secs: dict[str, float], layout: Layout | None = None):
     self.names, self.compiled = tuple(names), tuple(compiled)
     self.rounds_per_call, self.compile_secs = int(rounds_per_call), dict(compile_secs)
+    self.layout = _one_per_stage(self.names) if layout is None else tuple(layout)
+
+  @property
+  def stage_names(self) -> tuple[str, ...]:
+    return tuple(name for name, _, _ in self.layout)
+
+  def run_stage(self, index: int, state: Any, data: Any) -> tuple[Any, Any]:
+    """Stage `index` of the round on `state`: (state, the stage's metrics)."""
+    start = sum(count for _, count, _ in self.layout[:index])
+    _, count, join = self.layout[index]
+    outputs = [program(state, data) for program in self.compiled[start:start + count]]
+    return outputs[0] if join is None else join(outputs)
 
   def __call__(self, state: Any, data: Any) -> tuple[Any, Any]:
     """`rounds_per_call` rounds; the metrics (host arrays) stacked on a leading rounds axis."""
     per_round = []
     for _ in range(self.rounds_per_call):
       metrics = {}
-      for program in self.compiled:
-        state, stage_metrics = program(state, data)
+      for index in range(len(self.layout)):
+        state, stage_metrics = self.run_stage(index, state, data)
         metrics.update(stage_metrics)
       per_round.append(metrics)
     # Fetched once, after every program is dispatched: no stage waits for the host.
@@ -81,10 +226,10 @@ class CompiledStages:
     return state, jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_round)
 
   def memory_analysis(self) -> Any:
-    """XLA's memory analysis of the stage that needs the most (temporaries + outputs).
+    """XLA's memory analysis of the program that needs the most (temporaries + outputs).
 
-    The stages run one after the other, so a round needs what its largest
-    stage needs; None when XLA gives no analysis.
+    The programs run one after the other, so a round needs what its largest
+    program needs; None when XLA gives no analysis.
     """
     analyses = [program.memory_analysis() for program in self.compiled]
     if any(a is None for a in analyses):
@@ -97,24 +242,26 @@ class CompiledStages:
 
 
 class LoweredStages:
-  """The lowered stage programs; `compile()` gives `CompiledStages`.
+  """The lowered round programs; `compile()` gives `CompiledStages`.
 
   Attributes:
-    names, lowered: the stages' names and lowered programs, in order.
-    hit: with the trace cache, whether every stage was read from it.
+    names, lowered: the programs' names and lowered programs, in order.
+    hit: with the trace cache, whether every program was read from it.
+    layout: which programs make which stage (`Layout`).
   """
 
   def __init__(self, names: Sequence[str], lowered: Sequence[Any], rounds_per_call: int, *,
-               side_by_side: bool):
+               side_by_side: bool, layout: Layout | None = None):
     self.names, self.lowered = tuple(names), tuple(lowered)
     self.rounds_per_call, self.side_by_side = int(rounds_per_call), bool(side_by_side)
+    self.layout = _one_per_stage(self.names) if layout is None else tuple(layout)
     self.hit = all(getattr(program, "hit", False) for program in self.lowered)
 
   def as_text(self) -> str:
     return "\n".join(program.as_text() for program in self.lowered)
 
   def compile(self) -> CompiledStages:
-    """Compiles every stage: side by side in threads when `side_by_side`, else in turn."""
+    """Compiles every program: side by side in threads when `side_by_side`, else in turn."""
     def timed(program):
       tick = time.perf_counter()
       compiled = program.compile()
@@ -127,14 +274,26 @@ class LoweredStages:
     else:
       results = [timed(program) for program in self.lowered]
     return CompiledStages(self.names, [c for c, _ in results], self.rounds_per_call,
-                          {name: secs for name, (_, secs) in zip(self.names, results)})
+                          {name: secs for name, (_, secs) in zip(self.names, results)},
+                          self.layout)
 
 
 def lower_stages(stage_fns: Sequence[tuple[str, Callable[..., Any]]],
                  lower: Callable[[str, Callable[..., Any]], Any], rounds_per_call: int, *,
-                 side_by_side: bool) -> LoweredStages:
-  """`LoweredStages` of `stage_fns` (`rounds.make_stage_fns`), each lowered by
-  `lower(name, stage_fn)` (jit + lower, or through the trace cache)."""
-  return LoweredStages([name for name, _ in stage_fns],
-                       [lower(name, fn) for name, fn in stage_fns], rounds_per_call,
-                       side_by_side=side_by_side)
+                 side_by_side: bool, split: dict[str, Sequence[str]] | None = None
+                 ) -> LoweredStages:
+  """`LoweredStages` of `stage_fns` (`rounds.make_stage_fns`), each program lowered by
+  `lower(name, fn)` (jit + lower, or through the trace cache); `split`: {stage name: its
+  group names} for the stages lowered as `split_by_group`'s programs."""
+  names, fns, layout = [], [], []
+  for name, fn in stage_fns:
+    if split and name in split:
+      parts, join = split_by_group(name, fn, split[name])
+      layout.append((name, len(parts), join))
+    else:
+      parts = ((name, fn),)
+      layout.append((name, 1, None))
+    names += [part_name for part_name, _ in parts]
+    fns += [part_fn for _, part_fn in parts]
+  return LoweredStages(names, [lower(n, f) for n, f in zip(names, fns)], rounds_per_call,
+                       side_by_side=side_by_side, layout=layout)
