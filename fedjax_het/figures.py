@@ -463,7 +463,7 @@ def check_heatmap_run(run: RestoredRun, *, flag: str = "--workdirs") -> None:
         f"{flag}: {str(run.workdir)!r} is a {run.config.algorithm!r} run without the "
         "cross-correlation diagnostics on public data; the heatmaps need a run of FCCL, FCCL+ "
         "or another public-data method that has them (fccl, fcclplus, fedmd, feddf, rhfl, "
-        "fedmatch, fml, solo) with a public set.")
+        "fedmatch, fml, rcfl, solo) with a public set.")
 
 
 def heatmap_data(run: RestoredRun, *, rows: int | None = None, split: str = "train",

@@ -778,11 +778,19 @@ def resolve_config_name(name: str) -> tuple[pathlib.Path, str]:
   """(config file, variant) of a config name as experiments/train.py takes it.
 
   "<scenario>_<variant>" (e.g. "cifar100_glfc_quick") -> experiments/configs/<scenario>.py
-  and "<variant>"; "<path>.py[:<variant>]" -> that file and variant ("" for none).
+  and "<variant>"; a scenario whose file name holds underscores (imagenet_subset.py) is the
+  longest such prefix naming a config file ("imagenet_subset_glfc" -> imagenet_subset.py,
+  "glfc"); "<path>.py[:<variant>]" -> that file and variant ("" for none).
   """
   match = re.fullmatch(r"([A-Za-z0-9]+)(?:_([A-Za-z0-9_]+))?", name)
   if match:
     scenario, variant = match.groups()
+    parts = name.split("_")
+    for cut in range(len(parts), 1, -1):
+      longer = "_".join(parts[:cut])
+      if (CONFIGS_DIR / f"{longer}.py").exists():
+        scenario, variant = longer, "_".join(parts[cut:]) or None
+        break
     path = CONFIGS_DIR / f"{scenario}.py"
     if not path.exists():
       known = sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if not p.stem.startswith("_"))

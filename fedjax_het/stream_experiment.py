@@ -52,6 +52,11 @@ from fedjax_het.errors import ConfigError
 from fedjax_het.reports import class_incremental as cil_report
 
 
+#: The stream datasets by name, as the synthetic-substitution note of results.md names them.
+_DATASET_LABELS = {"cifar100": "CIFAR-100", "tiny_imagenet": "Tiny-ImageNet",
+                   "imagenet_subset": "ImageNet-Subset"}
+
+
 class StreamExperiment:
   """A class-incremental run: the stream, the method and what the trainer's loop asks of a run."""
 
@@ -76,11 +81,13 @@ class StreamExperiment:
     self.public_conv_impl = public_conv_impl or self.conv_impl  # no public set
     self.mesh = None
     self.model = models.get_model(config.models.architectures[0], stream.num_classes,
-                                  width=float(config.models.width), conv_impl=self.conv_impl)
+                                  width=float(config.models.width), conv_impl=self.conv_impl,
+                                  **cil_stream.model_kwargs(config))
     self.setup = cil_stream.StreamSetup(
         settings=self.settings, model=self.model, mean=stream.mean, std=stream.std,
         max_client_size=stream.max_client_size, client_classes=stream.client_classes,
-        eval_batch_size=int(config.eval.batch_size))
+        eval_batch_size=int(config.eval.batch_size),
+        image_size=int(stream.images.shape[1]))
     self.algorithm = get_method(config.algorithm).make(config, self.setup)
     self.num_rounds = self.settings.num_tasks * self.settings.rounds_per_task
     self.client_names = [f"client_{i}" for i in range(stream.client_indices.shape[1])]
@@ -196,7 +203,8 @@ class StreamExperiment:
     if transitions:  # GLFC's entropy rule against the stream's true transitions
       numbers["transitions"] = transitions
     note = (f"\n\nSynthetic data substituted for: {', '.join(stream.substituted)} (see "
-            "metadata.json); the numbers say nothing about CIFAR-100.\n"
+            f"metadata.json); the numbers say nothing about "
+            f"{_DATASET_LABELS.get(stream.dataset, stream.dataset)}.\n"
             if stream.substituted else "\n")
     heading = (f"# {config.name}: accuracy (%) on all classes seen after each task "
                f"(GLFC Table 1 layout)\n\n")

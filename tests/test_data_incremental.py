@@ -323,7 +323,7 @@ def test_folder_datasets_of_glfc_build_a_stream(tmp_path, dataset):
             tmp_path / split / name / f"{j}.JPEG")
   stream = incremental.build_class_incremental_stream(
       dataset, num_tasks=2, num_classes=4, initial_clients=2, new_clients_per_task=1,
-      source=f"folder:{tmp_path}", seed=0)
+      source=f"folder:{tmp_path}", image_size=32, seed=0)
   assert stream.images.shape == (24, 32, 32, 3) and stream.num_classes == 4
   assert stream.sources[dataset] == f"folder:{tmp_path}"
   # No published statistics: normalised by the pool's own mean and std.

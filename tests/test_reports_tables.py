@@ -70,7 +70,7 @@ def test_the_fccl_rows_follow_their_papers_protocols():
   assert (glfc["ssil_fl"].algorithm, glfc["bic_fl"].algorithm) == ("ssil_fl", "bic_fl")
 
 
-def test_table16_ewc_rows_and_the_fml_rows_of_fccl_tables_1_to_3():
+def test_table16_ewc_rows_and_the_fml_and_rcfl_rows_of_fccl_tables_1_to_3():
   table16 = tables.get_table("fcclplus_table16")
   assert [s.key for s in table16.settings] == ["digits", "office31"]
   cells = {c.row.key: grid.cell_config(c) for c in
@@ -83,17 +83,22 @@ def test_table16_ewc_rows_and_the_fml_rows_of_fccl_tables_1_to_3():
   assert printed == {"digits": [50.49, 28.50, 28.38, 29.08, 28.70],
                      "office31": [37.21, 29.58, 28.59, 29.04, 29.18]}  # FCCL+ Table XVI
   assert P.domain_row(P.FCCLPLUS_TABLE16, "inter", "digits", "ewc_1") == {"AVG": 28.70}
-  # FML sits after FedMD as in the paper, with its printed numbers (FCCL Tables 1-3).
+  # FML and RCFL sit after FedMD as in the paper, with their printed numbers (FCCL Tables 1-3).
   conference = tables.get_table("fccl_tables1_2")
   assert [r.key for r in conference.settings[0].rows] == [
-      "solo", "fedmd", "fml", "feddf", "fedmatch", "fccl"]
+      "solo", "fedmd", "fml", "rcfl", "feddf", "fedmatch", "fccl"]
   assert conference.setting("digits").paper["inter"]["fml"]["AVG"] == 31.14
   assert conference.setting("office_home").paper["intra"]["fml"]["real_world"] == 65.07
+  assert conference.setting("digits").paper["inter"]["rcfl"]["AVG"] == 28.28
+  assert conference.setting("digits").paper["intra"]["rcfl"]["syn"] == 91.40
+  assert conference.setting("office_home").paper["inter"]["rcfl"]["art"] == 15.16
   homogeneous = tables.get_table("fccl_table3")
   assert homogeneous.settings[0].paper["inter"]["fml"]["art"] == 39.56
-  [fml] = grid.plan(homogeneous, "quick", [0], ["fml"])
-  assert grid.cell_config(fml).algorithm == "fml"
-  assert tuple(grid.cell_config(fml).models.architectures) == ("resnet18",) * 4
+  assert homogeneous.settings[0].paper["intra"]["rcfl"]["real_world"] == 58.58
+  for method in ("fml", "rcfl"):
+    [cell] = grid.plan(homogeneous, "quick", [0], [method])
+    assert grid.cell_config(cell).algorithm == method
+    assert tuple(grid.cell_config(cell).models.architectures) == ("resnet18",) * 4
 
 
 def test_a_shared_setting_has_the_same_rows_and_cells():

@@ -34,6 +34,12 @@ Variants (the part after "digits.py:" or "digits_"):
                                         above, each with a copy of a shared meme model (the
                                         first backbone, ResNet10; _homogeneous: ResNet12)
                                         trained by mutual learning, memes averaged each round
+  rcfl, rcfl_homogeneous                RCFL (FCCL Tables 1-3): warm-up (20 private epochs),
+                                        then per public batch softmax scores aggregated per
+                                        class (alpha-weighted: shared vs partially held
+                                        labels; every class is shared here), KL distillation,
+                                        then private CE; _homogeneous: ResNet12 for all, no
+                                        averaging
   fccl_cvpr                             FCCL with the conference code's protocol (FCCL CVPR
                                         2022 code): batch 512 in both phases, private epochs
                                         (40, 35, 3, 4) per participant, constant Adam 1e-3
@@ -81,7 +87,7 @@ from fedjax_het.config import base_config
 HETEROGENEOUS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs")
 METHODS = ("fcclplus", "fccl", "solo") + FEDAVG_FAMILY + ("rhfl", "fedmd", "feddf", "fedmatch",
-                                                           "fml")
+                                                           "fml", "rcfl")
 
 
 def get_config(arg: str = "fcclplus") -> ml_collections.ConfigDict:
@@ -191,5 +197,7 @@ def quick_settings(c: ml_collections.ConfigDict, method: str) -> None:
   if method == "fedmd":
     c.fedmd.warmup_epochs = 5
     c.fedmd.public_subset = 512  # half of the quick public set, redrawn every round
+  if method == "rcfl":
+    c.rcfl.warmup_epochs = 5  # one quick local phase
   if method not in FEDAVG_FAMILY:
     c.logging.diagnostic_rounds = (1, c.num_rounds)

@@ -19,9 +19,9 @@ Variants (the part after "office.py:" or "office_"): <scenario>_<method>[_homoge
   scenario    caltech (Office-Caltech-10, 10 classes), office31 (31 classes),
               home (Office-Home, 65 classes)
   method      the methods of experiments/configs/digits.py, set up the same way:
-              fcclplus, fccl, solo (BASE: 50 private epochs), rhfl, fedmd, feddf, fedmatch
-              on the heterogeneous backbones below; fedavg, fedprox, moon, fedproc, fedrs:
-              the homogeneous FedAvg family (one global ResNet12, all participants every
+              fcclplus, fccl, solo (BASE: 50 private epochs), rhfl, fedmd, feddf, fedmatch,
+              fml, rcfl on the heterogeneous backbones below; fedavg, fedprox, moon, fedproc,
+              fedrs: the homogeneous FedAvg family (one global ResNet12, all participants every
               round, uniform averaging, each participant's own model evaluated)
   _homogeneous  ResNet12 for every participant; FCCL, FCCL+ and FedDF also average the
               parameters (FCCL+ Table XV, Office31)

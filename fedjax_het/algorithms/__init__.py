@@ -16,6 +16,9 @@
   fedmatch  FedMatch (ICLR 2021): inter-client KL + agreement pseudo labels on public data, CE.
   fml       FML (Shen et al. 2020; FCCL Tables 1-3): deep mutual learning of each private
             model with a shared meme model, FedAvg of the memes.
+  rcfl      RCFL (Gudur et al. 2020; FCCL Tables 1-3): class scores on public data, aggregated
+            per class with an α weighting of shared against partially held labels, KL
+            distillation toward them, then private CE.
 
 On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
 `cil.stream`; `Method.class_incremental`):
@@ -87,7 +90,7 @@ from fedjax_het.algorithms import (fccl, fcclplus, fedavg, fedavg_cil, feddf, fe
                                    solo)
 from fedjax_het.algorithms import (bic_fl, dde_icarl_fl, podnet_fl,  # CIL baselines (GLFC Table 1)
                                    ssil_fl)
-from fedjax_het.algorithms import fml  # FML (FCCL Tables 1-3)
+from fedjax_het.algorithms import fml, rcfl  # FML, RCFL (FCCL Tables 1-3)
 from fedjax_het.algorithms import geodl_icarl_fl  # GeoDL + iCaRL + FL (GLFC Table 1)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
@@ -153,6 +156,8 @@ register("fedmatch", make=fedmatch.make_fedmatch, default_config=fedmatch.defaul
          validate_config=fedmatch.validate_config)
 register("fml", make=fml.make_fml, default_config=fml.default_config,
          validate_config=fml.validate_config)
+register("rcfl", make=rcfl.make_rcfl, default_config=rcfl.default_config,
+         validate_config=rcfl.validate_config)
 for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl,
                 geodl_icarl_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,

@@ -106,7 +106,8 @@ def public_forward(setup: Setup, state: Any, params: Mapping[str, Any], images: 
 
 def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
                    loss_fn: Callable[[jax.Array, jax.Array], tuple[jax.Array, dict[str, Any]]],
-                   optimizer: Any, learning_rate: jax.Array, *, keep_optimizer: bool = False
+                   optimizer: Any, learning_rate: jax.Array, *, keep_optimizer: bool = False,
+                   target_fn: Callable[[dict[str, jax.Array]], jax.Array] | None = None
                    ) -> tuple[Any, dict[str, Any]]:
   """One optimiser step of every participant toward the mean logits on a public batch.
 
@@ -132,6 +133,9 @@ def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
     keep_optimizer: False: a fresh optimiser state for this step (the
       reference code builds a new optimiser per public batch); True: read and
       write state["groups"][group]["public_opt"].
+    target_fn: {group: logits (slots, B, C)} -> the (B, C) target every participant
+      descends toward, detached; None: Z_bar (`mean_over_participants`). RCFL passes its
+      α-weighted aggregation of the class scores.
 
   Returns:
     (new state, {group: {metric: (slots,)}}).
@@ -142,7 +146,8 @@ def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
 
   def total_loss(params):
     _, logits, stats = public_forward(setup, state, params, images, key, ids)
-    target = mean_over_participants(logits, setup)
+    target = (mean_over_participants(logits, setup) if target_fn is None
+              else jax.lax.stop_gradient(target_fn(logits)))
     total, metrics = 0.0, {}
     for group in setup.groups:
       per_client, metrics[group.name] = jax.vmap(lambda z: loss_fn(z, target))(logits[group.name])

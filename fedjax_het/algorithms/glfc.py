@@ -466,7 +466,8 @@ def map_clients_in_groups(f: Any, client_states: Any, num_clients: int, group: i
 
 
 def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any,
-              max_client_size: int, *, eval_batch_size: int = 500) -> Algorithm:
+              max_client_size: int, *, eval_batch_size: int = 500,
+              image_size: int = 32) -> Algorithm:
   """GLFC's client side on the task stream as an `Algorithm` (module docstring).
 
   `settings` is the run's `cil.stream.StreamSettings`. State: {"server":
@@ -494,7 +495,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
 
   use_proxy = glfc.old_model == "proxy"
   slots = glfc.max_client_classes
-  encoder = proxy_lib.make_encoder(c) if use_proxy else None
+  encoder = proxy_lib.make_encoder(c, image_size) if use_proxy else None
 
   def init(key, data):
     num_clients = data.client_joined.shape[1]
@@ -691,4 +692,4 @@ def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Al
   """GLFC from a class-incremental config (`make_glfc`)."""
   return make_glfc(setup.settings, GLFCSettings.from_config(config, setup.client_classes),
                    setup.model, setup.mean, setup.std, setup.max_client_size,
-                   eval_batch_size=setup.eval_batch_size)
+                   eval_batch_size=setup.eval_batch_size, image_size=setup.image_size)

@@ -207,9 +207,9 @@ class ProxyState(NamedTuple):
   known: jax.Array           # (C,) bool: classes reconstructed so far (inferred labels)
 
 
-def make_encoder(num_classes: int) -> Any:
-  """The gradient encoder Gamma: GLFC's LeNet with one output per class."""
-  return models.get_model(ENCODER, num_classes)
+def make_encoder(num_classes: int, image_size: int = 32) -> Any:
+  """The gradient encoder Gamma: GLFC's LeNet with one output per class, for the stream's side."""
+  return models.get_model(ENCODER, num_classes, image_size=int(image_size))
 
 
 def init_proxy_state(key: jax.Array, encoder: Any, model_variables: Any, pool_size: int,
@@ -218,7 +218,8 @@ def init_proxy_state(key: jax.Array, encoder: Any, model_variables: Any, pool_si
   """An empty proxy: a freshly drawn fixed encoder, no best model, an empty monitor set."""
   size = pool_size * proxy.monitor_images
   return ProxyState(
-      encoder=models.init_variables(encoder, key), previous=model_variables,
+      encoder=models.init_variables(encoder, key, input_shape=(1,) + tuple(image_shape)),
+      previous=model_variables,
       current=model_variables, has_previous=jnp.asarray(False),
       has_current=jnp.asarray(False), best_accuracy=jnp.asarray(-1.0, jnp.float32),
       monitor_images=jnp.zeros((size,) + tuple(image_shape), jnp.uint8),
@@ -360,7 +361,8 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
   def rebuild(state):
     images, losses = gi.reconstruct_batch(
         encoder, state.encoder, gradients, labels, key, steps=proxy.reconstruction_steps,
-        keep_last=r, learning_rate=proxy.reconstruction_lr, linesearch=proxy.linesearch)
+        keep_last=r, learning_rate=proxy.reconstruction_lr, linesearch=proxy.linesearch,
+        image_shape=tuple(state.monitor_images.shape[1:]))
     monitor = gi.to_uint8(images).reshape((-1,) + images.shape[2:])
     final = jnp.sum(jnp.where(use, losses[:, -1], 0.0)) / jnp.maximum(num, 1)
     return state._replace(

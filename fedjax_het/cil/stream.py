@@ -110,13 +110,19 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
           "test_size": 0,              # 0 -> all test images
           "class_order": "seeded",     # or "icarl", "identity" (incremental.CLASS_ORDERS)
           "client_roles": "per_task",  # or "per_round" (the paper's text; draw_round_roles)
+          # Side of the square images; 0: the dataset's (incremental.NATIVE_IMAGE_SIZES:
+          # CIFAR-100 32, Tiny-ImageNet 64, ImageNet-Subset 224).
+          "image_size": 0,
       },
       "cil": {
           "rounds_per_task": 10,
           "clients_per_round": 10,
           "client_loop": "auto",       # "vmap" (GPU/TPU), "map" (CPU), "auto" by backend
       },
-      "models": {"architectures": ("glfc_resnet18",), "width": 1.0, "conv_impl": "auto"},
+      # stem (glfc_resnet18 only): "auto" (the CIFAR stem below 128 px, the ImageNet stem from
+      # 128 px on; `stem_for`), "cifar" or "imagenet" (fedjax_het/models/resnet.py).
+      "models": {"architectures": ("glfc_resnet18",), "width": 1.0, "conv_impl": "auto",
+                 "stem": "auto"},
       "local": {"optimizer": "sgd", "lr": 2.0, "momentum": 0.0, "weight_decay": 1e-5,
                 "epochs": 20, "batch_size": 128,
                 "lr_schedule": "glfc_code"},   # or "constant" (epoch_learning_rates)
@@ -125,6 +131,34 @@ def stream_config(algorithm: str) -> ml_collections.ConfigDict:
       "logging": {"progress": True, "plots": True, "tensorboard": False, "writers": "jsonl",
                   "wandb_mode": "offline", "mlflow_tracking_uri": ""},
   })
+
+
+#: `models.stem`: the ResNet stem of glfc_resnet18 ("auto": by the image side, `stem_for`).
+STEMS = ("auto", "cifar", "imagenet")
+#: Image sides from which "auto" picks the ImageNet stem.
+IMAGENET_STEM_FROM = 128
+#: The architectures whose stem `models.stem` sets.
+STEM_MODELS = ("glfc_resnet18",)
+
+
+def image_size(config: ml_collections.ConfigDict) -> int:
+  """The run's image side: scenario.image_size, or the dataset's native side when 0 or absent."""
+  size = int(config.scenario.get("image_size", 0))
+  return size or incremental.NATIVE_IMAGE_SIZES[config.scenario.dataset]
+
+
+def stem_for(stem: str, side: int) -> str:
+  """The ResNet stem of `models.stem` at images of `side` px ("auto": cifar below 128 px)."""
+  if stem != "auto":
+    return stem
+  return "imagenet" if side >= IMAGENET_STEM_FROM else "cifar"
+
+
+def model_kwargs(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The extra `models.get_model` keywords of the run's architecture (the stem of a ResNet)."""
+  if config.models.architectures[0] not in STEM_MODELS:
+    return {}
+  return {"stem": stem_for(config.models.get("stem", "auto"), image_size(config))}
 
 
 def num_rounds(config: ml_collections.ConfigDict) -> int:
@@ -174,6 +208,17 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
           "a number in [0, 1]")
   v.check(config, "scenario.client_data", v.choice(incremental.CLIENT_DATA),
           f"one of {incremental.CLIENT_DATA}")
+  if "image_size" in config.scenario:
+    dataset, source = config.scenario.dataset, config.scenario.source
+    sizes = incremental.image_sizes(dataset, source)
+    low, high = incremental.MIN_IMAGE_SIZE, incremental.MAX_IMAGE_SIZE
+    v.check(config, "scenario.image_size",
+            lambda x: v.int_at_least(0)(x) and (x == 0 or (x in sizes if sizes is not None
+                                                            else low <= x <= high)),
+            (f"0 (the dataset's {incremental.NATIVE_IMAGE_SIZES[dataset]}) or one of {sizes} "
+             f"for scenario.dataset={dataset!r} with scenario.source={source!r}"
+             if sizes is not None else f"0 (the dataset's side) or an integer in [{low}, "
+             f"{high}] for scenario.dataset={dataset!r} with scenario.source={source!r}"))
   v.check(config, "scenario.train_size", v.int_at_least(0), "an integer >= 0 (0: all)")
   v.check(config, "scenario.test_size", v.int_at_least(0), "an integer >= 0 (0: all)")
   if "class_order" in config.scenario:
@@ -206,6 +251,11 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
           f"one name (every client of the stream shares it) from {names}")
   v.check(config, "models.width", v.positive, "a number > 0")
   v.check(config, "models.conv_impl", v.choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
+  if "stem" in config.models:
+    v.check(config, "models.stem", v.choice(STEMS), f"one of {STEMS}")
+    if config.models.stem != "auto" and config.models.architectures[0] not in STEM_MODELS:
+      v.fail("models.stem", f"'auto' unless models.architectures is one of {STEM_MODELS} "
+             "(the stem is a ResNet's)", config.models.stem)
   v.check(config, "local.optimizer", v.choice(OPTIMIZERS), f"one of {OPTIMIZERS}")
   v.check(config, "local.lr", v.positive, "a number > 0")
   v.check(config, "local.momentum", lambda x: number(x) and 0 <= x < 1, "a number in [0, 1)")
@@ -483,6 +533,8 @@ class StreamSetup:
     client_classes: (T, K_max, C) bool, which classes each client holds in
       each task (static herding sizes are read from it).
     eval_batch_size: test images per evaluation batch.
+    image_size: the side of the stream's square images (models whose shapes
+      depend on it, GLFC's LeNet encoder, are built for it).
   """
   settings: StreamSettings
   model: Any
@@ -491,6 +543,7 @@ class StreamSetup:
   max_client_size: int
   client_classes: np.ndarray = dataclasses.field(repr=False, compare=False)
   eval_batch_size: int = 500
+  image_size: int = 32
 
 
 def batched_class_counts(scores_fn: Any, num_classes: int, images: jax.Array,
@@ -565,7 +618,7 @@ def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncremen
       client_data=sc.client_data, source=sc.source, data_dir=sc.data_dir or None,
       synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
       test_size=int(sc.test_size) or None, class_order=sc.get("class_order", "seeded"),
-      seed=int(config.seed))
+      image_size=image_size(config), seed=int(config.seed))
   if not per_round:
     return stream
   rounds_per_task = int(config.cil.rounds_per_task)

@@ -47,13 +47,21 @@ class DataUnavailableError(DataError):
 # ----------------------------------------------------------------------------
 
 
-def check_images(images: np.ndarray, where: str) -> None:
-  """Raises DataError unless `images` is a uint8 (N, 32, 32, 3) array."""
+def check_images(images: np.ndarray, where: str, *, any_side: bool = False) -> None:
+  """Raises DataError unless `images` is a uint8 (N, 32, 32, 3) array.
+
+  `any_side`: any square side instead of 32, (N, S, S, 3) (a `Split` of the
+  class-incremental streams' Tiny-ImageNet at 64 or ImageNet-Subset at 224).
+  """
   if not isinstance(images, np.ndarray):
     raise DataError(f"{where}: images must be a numpy array, got {type(images).__name__}.")
   if images.dtype != np.uint8:
     raise DataError(f"{where}: images must have dtype uint8, got {images.dtype}.")
-  if images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
+  if any_side:
+    if images.ndim != 4 or images.shape[1] != images.shape[2] or images.shape[3] != 3:
+      raise DataError(f"{where}: images must have shape (N, 32, 32, 3) or another square "
+                      f"(N, S, S, 3), got {images.shape}.")
+  elif images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
     raise DataError(f"{where}: images must have shape (N, 32, 32, 3), got {images.shape}.")
 
 
@@ -85,8 +93,10 @@ def check_labels(labels: np.ndarray, num_examples: int, where: str,
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  """A labelled image set: uint8 images (N, 32, 32, 3) RGB and int32 labels (N,).
+  """A labelled image set: uint8 images (N, S, S, 3) RGB and int32 labels (N,).
 
+  S is 32 everywhere except the class-incremental streams read at another
+  side (`incremental.build_class_incremental_stream`'s `image_size`).
   Validated on construction (DataError on a wrong dtype, shape or length, or
   a negative label); integer labels of another width are converted to int32.
   """
@@ -94,7 +104,7 @@ class Split:
   labels: np.ndarray
 
   def __post_init__(self):
-    check_images(self.images, "Split")
+    check_images(self.images, "Split", any_side=True)
     object.__setattr__(self, "labels", check_labels(self.labels, self.images.shape[0], "Split"))
 
   def __len__(self) -> int:

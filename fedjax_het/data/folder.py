@@ -3,9 +3,11 @@
 Layout (as torchvision's `ImageFolder`): one sub-folder per class under a
 root; class names are the sub-folder names, sorted; images inside a class
 folder (searched recursively) are read in sorted path order. Every image is
-converted to RGB and resized to 32x32 with Pillow's BILINEAR filter, i.e.
-`torchvision.transforms.Resize((32, 32))` on a PIL image, as the FCCL code
-does.
+converted to RGB and resized to `size` x `size` (default 32) with Pillow's
+BILINEAR filter, i.e. `torchvision.transforms.Resize((size, size))` on a PIL
+image, as the FCCL code does; `fit="center_crop"` instead scales the shorter
+side to `size` and keeps the central square (the aspect ratio is kept, as
+ImageNet's Resize + CenterCrop evaluation transform does).
 
 Pillow is an optional dependency (`pip install "fedjax_het[data]"`), imported
 only here.
@@ -48,15 +50,23 @@ def class_folders(root: str | os.PathLike) -> tuple[str, ...]:
   return names
 
 
+#: `load_image_folder`'s `fit`: stretch to the square, or scale the shorter side and crop.
+FITS = ("stretch", "center_crop")
+
+
 def load_image_folder(root: str | os.PathLike, *,
-                      class_names: Sequence[str] | None = None) -> tuple[Split, tuple[str, ...]]:
-  """Reads an ImageFolder tree into a Split of uint8 32x32 RGB images.
+                      class_names: Sequence[str] | None = None, size: int = 32,
+                      fit: str = "stretch") -> tuple[Split, tuple[str, ...]]:
+  """Reads an ImageFolder tree into a Split of uint8 `size` x `size` RGB images.
 
   Args:
     root: directory with one sub-folder per class.
     class_names: expected class folders, in label order. Default: the sorted
       sub-folder names (torchvision's rule). When given, the sub-folders must
       be exactly these names.
+    size: side of the returned images (an integer >= 1; default 32).
+    fit: "stretch" (resize to size x size, the default) or "center_crop"
+      (the shorter side to `size`, then the central square; module docstring).
 
   Returns:
     (Split, class names): examples ordered by class, then by sorted path;
@@ -67,6 +77,11 @@ def load_image_folder(root: str | os.PathLike, *,
     DataError: no class folders, an empty class, a class-name mismatch, or
       an unreadable image (the message names the file).
   """
+  if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+    raise ValueError(f"load_image_folder: `size` must be an integer >= 1, got {size!r}.")
+  if fit not in FITS:
+    raise ValueError(f"load_image_folder: `fit` must be one of {FITS}, got {fit!r}.")
+  size = int(size)
   image_module = _import_pil()
   root = pathlib.Path(root)
   found = class_folders(root)
@@ -74,19 +89,40 @@ def load_image_folder(root: str | os.PathLike, *,
   if set(names) != set(found):
     raise DataError(f"{root}: class folders {list(found)} do not match the expected classes "
                     f"{list(names)}.")
-  images, labels = [], []
-  for label, name in enumerate(names):
+  per_class = []
+  for name in names:
     files = sorted(p for p in (root / name).rglob("*")
                    if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
     if not files:
       raise DataError(f"{root / name}: class folder holds no image files "
                       f"(extensions {IMAGE_EXTENSIONS}).")
+    per_class.append(files)
+  # Filled in place: one (N, size, size, 3) array, no list of images to stack (ImageNet-scale
+  # folders at 224 px would need twice the pool's memory otherwise).
+  images = np.empty((sum(len(f) for f in per_class), size, size, 3), np.uint8)
+  labels = np.repeat(np.arange(len(names), dtype=np.int32), [len(f) for f in per_class])
+  row = 0
+  for files in per_class:
     for path in files:
       try:
         with image_module.open(path) as im:
-          rgb = im.convert("RGB").resize((32, 32), image_module.BILINEAR)
-          images.append(np.asarray(rgb, dtype=np.uint8))
+          rgb = im.convert("RGB")
+          if fit == "center_crop":
+            rgb = _center_crop(rgb, size, image_module.BILINEAR)
+          else:
+            rgb = rgb.resize((size, size), image_module.BILINEAR)
+          images[row] = np.asarray(rgb, dtype=np.uint8)
       except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot be read as an image: {e}") from e
-      labels.append(label)
-  return Split(np.stack(images), np.asarray(labels, dtype=np.int32)), names
+      row += 1
+  return Split(images, labels), names
+
+
+def _center_crop(image, size: int, resample):
+  """The shorter side scaled to `size` (BILINEAR), then the central size x size square."""
+  width, height = image.size
+  scale = size / min(width, height)
+  new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
+  image = image.resize((new_w, new_h), resample)
+  left, top = (new_w - size) // 2, (new_h - size) // 2
+  return image.crop((left, top, left + size, top + size))

@@ -43,11 +43,20 @@ data keeps its previous order), so a prefix of a client is class-mixed.
 
 Deviations and caveats:
 
-  * Tiny-ImageNet (200 classes) and ImageNet-Subset (100) are read from
-    ImageFolders a user provides (`source="folder:<root>"` with train/ and
-    val/ or test/), converted to RGB and resized to 32x32 like every folder
-    source (the paper trains at 64x64 and 224x224; the CIFAR ResNet-18 of
-    the zoo expects 32x32), and normalised by the pool's own mean and std.
+  * Image size (`image_size`; None: the dataset's `NATIVE_IMAGE_SIZES`,
+    CIFAR-100 32, Tiny-ImageNet 64, ImageNet-Subset 224, the sizes GLFC
+    trains at). Tiny-ImageNet (200 classes) is read from the bundle file
+    `tinyimagenet.npz` (source "real"; `npz.load_tinyimagenet`: the
+    official 64x64 train images, 500 per class, and the labelled val
+    images, 50 per class, as the test set; 32 by 2x2 area averaging) or from
+    an ImageFolder (`source="folder:<root>"` with train/ and val/ or test/).
+    ImageNet-Subset (100 classes) is an ImageFolder: source "real" reads
+    `<data_dir>/imagenet_subset/` (train/ and val/), `folder:<root>` any
+    other root; its images are scaled (shorter side to `image_size`) and
+    centre-cropped to the square, as ImageNet's Resize + CenterCrop. Other
+    folder datasets are resized to the square (`folder.load_image_folder`).
+    Both are normalised by the pool's own mean and std. The CIFAR-100
+    bundle and TFDS sources exist at 32x32 only (`image_sizes`).
   * The offline bundle `cifar100_glfc.npz` (source "real") is NOT the official
     CIFAR-100 split: 120 training and 50 test images per class (12000 / 5000),
     drawn from PFLlib shards of the pooled official train+test sets. Fine for
@@ -109,16 +118,22 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedjax_het.data import _imageops, npz, synthetic
 from fedjax_het.data import partition as partition_lib
-from fedjax_het.data import synthetic
-from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError, Split, logger
+from fedjax_het.data._base import (DATA_DIR_ENV, DataError, DataUnavailableError, Split, logger,
+                                   resolve_data_dir)
 from fedjax_het.data.partitioned import DATASET_STATS, _check_int, _is_int
 from fedjax_het.data.scenarios import load_dataset, stratified_subsample
 
-#: Datasets of `build_class_incremental_stream` and their number of classes.
-#: Datasets of the stream and their classes. GLFC's Tiny-ImageNet and ImageNet-Subset come
-#: from ImageFolders (`source="folder:<path>"`), resized to 32x32 (module docstring).
+#: Datasets of `build_class_incremental_stream` and their number of classes (module
+#: docstring: where Tiny-ImageNet and ImageNet-Subset are read from).
 INCREMENTAL_DATASETS = {"cifar100": 100, "tiny_imagenet": 200, "imagenet_subset": 100}
+#: The image side each dataset is read at by default: the size GLFC trains at.
+NATIVE_IMAGE_SIZES = {"cifar100": 32, "tiny_imagenet": 64, "imagenet_subset": 224}
+#: Image sides a resizing source (an image folder, the synthetic stand-in) accepts.
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 512
+#: The folder under the data directory that source "real" reads ImageNet-Subset from.
+IMAGENET_SUBSET_FOLDER = "imagenet_subset"
 #: How the images of a class are shared among its clients (module docstring).
 CLIENT_DATA = ("overlap", "disjoint")
 #: Classes the synthetic stand-in can serve: (domain, digit) pairs of the four
@@ -228,7 +243,8 @@ class ClassIncrementalStream:
   stream. Arrays built by this module are read-only.
 
   Attributes:
-    images: uint8 (N, 32, 32, 3), the training pool (only the stream's classes).
+    images: uint8 (N, S, S, 3), the training pool (only the stream's classes; S the image
+      side, `build_class_incremental_stream`'s `image_size`).
     labels: int32 (N,), class-order indices in [0, C).
     class_order: int64 (C,), the original dataset label of each class index.
     class_names: names in class-order index order, () when unknown.
@@ -237,7 +253,7 @@ class ClassIncrementalStream:
     client_joined: bool (T, K_max), the client exists at task t.
     client_kept_old: bool (T, K_max), the client kept its task t-1 data.
     client_classes: bool (T, K_max, C), classes the client holds at task t.
-    test_images: uint8 (M, 32, 32, 3), test images of the stream's classes.
+    test_images: uint8 (M, S, S, 3), test images of the stream's classes.
     test_labels: int32 (M,), class-order indices.
     num_tasks, classes_per_task, num_classes: T, k, C (Python ints).
     client_data: "overlap" or "disjoint".
@@ -527,6 +543,67 @@ def _divisors(n: int) -> tuple[int, ...]:
   return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
+def image_sizes(dataset: str, source: str) -> tuple[int, ...] | None:
+  """The image sides `dataset` can be read at from `source`; None: any in [MIN, MAX].
+
+  The CIFAR-100 bundle and TFDS hold 32x32 images; the Tiny-ImageNet bundle
+  64x64 (or 32x32 by area averaging); image folders and the synthetic
+  stand-in are resized to any side in [MIN_IMAGE_SIZE, MAX_IMAGE_SIZE].
+  """
+  if source == "real" and dataset == "tiny_imagenet":
+    return tuple(npz.TINYIMAGENET_RESOLUTIONS)
+  if source in ("real", "tfds") and dataset == "cifar100":
+    return (32,)
+  return None
+
+
+def check_image_size(dataset: str, source: str, image_size) -> int:
+  """`image_size` (None: the dataset's native side) checked against `image_sizes`."""
+  if image_size is None:
+    image_size = NATIVE_IMAGE_SIZES[dataset]
+  allowed = image_sizes(dataset, source)
+  ok = (not isinstance(image_size, bool) and isinstance(image_size, (int, np.integer))
+        and (image_size in allowed if allowed is not None
+             else MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE))
+  if not ok:
+    what = (f"one of {allowed}" if allowed is not None
+            else f"an integer in [{MIN_IMAGE_SIZE}, {MAX_IMAGE_SIZE}]")
+    raise ValueError(f"`image_size` must be {what} for dataset {dataset!r} with source "
+                     f"{source!r}, got {image_size!r}.")
+  return int(image_size)
+
+
+def _resize_square(split: Split, size: int) -> Split:
+  """`split` with its images resized to size x size (Pillow's BILINEAR, `_imageops`)."""
+  if split.images.shape[1:3] == (size, size):
+    return split
+  return Split(_imageops.resize_uint8_like_pil(split.images, size, size), split.labels)
+
+
+def _load(dataset: str, source: str, data_dir, image_size: int
+          ) -> tuple[Split, Split, str, tuple[str, ...]]:
+  """(train, test, provenance, class names by label or ()) of a real source."""
+  if dataset == "tiny_imagenet" and source == "real":
+    tiny = npz.load_tinyimagenet(data_dir, resolution=image_size)
+    return (Split(tiny.train.images, tiny.train.labels), Split(tiny.test.images, tiny.test.labels),
+            f"npz:{npz.bundle_path('tinyimagenet', data_dir)}", tiny.wnids)
+  fit = "center_crop" if dataset == "imagenet_subset" else "stretch"
+  if dataset == "imagenet_subset" and source == "real":
+    directory = resolve_data_dir(data_dir)
+    if directory is None or not (directory / IMAGENET_SUBSET_FOLDER).is_dir():
+      where = ("no data directory is configured" if directory is None
+               else f"{directory / IMAGENET_SUBSET_FOLDER} does not exist")
+      raise DataUnavailableError(
+          f"ImageNet-Subset is read from <data_dir>/{IMAGENET_SUBSET_FOLDER}/ (train/ and "
+          f"val/ image folders) and {where}.")
+    source = f"folder:{directory / IMAGENET_SUBSET_FOLDER}"
+  train, test, provenance = load_dataset(dataset, source=source, data_dir=data_dir,
+                                         image_size=image_size, fit=fit)
+  names = CIFAR100_CLASS_NAMES if dataset == "cifar100" and not source.startswith(
+      "folder:") else ()
+  return _resize_square(train, image_size), _resize_square(test, image_size), provenance, names
+
+
 def _check_source(source) -> str:
   ok = isinstance(source, str) and (
       source in ("real", "tfds", "synthetic")
@@ -539,6 +616,13 @@ def _check_source(source) -> str:
 
 def _how_to(dataset: str, source: str) -> str:
   hints = []
+  if source == "real" and dataset == "tiny_imagenet":
+    hints.append(f"python -m fedjax_het.data.download --data_dir <dir> tinyimagenet writes "
+                 f"tinyimagenet.npz (64x64) into the data directory (data_dir=... or "
+                 f"${DATA_DIR_ENV}; docs/data.md)")
+  if source == "real" and dataset == "imagenet_subset":
+    hints.append(f"put ImageNet-Subset's train/ and val/ class folders under "
+                 f"<data_dir>/{IMAGENET_SUBSET_FOLDER}/ (docs/data.md)")
   if source == "real" and dataset == "cifar100":
     hints.append(f"python -m fedjax_het.data.download --data_dir <dir> cifar100 writes "
                  f"cifar100_glfc.npz into the data directory (data_dir=... or ${DATA_DIR_ENV}; "
@@ -555,8 +639,12 @@ def _how_to(dataset: str, source: str) -> str:
 
 
 def _synthetic_pool(num_classes: int, train_size: int | None, test_size: int | None,
-                    seed: int) -> tuple[Split, Split, tuple[str, ...], str]:
-  """(train, test, class names by label, domains text): (domain, digit) classes."""
+                    seed: int, image_size: int = 32
+                    ) -> tuple[Split, Split, tuple[str, ...], str]:
+  """(train, test, class names by label, domains text): (domain, digit) classes.
+
+  The synthetic digits are drawn at 32x32 and resized to `image_size` (BILINEAR).
+  """
   num_domains = math.ceil(num_classes / 10)
   per_train = (SYNTHETIC_TRAIN_PER_CLASS if train_size is None
                else math.ceil(train_size / num_classes))
@@ -566,8 +654,9 @@ def _synthetic_pool(num_classes: int, train_size: int | None, test_size: int | N
     parts = [synthetic.synthetic_digits(domain, 10 * per_class, seed=seed, split=split,
                                         cache=True)
              for domain in synthetic.DIGIT_DOMAINS[:num_domains]]
-    splits.append(Split(np.concatenate([p.images for p in parts]),
-                        np.concatenate([p.labels + 10 * d for d, p in enumerate(parts)])))
+    splits.append(_resize_square(
+        Split(np.concatenate([p.images for p in parts]),
+              np.concatenate([p.labels + 10 * d for d, p in enumerate(parts)])), image_size))
   domains = synthetic.DIGIT_DOMAINS[:num_domains]
   names = tuple(f"{domain}_{digit}" for domain in domains for digit in range(10))
   return splits[0], splits[1], names, "+".join(domains)
@@ -583,6 +672,7 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
                                    train_size: int | None = None,
                                    test_size: int | None = None,
                                    class_order: str = "seeded",
+                                   image_size: int | None = None,
                                    seed: int = 0) -> ClassIncrementalStream:
   """GLFC's federated class-incremental stream as fixed-shape arrays (module docstring).
 
@@ -590,8 +680,8 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   Sec. 5.4]; T = 10 is Table 1.
 
   Args:
-    dataset: one of INCREMENTAL_DATASETS ("cifar100"; "tiny_imagenet" and
-      "imagenet_subset" with source="folder:<path>" only).
+    dataset: one of INCREMENTAL_DATASETS ("cifar100", "tiny_imagenet",
+      "imagenet_subset"; module docstring).
     num_tasks: T >= 1; must divide `num_classes`.
     num_classes: classes of the stream (None: all of the dataset); a seeded
       random subset when smaller (quick runs, e.g. 20 classes in 4 tasks).
@@ -601,9 +691,11 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
     shift_fraction: fraction of existing clients moving to a new task, [0, 1].
     client_data: "overlap" (the authors' code; reproduces the paper) or
       "disjoint".
-    source: "real" (offline bundle cifar100_glfc.npz; not the official
-      split), "tfds", "folder:<path>" (see `scenarios.load_dataset`) or
-      "synthetic" (the (domain, digit) stand-in, at most 40 classes).
+    source: "real" (CIFAR-100: the offline bundle cifar100_glfc.npz, not the
+      official split; Tiny-ImageNet: tinyimagenet.npz; ImageNet-Subset: the
+      folder <data_dir>/imagenet_subset/), "tfds", "folder:<path>" (see
+      `scenarios.load_dataset`) or "synthetic" (the (domain, digit)
+      stand-in, at most 40 classes).
     data_dir: bundle directory (else $FEDJAX_HET_DATA_DIR); the TFDS data
       directory for source="tfds".
     synthetic_fallback: substitute the synthetic stand-in for an unavailable
@@ -618,6 +710,9 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
       CIFAR-100 order; dataset "cifar100" with real data only) or "identity"
       (ascending labels); a named order takes its first `num_classes`
       classes (module docstring).
+    image_size: side of the stream's square images; None: the dataset's
+      `NATIVE_IMAGE_SIZES` entry. Allowed sides: `image_sizes` (the synthetic
+      stand-in is resized to it with Pillow's BILINEAR filter).
     seed: seeds the class subset, subsamples, the task draw, the example
       order and synthetic data (separate random streams).
 
@@ -654,6 +749,7 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   if client_data not in CLIENT_DATA:
     raise ValueError(f"`client_data` must be one of {CLIENT_DATA}, got {client_data!r}.")
   source = _check_source(source)
+  image_size = check_image_size(dataset, source, image_size)
   if not isinstance(synthetic_fallback, (bool, np.bool_)):
     raise ValueError(f"`synthetic_fallback` must be True or False, got {synthetic_fallback!r}.")
   train_size = _check_int("train_size", train_size, num_classes, optional=True)
@@ -675,12 +771,12 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
   synthetic_names: tuple[str, ...] | None = None
   if source == "synthetic":
     train, test, synthetic_names, domains = _synthetic_pool(num_classes, train_size, test_size,
-                                                            seed)
+                                                            seed, image_size)
     provenance = (f"synthetic(seed={seed}; {domains} digits, classes = (domain, digit) "
                   "pairs)")
   else:
     try:
-      train, test, provenance = load_dataset(dataset, source=source, data_dir=data_dir)
+      train, test, provenance, real_names = _load(dataset, source, data_dir, image_size)
     except DataUnavailableError as e:
       if not synthetic_fallback:
         raise DataUnavailableError(
@@ -694,7 +790,7 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
             f"{SYNTHETIC_MAX_CLASSES} (divisible by num_tasks, e.g. num_classes=20, "
             f"num_tasks=4) or provide the data: {_how_to(dataset, source)}.") from e
       train, test, synthetic_names, domains = _synthetic_pool(num_classes, train_size,
-                                                              test_size, seed)
+                                                              test_size, seed, image_size)
       logger.warning(
           "SYNTHETIC SUBSTITUTION in the class-incremental stream: dataset %r requested "
           "source %r, which is unavailable (%s). Using %d synthetic (domain, digit) classes "
@@ -717,7 +813,7 @@ def build_class_incremental_stream(dataset: str = "cifar100", *, num_tasks: int 
       if len(split) and int(split.labels.max()) >= dataset_classes:
         raise DataError(f"{provenance}: {which} labels must lie in [0, {dataset_classes}) for "
                         f"{dataset!r}, found {int(split.labels.max())}.")
-    class_names = () if source.startswith("folder:") else CIFAR100_CLASS_NAMES
+    class_names = real_names
     # Folder datasets without published statistics are normalised by the pool's own.
     mean, std = DATASET_STATS.get(dataset, (None, None))
   else:

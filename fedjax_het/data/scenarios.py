@@ -751,7 +751,8 @@ _BUNDLE_LOADERS = {"cifar10": npz.load_cifar10, "cifar100_glfc": npz.load_cifar1
 
 
 def load_dataset(name: str, *, source: str = "real",
-                 data_dir: str | os.PathLike | None = None) -> tuple[Split, Split, str]:
+                 data_dir: str | os.PathLike | None = None, image_size: int = 32,
+                 fit: str = "stretch") -> tuple[Split, Split, str]:
   """A whole labelled dataset (train, test) for partitioner-based experiments.
 
   Args:
@@ -763,6 +764,10 @@ def load_dataset(name: str, *, source: str = "real",
       cifar100, fashion_mnist; `data_dir` is then the TFDS data directory) or
       "folder:<path>" (train/ and test/ or val/ ImageFolders).
     data_dir: see `source`.
+    image_size: side of a folder source's images (`folder.load_image_folder`;
+      default 32); the bundle and TFDS sources keep their stored size.
+    fit: how a folder source's images reach the square, "stretch" or
+      "center_crop" (`folder.load_image_folder`).
 
   Returns:
     (train, test, provenance).
@@ -795,7 +800,7 @@ def load_dataset(name: str, *, source: str = "real",
                      if os.path.isdir(os.path.join(root, d))), None)
     if test_dir is None or not os.path.isdir(os.path.join(root, "train")):
       raise DataUnavailableError(f"{root}: expected train/ and test/ (or val/) image folders.")
-    train, names = load_image_folder(os.path.join(root, "train"))
-    test, _ = load_image_folder(test_dir, class_names=names)
+    train, names = load_image_folder(os.path.join(root, "train"), size=image_size, fit=fit)
+    test, _ = load_image_folder(test_dir, class_names=names, size=image_size, fit=fit)
     return train, test, f"folder:{root}"
   raise ValueError(f"`source` must be 'real', 'tfds' or 'folder:<path>', got {source!r}.")

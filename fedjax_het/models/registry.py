@@ -20,8 +20,9 @@ from fedjax_het.models.small_cnns import (fedavg_cifar_cnn, fedavg_mnist_cnn, le
 
 
 def _resnet_builder(name: str) -> Callable[..., Classifier]:
-  def build(num_classes: int, *, width: float, conv_impl: str) -> Classifier:
-    return resnet(RESNET_STAGE_SIZES[name], num_classes, width=width, conv_impl=conv_impl)
+  def build(num_classes: int, *, width: float, conv_impl: str, stem: str = "cifar") -> Classifier:
+    return resnet(RESNET_STAGE_SIZES[name], num_classes, width=width, conv_impl=conv_impl,
+                  stem=stem)
   return build
 
 
@@ -47,6 +48,10 @@ MODEL_KWARGS: dict[str, dict[str, Any]] = {
     "fedavg_mnist_cnn": {"dropout_rate": 0.0},
     "fedavg_cifar_cnn": {"dropout_rate": 0.0},
     "fedfusion": {"base": "fedavg_cifar_cnn", "fusion": "multi"},
+    # GLFC's ResNet-18 at 32, 64 or 224 px: "cifar" or "imagenet" stem (models/resnet.py).
+    "glfc_resnet18": {"stem": "cifar"},
+    # GLFC's LeNet encoder: its linear layer's input follows the image side.
+    "lenet_encoder": {"image_size": 32},
 }
 
 #: Every name `get_model` accepts ("fedfusion" wraps any of the others).

@@ -167,9 +167,16 @@ def fedavg_cifar_cnn(num_classes: int, *, width: float = 1.0, conv_impl: str = "
   return Classifier(trunk=trunk, tail=tail, num_classes=num_classes)
 
 
-def lenet_encoder(num_classes: int, *, width: float = 1.0,
-                  conv_impl: str = "xla") -> Classifier:
-  """GLFC/DLG LeNet gradient encoder (see module docstring)."""
+def lenet_encoder(num_classes: int, *, width: float = 1.0, conv_impl: str = "xla",
+                  image_size: int = 32) -> Classifier:
+  """GLFC/DLG LeNet gradient encoder (see module docstring) for image_size x image_size inputs.
+
+  The two stride-2 convolutions leave ceil(image_size / 4) squared positions (8 x 8 at 32 px,
+  16 x 16 at 64 px) for the linear layer.
+  """
+  if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+    raise ValueError(f"lenet_encoder: `image_size` must be an integer >= 1, got {image_size!r}.")
+  side = -(-(-(-image_size // 2)) // 2)
   trunk = LeNetTrunk(width, conv_impl)
-  return Classifier(trunk=trunk, tail=MLPTail(8 * 8 * trunk.out_channels),
+  return Classifier(trunk=trunk, tail=MLPTail(side * side * trunk.out_channels),
                     num_classes=num_classes, head_init_bound=LENET_INIT_BOUND)

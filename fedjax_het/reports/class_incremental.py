@@ -171,13 +171,24 @@ def markdown_table(summary: Mapping[str, Any], rows: Sequence[tuple[str, str]],
                + [format_fraction(s) for s in row["seen_accuracy"]]
                + [format_fraction(row["average_incremental_accuracy"]),
                   format_fraction(row["forgetting"])])
+    # A paper row of the first n < T tasks (GLFC Table 3 prints 10 of 20) stands under the
+    # first n columns and is compared with the mean of the runs' first n tasks.
+    prefix = bool(printed) and len(printed["seen"]) < len(columns) and all(
+        int(c) == (t + 1) * int(columns[0]) for t, c in enumerate(columns))
     if show_diff:
-      cells.append(f"{100 * row['average_incremental_accuracy']['mean'] - printed['avg']:+.1f}"
-                   if row is not None and printed else "")
+      if row is not None and printed and prefix:
+        first = row["seen_accuracy"][:len(printed["seen"])]
+        mean = 100 * float(np.mean([stat["mean"] for stat in first]))
+        cells.append(f"{mean - printed['avg']:+.1f}")
+      else:
+        cells.append(f"{100 * row['average_incremental_accuracy']['mean'] - printed['avg']:+.1f}"
+                     if row is not None and printed else "")
     lines.append(common.markdown_row(cells))
     if printed:
       seen = list(printed["seen"]) if len(printed["seen"]) == len(columns) else []
-      paper_cells = ([f"↳ {source}", ""] + ([f"{v:.1f}" for v in seen] or
+      padded = ([f"{v:.1f}" for v in printed["seen"]]
+                + [""] * (len(columns) - len(printed["seen"]))) if prefix else []
+      paper_cells = ([f"↳ {source}", ""] + ([f"{v:.1f}" for v in seen] or padded or
                                             ["(other layout)"] + [""] * (len(columns) - 1))
                      + [f"{printed['avg']:.1f}", "–"] + ([""] if show_diff else []))
       lines.append(common.markdown_row(paper_cells))
