@@ -56,6 +56,7 @@ ROWS = (
     ("feddf", "logits", "ensemble logits", "", "", ""),
     ("fedmatch", "weak-view logits", "the helpers' logits", "", "", ""),
     ("rhfl", "logits; private loss", "the others' logits; K weights", "", "", ""),
+    ("rcfl", "class scores", "alpha-weighted aggregated scores", "", "", ""),
     ("fccl", "logits", "mean logits", "|B0| x C", "3|θ|", "33.51"),
     ("fcclplus fcclplus.use_fisl=False", "logits", "mean logits", "|B0| x C (FCCM, Table IV)",
      "|θ|", "33.51 (FCCM, Table IV)"),

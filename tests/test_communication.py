@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedjax_het.algorithms import (common, fccl, fcclplus, feddf, fedmatch, fedmd, get_method,
-                                   rhfl)
+                                   rcfl, rhfl)
 from fedjax_het.config import base_config, load_module
 from fedjax_het.engine import api, clients
 from tests.tiny_federation import round_data_with_public
@@ -23,7 +23,8 @@ communication = load_module(REPO / "experiments" / "communication.py")
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 CLASSES = 10
 MODEL_BYTES = (3072 * CLASSES + CLASSES) * 4  # TinyLinear(10): kernel and bias, float32
-MODULES = {"fccl": fccl, "fedmd": fedmd, "feddf": feddf, "fedmatch": fedmatch, "rhfl": rhfl}
+MODULES = {"fccl": fccl, "fedmd": fedmd, "feddf": feddf, "fedmatch": fedmatch, "rhfl": rhfl,
+           "rcfl": rcfl}
 
 
 def _setup(archs):
@@ -72,6 +73,11 @@ def test_fedmd_exchanges_the_scores_of_the_public_subset():
   assert _bytes("fedmd", 40, batch_size=16, **{"fedmd.public_subset": 8}) == (LOGITS, LOGITS)
 
 
+def test_rcfl_exchanges_scores_and_their_aggregation_on_every_public_batch():
+  assert _bytes("rcfl", 8) == (LOGITS, LOGITS)
+  assert _bytes("rcfl", 20, epochs=2) == (6 * LOGITS,) * 2  # 3 batches of 8, two passes
+
+
 def test_feddf_exchanges_logits_and_the_ensemble():
   assert _bytes("feddf", 16) == (2 * LOGITS, 2 * LOGITS)
   assert _bytes("feddf", 8, archs="aaaa", **{"feddf.average_parameters": True}) == (
@@ -107,14 +113,15 @@ def test_tree_bytes_counts_size_times_itemsize():
   assert common.model_bytes(TinyLinear(num_classes=CLASSES)) == MODEL_BYTES
 
 
-@pytest.mark.parametrize("method", ["fccl", "fedmd", "feddf", "fedmatch", "rhfl", "solo"])
+@pytest.mark.parametrize("method", ["fccl", "fedmd", "feddf", "fedmatch", "rhfl", "rcfl", "solo"])
 def test_the_round_logs_the_counted_bytes(method):
   """The round's logged bytes, read from its trace (`experiments/communication.py`)."""
   if method == "solo":
     config = base_config("solo")
   else:
     config = _config(method, **{"fccl": {"fccl.pretrain_epochs": 0},
-                                "fedmd": {"fedmd.warmup_epochs": 0}}.get(method, {}))
+                                "fedmd": {"fedmd.warmup_epochs": 0},
+                                "rcfl": {"rcfl.warmup_epochs": 0}}.get(method, {}))
   setup = _setup(["a", "b", "a", "b"])
   algorithm = get_method(method).make(config, setup)
   logged = communication.traced_bytes(algorithm, round_data_with_public(setup, public_size=8))
@@ -130,7 +137,8 @@ def test_the_docs_block_is_the_rendering_of_the_record():
   assert [row["variant"] for row in record["rows"]] == [row[0] for row in communication.ROWS]
 
 
-@pytest.mark.parametrize("method", ["fccl", "fcclplus", "fedmd", "feddf", "fedmatch", "rhfl"])
+@pytest.mark.parametrize("method", ["fccl", "fcclplus", "fedmd", "feddf", "fedmatch", "rhfl",
+                                    "rcfl"])
 def test_the_record_holds_what_the_methods_count_now(method):
   """The heterogeneous rows of the record are each method's `communication_bytes` on the
   Digits paper config (4 participants, 10 classes, 5000 public images in batches of 512)."""

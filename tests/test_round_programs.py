@@ -142,7 +142,7 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
   assert not programs.side_by_side("in_turn", "cpu")
   assert "round_programs" in workdir_lib.NEUTRAL_FIELDS  # same bits, so a resume may change it
   assert "round_compile" in workdir_lib.NEUTRAL_FIELDS
-  for name in ("fccl", "fcclplus", "fedmd", "feddf", "rhfl", "fedmatch"):  # staged rounds
+  for name in ("fccl", "fcclplus", "fedmd", "feddf", "rhfl", "fedmatch", "rcfl"):  # staged
     assert [s.name for s in algorithms.get_method(name).make(
         *_made(name)).stages] == ["public", "local"]
 
