@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import bic_fl, cil_replay
+from fedjax_het.algorithms import bic_fl
 from fedjax_het.cil import exemplars, masking
-from fedjax_het.cil import stream as cil_stream
 from fedjax_het.config import load_module, validate_config
-from fedjax_het.engine import rounds
 from fedjax_het.losses import incremental
 from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
                                    train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear
+from tests.tiny_runs import evaluate_seen, rounds_across_a_task_change, tiny_replay
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
 
@@ -154,20 +153,17 @@ def test_rounds_learn_a_bias_pair_at_the_end_of_task_1():
   stream = tiny_stream()
   settings = tiny_settings(batch_size=16, lr=0.01)
   model = TinyLinear(num_classes=stream.num_classes)
-  replay = cil_replay.ReplaySettings(memory_size=8, distinct=True, max_per_class=8,
-                                     max_client_classes=int(stream.client_classes.sum(-1).max()))
+  replay = tiny_replay(stream)
   algorithm = bic_fl.make_bic_fl(settings, replay, model, stream.mean, stream.std,
                                  stream.max_client_size, validation_fraction=0.25,
                                  bias_steps=20, eval_batch_size=16)
-  data = jax.device_put(cil_stream.stream_arrays(stream))
-  round_fn = jax.jit(rounds.make_round_fn(algorithm))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
-  history = []
-  for _ in range(4):
-    state, metrics = round_fn(state, data)
-    history.append(metrics)
+
+  def no_correction_before_the_last_round(state, history):
     if len(history) < 4:
       np.testing.assert_array_equal(state["bias"]["alpha"], [1.0, 1.0])
+
+  state, history = rounds_across_a_task_change(
+      algorithm, stream, after_round=no_correction_before_the_last_round)
   assert [int(h["task"]) for h in history] == [0, 0, 1, 1]
   assert all(np.isfinite(float(h["train/loss"])) for h in history)
   assert float(history[0]["train/kd"]) == 0.0
@@ -175,8 +171,7 @@ def test_rounds_learn_a_bias_pair_at_the_end_of_task_1():
   assert float(state["bias"]["alpha"][1]) != 1.0 or float(state["bias"]["beta"][1]) != 0.0
   assert float(history[3]["bic/alpha"]) == float(state["bias"]["alpha"][1])
   assert float(state["bias"]["alpha"][0]) == 1.0 and float(state["bias"]["beta"][0]) == 0.0
-  correct, total, _ = jax.jit(algorithm.evaluate)(
-      state, (jnp.asarray(stream.test_images), jnp.asarray(stream.test_labels), jnp.int32(4)))
+  correct, total, _ = evaluate_seen(algorithm, state, stream)
   assert int(np.sum(total)) == len(stream.test_labels) and 0 <= int(np.sum(correct))
 
 

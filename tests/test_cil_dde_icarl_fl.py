@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import cil_replay, dde_icarl_fl, icarl_fl
-from fedjax_het.cil import stream as cil_stream
+from fedjax_het.algorithms import dde_icarl_fl, icarl_fl
 from fedjax_het.config import load_module, validate_config
-from fedjax_het.engine import rounds
 from fedjax_het.losses import causal_distillation as cd
 from fedjax_het.losses import glfc as glfc_losses
 from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
                                   train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear
+from tests.tiny_runs import evaluate_seen, rounds_across_a_task_change, tiny_replay
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs" / "cifar100.py"
 
@@ -250,18 +249,11 @@ def test_rounds_train_and_evaluate_across_a_task_change():
   stream = tiny_stream()
   settings = tiny_settings(batch_size=16)
   model = TinyLinear(num_classes=stream.num_classes)
-  replay = cil_replay.ReplaySettings(memory_size=8, distinct=True, max_per_class=8,
-                                     max_client_classes=int(stream.client_classes.sum(-1).max()))
+  replay = tiny_replay(stream)
   algorithm = dde_icarl_fl.make_dde_icarl_fl(settings, replay, model, stream.mean, stream.std,
                                              stream.max_client_size, neighbours=3,
                                              eval_batch_size=16)
-  data = jax.device_put(cil_stream.stream_arrays(stream))
-  round_fn = jax.jit(rounds.make_round_fn(algorithm))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
-  history = []
-  for _ in range(4):
-    state, metrics = round_fn(state, data)
-    history.append(metrics)
+  state, history = rounds_across_a_task_change(algorithm, stream)
   assert [int(h["task"]) for h in history] == [0, 0, 1, 1]
   assert all(np.isfinite(float(h["train/loss"])) for h in history)
   # Task 0: no old model, no neighbours, no momentum; task 1: both.
@@ -272,8 +264,7 @@ def test_rounds_train_and_evaluate_across_a_task_change():
   assert sum(int(h["dde/transitions"]) for h in history) >= 1
   stored = np.asarray(state["clients"].memory.labels)[np.asarray(state["clients"].memory.valid)]
   assert stored.size and (stored < 2).all()
-  correct, total, predicted = jax.jit(algorithm.evaluate)(
-      state, (jnp.asarray(stream.test_images), jnp.asarray(stream.test_labels), jnp.int32(4)))
+  correct, total, predicted = evaluate_seen(algorithm, state, stream)
   assert int(np.sum(total)) == len(stream.test_labels) == int(np.sum(predicted))
   assert 0 <= int(np.sum(correct))
 

@@ -8,17 +8,16 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import cil_replay, geodl_icarl_fl
+from fedjax_het.algorithms import geodl_icarl_fl
 from fedjax_het.cil import masking
-from fedjax_het.cil import stream as cil_stream
 from fedjax_het.config import load_module, validate_config
-from fedjax_het.engine import rounds
 from fedjax_het.errors import ConfigError
 from fedjax_het.losses import geodesic
 from fedjax_het.losses import glfc as glfc_losses
 from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
                                   train_tiny_and_check_table1)
 from tests.tiny_models import TinyMLP
+from tests.tiny_runs import evaluate_seen, rounds_across_a_task_change, tiny_replay
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs" / "cifar100.py"
 
@@ -225,18 +224,11 @@ def test_rounds_train_distil_and_evaluate_across_a_task_change():
   stream = tiny_stream()
   settings = tiny_settings(batch_size=16)
   model = TinyMLP(num_classes=stream.num_classes)   # features depend on the parameters
-  replay = cil_replay.ReplaySettings(memory_size=8, distinct=True, max_per_class=8,
-                                     max_client_classes=int(stream.client_classes.sum(-1).max()))
+  replay = tiny_replay(stream)
   algorithm = geodl_icarl_fl.make_geodl_icarl_fl(settings, replay, model, stream.mean,
                                                  stream.std, stream.max_client_size,
                                                  eval_batch_size=16)
-  data = jax.device_put(cil_stream.stream_arrays(stream))
-  round_fn = jax.jit(rounds.make_round_fn(algorithm))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
-  history = []
-  for _ in range(4):
-    state, metrics = round_fn(state, data)
-    history.append(metrics)
+  state, history = rounds_across_a_task_change(algorithm, stream)
   assert [int(h["task"]) for h in history] == [0, 0, 1, 1]
   assert [float(h["geodl/weight"]) for h in history] == [0.0, 0.0, 5.0, 5.0]
   for h in history:
@@ -251,8 +243,7 @@ def test_rounds_train_distil_and_evaluate_across_a_task_change():
   stored = np.asarray(state["clients"].memory.labels)[np.asarray(state["clients"].memory.valid)]
   assert stored.size and (stored < 2).all()   # only task 0's classes are exemplars
   assert int(history[3]["geodl/classes_with_mean"]) >= 2
-  correct, total, predicted = jax.jit(algorithm.evaluate)(
-      state, (jnp.asarray(stream.test_images), jnp.asarray(stream.test_labels), jnp.int32(4)))
+  correct, total, predicted = evaluate_seen(algorithm, state, stream)
   assert int(np.sum(total)) == len(stream.test_labels)
   assert int(np.sum(predicted)) == len(stream.test_labels) and int(np.sum(correct)) >= 0
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.algorithms import icarl_fl as icarl_lib
 from fedjax_het.cil import masking
@@ -25,6 +24,7 @@ from fedjax_het.errors import ConfigError
 from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
                                    run_across_a_task_change, train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear, TinyMLP
+from tests.tiny_runs import tiny_replay
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
 
@@ -39,8 +39,7 @@ def _settings(**overrides):
 
 
 def _icarl(stream, memory=8):
-  return cil_replay.ReplaySettings(memory_size=memory, distinct=True, max_per_class=memory,
-                                 max_client_classes=int(stream.client_classes.sum(-1).max()))
+  return tiny_replay(stream, memory)
 
 
 def _algorithm(stream, settings, icarl, model=None):

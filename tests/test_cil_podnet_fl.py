@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import cil_replay, podnet_fl
-from fedjax_het.cil import stream as cil_stream
+from fedjax_het.algorithms import podnet_fl
 from fedjax_het.config import load_module, validate_config
-from fedjax_het.engine import rounds
 from fedjax_het.losses import incremental
 from fedjax_het.models.base import STAGE_COLLECTION
 from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
                                   train_tiny_and_check_table1)
 from tests.tiny_models import TinyLinear
+from tests.tiny_runs import evaluate_seen, rounds_across_a_task_change, tiny_replay
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs" / "cifar100.py"
 
@@ -214,19 +213,12 @@ def test_rounds_train_distil_and_evaluate_across_a_task_change():
   stream = tiny_stream()
   settings = tiny_settings(batch_size=16)
   model = TinyStaged(num_classes=stream.num_classes)
-  replay = cil_replay.ReplaySettings(memory_size=8, distinct=True, max_per_class=8,
-                                     max_client_classes=int(stream.client_classes.sum(-1).max()))
+  replay = tiny_replay(stream)
   algorithm = podnet_fl.make_podnet_fl(settings, replay, model, stream.mean, stream.std,
                                        stream.max_client_size, proxies_per_class=2,
                                        eval_batch_size=16)
-  data = jax.device_put(cil_stream.stream_arrays(stream))
-  round_fn = jax.jit(rounds.make_round_fn(algorithm))
-  state = rounds.initial_state(algorithm, jax.random.key(0), data)
+  state, history = rounds_across_a_task_change(algorithm, stream)
   assert state["server"]["params"][podnet_fl.LSC]["proxies"].shape == (4, 2, 8)
-  history = []
-  for _ in range(4):
-    state, metrics = round_fn(state, data)
-    history.append(metrics)
   assert [int(h["task"]) for h in history] == [0, 0, 1, 1]
   assert all(np.isfinite(float(h["train/loss"])) for h in history)
   for h in history[:2]:   # task 0: no distillation term in the loss
@@ -241,8 +233,7 @@ def test_rounds_train_distil_and_evaluate_across_a_task_change():
   size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state["server"]))
   assert [float(h["train/server/bytes_down"]) for h in history] == [2 * size] * 2 + [4 * size] * 2
   assert all(float(h["train/server/bytes_up"]) == 2 * size for h in history)
-  correct, total, predicted = jax.jit(algorithm.evaluate)(
-      state, (jnp.asarray(stream.test_images), jnp.asarray(stream.test_labels), jnp.int32(4)))
+  correct, total, predicted = evaluate_seen(algorithm, state, stream)
   assert int(np.sum(total)) == len(stream.test_labels)
   assert int(np.sum(predicted)) == len(stream.test_labels) and int(np.sum(correct)) >= 0
 

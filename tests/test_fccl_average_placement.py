@@ -27,18 +27,11 @@ from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import tiny_data, tiny_setup
 from tests.tiny_models import TinyBatchNorm
+from tests.tiny_runs import local_sgd, public_batches
 
 
 def _config(average=True, placement=None):
-  c = base_config("fccl")
-  c.collaborative.batch_size = 4
-  c.collaborative.augmentation = "none"
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 3
+  c = local_sgd(public_batches(base_config("fccl")), batch_size=3)
   c.eval.batch_size = 4
   c.fccl.pretrain_epochs = 0
   c.fccl.average_parameters = average

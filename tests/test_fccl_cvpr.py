@@ -10,7 +10,7 @@ import pytest
 from fedjax_het.algorithms import fccl
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.errors import ConfigError
-from tests.test_fedmd_feddf import _data, _setup
+from tests.tiny_runs import local_sgd, public_batches, tiny_public_data, tiny_public_setup
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -49,14 +49,7 @@ def test_cvpr_configs_hold_the_conference_code_protocol():
 
 
 def _config(**fields):
-  c = base_config("fccl")
-  c.collaborative.batch_size = 4
-  c.collaborative.augmentation = "none"
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.batch_size = 3
+  c = local_sgd(public_batches(base_config("fccl")), epochs=None, batch_size=3)
   c.fccl.pretrain_epochs = 1
   c.update_from_flattened_dict(fields)
   return c
@@ -76,8 +69,8 @@ def _local_heads(config, setup, data):
 
 
 def test_per_participant_epochs_train_each_participant_its_own_epochs():
-  setup = _setup(("a", "b"))
-  data = _data(setup)
+  setup = tiny_public_setup(("a", "b"))
+  data = tiny_public_data(setup)
   config = lambda: _config(**{"fccl.pretrain_epochs": 0})  # noqa: E731
   mixed = _local_heads(_with_epochs(config(), (1, 3)), setup, data)
   one = _local_heads(_with_epochs(config(), 1), setup, data)
@@ -88,7 +81,7 @@ def test_per_participant_epochs_train_each_participant_its_own_epochs():
 
 
 def test_per_participant_epochs_are_checked_against_the_participants():
-  setup = _setup(("a", "b", "a"))
+  setup = tiny_public_setup(("a", "b", "a"))
   with pytest.raises(ConfigError, match=r"config.local.epochs must be one integer or one per "
                      r"participant \(3\)"):
     fccl.make_phases(_with_epochs(_config(), (1, 2)), setup)
@@ -101,8 +94,8 @@ def test_per_participant_epochs_are_checked_against_the_participants():
 
 
 def test_pretrain_batch_size_zero_is_the_local_batch():
-  setup = _setup(("a", "b"))
-  data = _data(setup)
+  setup = tiny_public_setup(("a", "b"))
+  data = tiny_public_data(setup)
   init = lambda c: fccl.make_phases(c, setup).init(jax.random.PRNGKey(0), data)  # noqa: E731
   default = init(_config())
   explicit = init(_config(**{"fccl.pretrain_batch_size": 3}))

@@ -19,14 +19,13 @@ import pytest
 
 from fedjax_het.algorithms import fedmatch
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients, public
+from fedjax_het.engine import public
 from fedjax_het.errors import ConfigError
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import round_data_with_public, tiny_data, tiny_setup
-from tests.tiny_models import TinyLinear
+from tests.tiny_runs import local_sgd, participant_heads, public_sgd, tiny_public_setup
 
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 NAMES = ("mnist", "usps", "svhn", "syn")
 
 
@@ -37,26 +36,11 @@ def _shared_cache(tmp_path_factory, monkeypatch):
 
 
 def _setup(archs=("a", "b", "a"), *, slot_multiple=1):
-  groups = clients.group_clients(list(archs), [TinyLinear()] * len(archs),
-                                 slot_multiple=slot_multiple)
-  return api.Setup(groups=groups, num_participants=len(archs), num_classes=3, num_rounds=4,
-                   max_sizes={g.name: 6 for g in groups}, private_mean=STATS[0],
-                   private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
-                   max_test_size=4)
+  return tiny_public_setup(archs, slot_multiple=slot_multiple)
 
 
 def _config(**fedmatch_fields):
-  c = base_config("fedmatch")
-  c.collaborative.optimizer = "sgd"
-  c.collaborative.lr = 0.1
-  c.collaborative.lr_decay = 0.0
-  c.collaborative.batch_size = 4
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6
+  c = local_sgd(public_sgd(base_config("fedmatch"), augmentation=None))
   c.eval.batch_size = 4
   c.fedmatch.update(fedmatch_fields)
   return c
@@ -260,17 +244,6 @@ def test_helpers_are_the_nearest_by_noise_embedding_or_all_others():
 # --------------------------------------------------------------------------- one step by hand
 
 
-def _heads(state, setup):
-  """{participant: (kernel, bias)} as float64 NumPy."""
-  out = {}
-  for g in setup.groups:
-    head = state["groups"][g.name]["variables"]["params"]["head"]
-    for slot, p in enumerate(g.clients):
-      out[p] = (np.asarray(head["kernel"][slot], np.float64),
-                np.asarray(head["bias"][slot], np.float64))
-  return out
-
-
 WEAK = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
 STRONG = jax.random.normal(jax.random.key(2), (8, 32, 32, 3))
 
@@ -284,7 +257,7 @@ def test_public_step_is_sgd_on_the_public_loss_of_every_participant():
   helpers = phases.select_helpers(state)
   new_state, metrics = jax.jit(phases.public_step)(state, (WEAK, STRONG), jax.random.key(3),
                                                    jnp.int32(0), helpers)
-  before, after = _heads(state, setup), _heads(new_state, setup)
+  before, after = participant_heads(state, setup), participant_heads(new_state, setup)
   xw = np.asarray(WEAK, np.float64).reshape(8, -1)
   xs = np.asarray(STRONG, np.float64).reshape(8, -1)
   weak = np.stack([xw @ w + b for w, b in (before[p] for p in range(3))])
@@ -316,7 +289,7 @@ def test_padding_slots_change_nothing_real():
     state = phases.init(jax.random.key(0), None)
     state, _ = jax.jit(phases.public_step)(state, (WEAK, STRONG), jax.random.key(3),
                                            jnp.int32(0), phases.select_helpers(state))
-    results.append(_heads(state, setup))
+    results.append(participant_heads(state, setup))
   for p in range(3):
     for a, b in zip(results[0][p], results[1][p]):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

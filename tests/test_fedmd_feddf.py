@@ -10,7 +10,6 @@ with Z_bar = (Z_1 + Z_2) / 2 the mean over BOTH participants (self included).
 
 import json
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,13 +18,13 @@ import pytest
 from fedjax_het import losses
 from fedjax_het.algorithms import feddf, fedmd, solo
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients, public
+from fedjax_het.engine import clients, public
 from fedjax_het.experiment import Experiment
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
-from tests.tiny_models import TinyLinear
+from tests.tiny_runs import (IMAGES, STATS, participant_heads, rounds_traced_once,
+                             tiny_public_config, tiny_public_data, tiny_public_setup)
 
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 NUM_CLASSES = 3
 
 
@@ -35,56 +34,10 @@ def _shared_cache(tmp_path_factory, monkeypatch):
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
 
 
-def _setup(archs=("a", "b"), *, slot_multiple=1):
-  model = TinyLinear(num_classes=NUM_CLASSES)
-  groups = clients.group_clients(list(archs), [model] * len(archs), slot_multiple=slot_multiple)
-  return api.Setup(groups=groups, num_participants=len(archs), num_classes=NUM_CLASSES,
-                   num_rounds=4, max_sizes={g.name: 6 for g in groups}, private_mean=STATS[0],
-                   private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
-                   max_test_size=4)
-
-
-def _data(setup, public_size=0, seed=0):
-  rng = np.random.default_rng(seed)
-  sizes = [6, 4, 5][:setup.num_participants]
-  images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in sizes]
-  labels = [rng.integers(0, NUM_CLASSES, n).astype(np.int32) for n in sizes]
-  groups = {g.name: jax.device_put(clients.stack_group_data(
-      g, images, labels, num_participants=setup.num_participants, max_size=6))
-            for g in setup.groups}
-  pub = jnp.asarray(rng.integers(0, 255, (public_size, 32, 32, 3), dtype=np.uint8))
-  return api.FederatedArrays(groups=groups, public=pub, test=None)
-
-
 def _config(method, **fields):
-  c = base_config(method)
-  c.collaborative.optimizer = "sgd"
-  c.collaborative.lr = 0.1
-  c.collaborative.lr_decay = 0.0
-  c.collaborative.batch_size = 4
-  c.collaborative.augmentation = "none"
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6
-  c.eval.batch_size = 4
   if method == "fedmd":
-    c.fedmd.warmup_epochs = 0
-  c.update_from_flattened_dict(fields)
-  return c
-
-
-def _participants(state, setup):
-  """{participant: (kernel (3072, C), bias (C,))} as float64 NumPy."""
-  out = {}
-  for g in setup.groups:
-    head = state["groups"][g.name]["variables"]["params"]["head"]
-    for slot, p in enumerate(g.clients):
-      out[p] = (np.asarray(head["kernel"][slot], np.float64),
-                np.asarray(head["bias"][slot], np.float64))
-  return out
+    fields = {"fedmd.warmup_epochs": 0, **fields}
+  return tiny_public_config(method, **fields)
 
 
 def _metric(metrics, setup, name):
@@ -98,7 +51,6 @@ def _softmax(z):
   return e / e.sum(-1, keepdims=True)
 
 
-IMAGES = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
 X = np.asarray(IMAGES, np.float64).reshape(8, -1)
 
 
@@ -107,13 +59,13 @@ X = np.asarray(IMAGES, np.float64).reshape(8, -1)
 
 @pytest.mark.parametrize("digest_loss", ["l1", "mse"])
 def test_fedmd_digest_step_by_hand(digest_loss):
-  setup = _setup()
+  setup = tiny_public_setup()
   lr = 0.1
   phases = fedmd.make_phases(_config("fedmd", **{"fedmd.digest_loss": digest_loss}), setup)
-  state = phases.init(jax.random.key(0), _data(setup))
+  state = phases.init(jax.random.key(0), tiny_public_data(setup))
   new_state, metrics = phases.digest_step(state, IMAGES, jax.random.key(2), jnp.int32(0))
 
-  before, after = _participants(state, setup), _participants(new_state, setup)
+  before, after = participant_heads(state, setup), participant_heads(new_state, setup)
   logits = {p: X @ w + b for p, (w, b) in before.items()}
   consensus = (logits[0] + logits[1]) / 2            # both participants, self included
   got = _metric(metrics, setup, digest_loss)
@@ -133,15 +85,15 @@ def test_fedmd_digest_step_by_hand(digest_loss):
 
 
 def test_feddf_distillation_step_by_hand():
-  setup = _setup()
+  setup = tiny_public_setup()
   lr, tau, wd = 0.5, 2.0, 0.01
   config = _config("feddf", **{"collaborative.lr": lr, "feddf.temperature": tau,
                                "feddf.weight_decay": wd})
   phases = feddf.make_phases(config, setup)
-  state = phases.init(jax.random.key(0), _data(setup))
+  state = phases.init(jax.random.key(0), tiny_public_data(setup))
   new_state, metrics = phases.distill_step(state, IMAGES, jax.random.key(2), jnp.int32(0))
 
-  before, after = _participants(state, setup), _participants(new_state, setup)
+  before, after = participant_heads(state, setup), participant_heads(new_state, setup)
   logits = {p: X @ w + b for p, (w, b) in before.items()}
   teacher = (logits[0] + logits[1]) / 2              # the ensemble of all participants
   got = _metric(metrics, setup, "kl")
@@ -162,12 +114,12 @@ def test_padding_slots_change_neither_the_target_nor_real_participants(method):
   module = {"fedmd": fedmd, "feddf": feddf}[method]
   results = []
   for multiple in (1, 4):
-    setup = _setup(("a", "b", "a"), slot_multiple=multiple)
+    setup = tiny_public_setup(("a", "b", "a"), slot_multiple=multiple)
     phases = module.make_phases(_config(method), setup)
-    state = phases.init(jax.random.key(0), _data(setup))
+    state = phases.init(jax.random.key(0), tiny_public_data(setup))
     step = phases.digest_step if method == "fedmd" else phases.distill_step
     state, _ = step(state, IMAGES, jax.random.key(2), jnp.int32(0))
-    results.append(_participants(state, setup))
+    results.append(participant_heads(state, setup))
   for p in range(3):
     for a, b in zip(results[0][p], results[1][p]):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -180,12 +132,12 @@ def test_saturated_logits_give_finite_steps(method):
   torch's softmax(Z).log() would give -inf for the underflowed probabilities
   here; the log-softmax form keeps the KL and its gradient finite.
   """
-  setup = _setup()
+  setup = tiny_public_setup()
   module = {"fedmd": fedmd, "feddf": feddf}[method]
   phases = module.make_phases(_config(method), setup)
-  state = phases.init(jax.random.key(0), _data(setup))
+  state = phases.init(jax.random.key(0), tiny_public_data(setup))
   state = jax.tree_util.tree_map(lambda v: v * 1e30, state)
-  logits = X @ _participants(state, setup)[0][0]
+  logits = X @ participant_heads(state, setup)[0][0]
   assert np.max(np.abs(logits)) > 1e27
   step = phases.digest_step if method == "fedmd" else phases.distill_step
   new_state, metrics = step(state, IMAGES, jax.random.key(2), jnp.int32(0))
@@ -205,8 +157,8 @@ def test_saturated_logits_give_finite_steps(method):
 
 
 def test_fedmd_public_subset_is_redrawn_each_round_and_zero_means_all():
-  setup = _setup()
-  data = _data(setup, public_size=10)
+  setup = tiny_public_setup()
+  data = tiny_public_data(setup, public_size=10)
   draw = fedmd.make_phases(_config("fedmd", **{"fedmd.public_subset": 4}), setup).draw_subset
   rows = {tuple(np.asarray(draw(jax.random.key(k), jnp.arange(10)))) for k in range(5)}
   assert all(len(set(r)) == 4 and set(r) <= set(range(10)) for r in rows)  # no repeats
@@ -224,10 +176,10 @@ def _assert_same(a, b):
 
 
 def test_fedmd_round_is_digest_on_the_round_subset_then_revisit():
-  setup = _setup()
+  setup = tiny_public_setup()
   config = _config("fedmd", **{"fedmd.public_subset": 6, "fedmd.warmup_epochs": 1,
                                "local.batch_size": 2})  # the revisit key orders the batches
-  data = _data(setup, public_size=10)
+  data = tiny_public_data(setup, public_size=10)
   algorithm = fedmd.make_fedmd(config, setup)
   phases = fedmd.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), data)
@@ -251,8 +203,8 @@ def test_fedmd_round_is_digest_on_the_round_subset_then_revisit():
 
 
 def test_fedmd_warmup_is_private_training_before_round_one():
-  setup = _setup()
-  data = _data(setup)
+  setup = tiny_public_setup()
+  data = tiny_public_data(setup)
   config = _config("fedmd", **{"fedmd.warmup_epochs": 2})
   state = fedmd.make_phases(config, setup).init(jax.random.key(0), data)
   init_key, warmup_key = jax.random.split(jax.random.key(0))
@@ -267,9 +219,9 @@ def test_fedmd_warmup_is_private_training_before_round_one():
 
 @pytest.mark.parametrize("order", feddf.ORDERS)
 def test_feddf_round_order(order):
-  setup = _setup()
+  setup = tiny_public_setup()
   config = _config("feddf", **{"feddf.order": order, "local.batch_size": 2})
-  data = _data(setup, public_size=8)
+  data = tiny_public_data(setup, public_size=8)
   algorithm = feddf.make_feddf(config, setup)
   phases = feddf.make_phases(config, setup)
   state = algorithm.init(jax.random.key(0), data)
@@ -296,8 +248,8 @@ def test_feddf_round_order(order):
 
 
 def test_homogeneous_feddf_averages_before_local_training():
-  setup = _setup(("a", "a"))
-  data = _data(setup)
+  setup = tiny_public_setup(("a", "a"))
+  data = tiny_public_data(setup)
   averaged = feddf.make_phases(_config("feddf", **{"feddf.average_parameters": True}), setup)
   plain = feddf.make_phases(_config("feddf"), setup)
   state = averaged.init(jax.random.key(0), data)
@@ -317,14 +269,9 @@ def test_homogeneous_feddf_averages_before_local_training():
 # and FedDF's case runs the same trainer path.
 @pytest.mark.parametrize("variant", [pytest.param("fedmd", marks=pytest.mark.slow), "feddf"])
 def test_round_is_traced_once_over_several_rounds(variant):
-  experiment = Experiment(tiny_config(variant, name=f"trace_guard_{variant}"))
-  state = experiment.init_state()
-  chex.clear_trace_counter()
-  step = jax.jit(chex.assert_max_traces(experiment.round_fn, n=1))
-  for _ in range(3):  # a second trace would raise AssertionError
-    state, metrics = step(state, experiment.data)
-    for leaf in jax.tree_util.tree_leaves(metrics):
-      assert np.all(np.isfinite(np.asarray(leaf)))
+  state, history = rounds_traced_once(
+      Experiment(tiny_config(variant, name=f"trace_guard_{variant}")), 3)
+  metrics = history[-1]
   assert int(state["round"]) == 3
   names = {"fedmd": "l1", "feddf": "kl"}[variant]
   assert all(names in m for m in metrics["collaborative"].values())

@@ -12,8 +12,8 @@ from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import local
 from fedjax_het.errors import ConfigError
 from fedjax_het.train import train_and_evaluate
-from tests.test_fedmd_feddf import _data, _setup
 from tests.test_train import tiny_config
+from tests.tiny_runs import local_sgd, tiny_public_data, tiny_public_setup
 
 
 @pytest.fixture(autouse=True)
@@ -60,21 +60,16 @@ def test_mutual_learning_loss_matches_numpy(scale):
 
 
 def _config(**fields):
-  c = base_config("fml")
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6
+  c = local_sgd(base_config("fml"))
   c.update_from_flattened_dict(fields)
   return c
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "size"])
 def test_meme_aggregation_is_the_mean_of_the_participants_memes(weighting):
-  setup = _setup(("a", "b", "a"), slot_multiple=2)  # group "a": 2 members, "b": 1 + padding
-  data = _data(setup)
+  # Group "a": 2 members, "b": 1 + padding.
+  setup = tiny_public_setup(("a", "b", "a"), slot_multiple=2)
+  data = tiny_public_data(setup)
   phases = fml.make_phases(_config(**{"fml.weighting": weighting}), setup)
   state = phases.init(jax.random.PRNGKey(0), data)
   trained, _ = phases.local_update(state, data.groups, jax.random.PRNGKey(1), 0)
@@ -98,8 +93,8 @@ def test_meme_aggregation_is_the_mean_of_the_participants_memes(weighting):
 def test_each_model_descends_its_own_loss():
   """The joint gradient wrt the private model is that of L_local alone (the meme's KL target
   is detached), and vice versa: one SGD step of the sum is two independent DML steps."""
-  setup = _setup(("a",))
-  data = _data(setup)
+  setup = tiny_public_setup(("a",))
+  data = tiny_public_data(setup)
   phases = fml.make_phases(_config(**{"fml.alpha": 0.2, "fml.beta": 0.7}), setup)
   state = phases.init(jax.random.PRNGKey(0), data)
   g = data.groups["a"]
@@ -128,7 +123,7 @@ def test_each_model_descends_its_own_loss():
 
 
 def test_per_participant_epochs_are_validated_naming_the_field():
-  setup = _setup(("a", "b", "a"))
+  setup = tiny_public_setup(("a", "b", "a"))
   assert local.group_epochs("local.epochs", 3, setup) == {"a": 3, "b": 3}
   assert local.group_epochs("local.epochs", (2, 5, 2), setup) == {"a": 2, "b": 5}
   with pytest.raises(ConfigError, match=r"config.local.epochs must be one integer or one per "

@@ -16,8 +16,9 @@ from fedjax_het.algorithms import rcfl
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.errors import ConfigError
 from fedjax_het.experiment import Experiment
-from tests.test_fedmd_feddf import IMAGES, _data, _participants, _setup
 from tests.test_train import tiny_config
+from tests.tiny_runs import (IMAGES, participant_heads, rounds_traced_once, tiny_public_config,
+                             tiny_public_data, tiny_public_setup)
 
 
 @pytest.fixture(autouse=True)
@@ -131,36 +132,21 @@ def test_saturated_logits_give_finite_scores_targets_and_losses():
 
 
 def _config(**fields):
-  c = base_config("rcfl")
-  c.collaborative.optimizer = "sgd"
-  c.collaborative.lr = 0.1
-  c.collaborative.lr_decay = 0.0
-  c.collaborative.batch_size = 4
-  c.collaborative.augmentation = "none"
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.05
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6
-  c.eval.batch_size = 4
-  c.rcfl.warmup_epochs = 0
-  c.update_from_flattened_dict(fields)
-  return c
+  return tiny_public_config("rcfl", **{"rcfl.warmup_epochs": 0, **fields})
 
 
 def test_distill_step_by_hand_on_linear_participants():
   """One SGD step: W_i <- W_i - lr X^T (softmax(Z_i) - t) / B with t the mean of the
   participants' softmax scores (every class shared), the same for every participant."""
-  setup = _setup(("a", "b", "a"), slot_multiple=2)  # padding slot in group "b"
-  data = _data(setup)
+  setup = tiny_public_setup(("a", "b", "a"), slot_multiple=2)  # padding slot in group "b"
+  data = tiny_public_data(setup)
   phases = rcfl.make_phases(_config(), setup)
   state = phases.init(jax.random.key(0), data)
   holds = rcfl.label_sets(data.groups, setup.num_classes, "all")
   new_state, metrics = phases.distill_step(state, IMAGES, jax.random.key(2), jnp.int32(0),
                                            holds)
   x = np.asarray(IMAGES, np.float64).reshape(8, -1)
-  before, after = _participants(state, setup), _participants(new_state, setup)
+  before, after = participant_heads(state, setup), participant_heads(new_state, setup)
   probs = {p: _softmax(x @ w + b) for p, (w, b) in before.items()}
   target = np.mean([probs[p] for p in range(3)], axis=0)
   for p, (w, b) in before.items():
@@ -204,8 +190,8 @@ def test_defaults_and_configs():
 def test_round_is_distillation_then_local_and_traced_once(label_sets):
   """The whole round on linear participants (a padding slot included), jitted: one trace over
   two rounds, finite metrics, the counted bytes."""
-  setup = _setup(("a", "b", "a"), slot_multiple=2)
-  data = _data(setup, public_size=10)
+  setup = tiny_public_setup(("a", "b", "a"), slot_multiple=2)
+  data = tiny_public_data(setup, public_size=10)
   config = _config(**{"rcfl.label_sets": label_sets, "rcfl.warmup_epochs": 1})
   algorithm = rcfl.make_rcfl(config, setup)
   assert [stage.name for stage in algorithm.stages] == ["public", "local"]
@@ -230,13 +216,8 @@ def test_round_trains_from_the_config_and_is_traced_once():
   config = tiny_config("rcfl", name="trace_guard_rcfl", **{"rcfl.warmup_epochs": 1,
                                                            "models.width": 0.125})
   experiment = Experiment(config)
-  state = experiment.init_state()
-  chex.clear_trace_counter()
-  step = jax.jit(chex.assert_max_traces(experiment.round_fn, n=1))
-  for _ in range(2):  # a second trace would raise AssertionError
-    state, metrics = step(state, experiment.data)
-    for leaf in jax.tree_util.tree_leaves(metrics):
-      assert np.all(np.isfinite(np.asarray(leaf)))
+  state, history = rounds_traced_once(experiment, 2)
+  metrics = history[-1]
   assert int(state["round"]) == 2
   assert all("kl" in m for m in metrics["collaborative"].values())
   assert all({"loss", "ce"} <= set(m) for m in metrics["local"].values())

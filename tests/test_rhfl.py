@@ -8,7 +8,6 @@ computed here in float64 NumPy.
 
 import json
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,14 +15,13 @@ import pytest
 
 from fedjax_het.algorithms import rhfl
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients, public
+from fedjax_het.engine import public
 from fedjax_het.experiment import Experiment
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import grouped_data, round_data_with_public
-from tests.tiny_models import TinyLinear
+from tests.tiny_runs import STATS, local_sgd, public_sgd, rounds_traced_once, tiny_public_setup
 
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 NAMES = ("mnist", "usps", "svhn", "syn")
 
 
@@ -33,25 +31,11 @@ def _shared_cache(tmp_path_factory, monkeypatch):
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
 
 
-def _setup(archs, *, max_size=6):
-  groups = clients.group_clients(archs, [TinyLinear()] * len(archs))
-  return api.Setup(groups=groups, num_participants=len(archs), num_classes=3, num_rounds=4,
-                   max_sizes={g.name: max_size for g in groups}, private_mean=STATS[0],
-                   private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
-                   max_test_size=4)
+_setup = tiny_public_setup
 
 
 def _config(**rhfl_fields):
-  c = base_config("rhfl")
-  c.collaborative.optimizer = "sgd"
-  c.collaborative.lr = 0.1
-  c.collaborative.lr_decay = 0.0
-  c.local.optimizer = "sgd"
-  c.local.lr = 0.2
-  c.local.lr_decay = 0.0
-  c.local.weight_decay = 0.0
-  c.local.epochs = 1
-  c.local.batch_size = 6
+  c = local_sgd(public_sgd(base_config("rhfl"), batch_size=None, augmentation=None), lr=0.2)
   c.eval.batch_size = 4
   c.rhfl.update(rhfl_fields)
   return c
@@ -279,17 +263,10 @@ def test_round_is_confidence_and_public_alignment_then_local_sce_on_split_keys()
 
 
 def test_round_is_traced_once_over_several_rounds_with_finite_metrics():
-  experiment = Experiment(tiny_config("rhfl", name="rhfl_trace"))
-  state = experiment.init_state()
-  chex.clear_trace_counter()
-  step = jax.jit(chex.assert_max_traces(experiment.round_fn, n=1))
-  weights = []
-  for _ in range(3):  # a second trace would raise AssertionError
-    state, metrics = step(state, experiment.data)
-    for leaf in jax.tree_util.tree_leaves(metrics):
-      assert np.all(np.isfinite(np.asarray(leaf)))
-    weights.append(np.concatenate([np.asarray(m["weight"])
-                                   for m in metrics["confidence"].values()]))
+  state, history = rounds_traced_once(Experiment(tiny_config("rhfl", name="rhfl_trace")), 3)
+  metrics = history[-1]
+  weights = [np.concatenate([np.asarray(m["weight"]) for m in h["confidence"].values()])
+             for h in history]
   assert int(state["round"]) == 3
   np.testing.assert_allclose(weights[0], 1 / 3)  # round 1: uniform 1 / (K - 1), K = 4
   for w in weights[1:]:  # later rounds: a softmax over the four participants

@@ -92,14 +92,15 @@ from fedjax_het import losses, models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay, common
 from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import ICARL_MEMORY_SIZE
+from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
+                                            train_and_average, update_client_memories)
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.cil.stream import batched_class_counts, epoch_learning_rates, task_of_round
+from fedjax_het.cil.stream import batched_class_counts
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import GroupData, client_keys
+from fedjax_het.engine.clients import GroupData
 from fedjax_het.losses import incremental as incremental_losses
 
 #: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
@@ -264,16 +265,12 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
     return (*compact_rows(candidates, train), *compact_rows(candidates, held))
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server, bias = state["server"], state["bias"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
-    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
-    updated, transitions = client_map(
-        lambda cs, cid: cil_replay.update_client(replay, forward, server, cs, cid, task, data,
-                                                 n_max=n_max, num_classes=c),
-        (cohort.gather(state["clients"], clients), clients))
+    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
+                                                                 settings)
+    bias = state["bias"]
+    clients, updated, transitions = update_client_memories(
+        sample_key, state["clients"], data, task, settings, client_map, replay, forward, server,
+        n_max=n_max)
     train_rows, train_sizes, val_rows, val_sizes = client_map(
         lambda cs, cid: split(cs, cid, task, data), (updated, clients))
     members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
@@ -285,11 +282,8 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
            "old_alpha": jnp.broadcast_to(old_alpha, (m, num_tasks)),
            "old_beta": jnp.broadcast_to(old_beta, (m, num_tasks)),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
+                                                  train_key, settings, round_index)
 
     def correct_bias(bias):
       def one(rows, size):
@@ -313,9 +307,8 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/ce": jnp.mean(local_metrics["ce"]),
         "train/kd": jnp.mean(local_metrics["kd"]),
-        "bic/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
+        **replay_metrics("bic", updated, transitions),
         "bic/validation": jnp.mean(val_sizes.astype(jnp.float32)),
-        "bic/transitions": jnp.sum(transitions).astype(jnp.int32),
         "bic/alpha": new_bias["alpha"][task], "bic/beta": new_bias["beta"][task],
         "task": task, "clients": clients}
     corrected = (last_round & (task > 0)).astype(jnp.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +12,11 @@ import numpy as np
 
 from fedjax_het import evaluation, losses, models, plots, validation
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import public, rounds
+from fedjax_het.engine import local, public, rounds
 from fedjax_het.engine.api import Algorithm, Diagnostics, Setup, Stage
-from fedjax_het.engine.clients import (ClientGroup, client_keys, slot_active, slot_ids,
-                                       where_active)
-from fedjax_het.engine.optim import apply_updates
+from fedjax_het.engine.clients import (ClientGroup, client_keys, init_group_variables,
+                                       slot_active, slot_ids, where_active)
+from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
 from fedjax_het.errors import ConfigError
 
 
@@ -155,20 +155,35 @@ def consensus_step(setup: Setup, state: Any, images: jax.Array, key: jax.Array,
     return total, (metrics, stats)
 
   grads, (metrics, stats) = jax.grad(total_loss, has_aux=True)(params)
+  return public_update(setup, state, grads, stats, optimizer, learning_rate,
+                       keep_optimizer=keep_optimizer), metrics
+
+
+def public_update(setup: Setup, state: Any, grads: Mapping[str, Any],
+                  batch_stats: Mapping[str, Any], optimizer: Any, learning_rate: jax.Array, *,
+                  keep_optimizer: bool) -> Any:
+  """`state` after one optimiser step of every participant on a public batch.
+
+  Every slot's parameters descend `grads[group]` with `optimizer` at `learning_rate` and take
+  `batch_stats[group]`; padding slots keep their variables. `keep_optimizer`: the step reads
+  and writes state["groups"][group]["public_opt"]; else it starts from a fresh optimiser
+  state.
+  """
   groups = {}
   for group in setup.groups:
     g = state["groups"][group.name]
-    opt_state = g["public_opt"] if keep_optimizer else jax.vmap(optimizer.init)(params[group.name])
+    params = g["variables"]["params"]
+    opt_state = g["public_opt"] if keep_optimizer else jax.vmap(optimizer.init)(params)
     new_params, new_opt = jax.vmap(lambda p, gr, o: apply_updates(optimizer, p, gr, o,
                                                                   learning_rate))(
-        params[group.name], grads[group.name], opt_state)
-    new_vars = where_active(active[group.name],
-                            {"params": new_params, "batch_stats": stats[group.name]},
+        params, grads[group.name], opt_state)
+    new_vars = where_active(jnp.asarray(slot_active(group)),
+                            {"params": new_params, "batch_stats": batch_stats[group.name]},
                             g["variables"])
     groups[group.name] = {**g, "variables": new_vars}
     if keep_optimizer:
       groups[group.name]["public_opt"] = new_opt
-  return {**state, "groups": groups}, metrics
+  return {**state, "groups": groups}
 
 
 def with_fresh_public_optimizer(state: Any, optimizer: Any, entry: str = "public_opt") -> Any:
@@ -177,6 +192,66 @@ def with_fresh_public_optimizer(state: Any, optimizer: Any, entry: str = "public
   groups = {name: {**g, entry: jax.vmap(optimizer.init)(g["variables"]["params"])}
             for name, g in state["groups"].items()}
   return {**state, "groups": groups}
+
+
+def groups_state(variables: Mapping[str, Any], public_optimizer: Any = None) -> dict[str, Any]:
+  """{"groups": {group: {"variables": variables[group]}}}, each group also with a fresh
+  ["public_opt"] (`with_fresh_public_optimizer`) when `public_optimizer` is given."""
+  state = {"groups": {name: {"variables": v} for name, v in variables.items()}}
+  return state if public_optimizer is None else with_fresh_public_optimizer(state,
+                                                                            public_optimizer)
+
+
+def fresh_init(setup: Setup, *, shared: bool = False,
+               public_optimizer: Any = None) -> Callable[[jax.Array, Any], Any]:
+  """`init(key, data) -> state` of untrained models: every group's variables from `key`
+  (`init_group_variables`; `shared`: one initialisation for all participants), as
+  `groups_state(variables, public_optimizer)`."""
+  def init(key, data):
+    del data
+    return groups_state({g.name: init_group_variables(g, key, shared=shared,
+                                                      num_participants=setup.num_participants)
+                         for g in setup.groups}, public_optimizer)
+
+  return init
+
+
+class PublicAndLocalPieces(NamedTuple):
+  """What a public-data method with a cross-entropy local phase builds from
+  `config.collaborative` and `config.local` (`public_and_local_pieces`).
+
+  reset: `collaborative.optimizer_reset` ("batch", "round" or "never").
+  public_optimizer: the collaborative optimiser.
+  public_lr: round -> the collaborative rate (`round_decay_schedule`).
+  local_lr: round -> the local rate.
+  trainers: every group's cross-entropy trainer of `local.epochs` epochs
+    (`local.make_group_trainers`).
+  """
+  reset: str
+  public_optimizer: Any
+  public_lr: Callable[[Any], Any]
+  local_lr: Callable[[Any], Any]
+  trainers: Any
+
+
+def public_and_local_pieces(config: Any, setup: Setup, *,
+                            public_optimizer: Any = None) -> PublicAndLocalPieces:
+  """The collaborative optimiser and schedule, the local schedule and the cross-entropy
+  trainers of a public-data method (FedMD, FedDF, FedMatch, RCFL); `public_optimizer`
+  replaces `make_optimizer(collaborative.optimizer)` (FedDF's weight decay)."""
+  col, loc = config.collaborative, config.local
+  reset = check_choice("collaborative.optimizer_reset", col.optimizer_reset,
+                       public.OPTIMIZER_RESETS)
+  return PublicAndLocalPieces(
+      reset=reset,
+      public_optimizer=(make_optimizer(col.optimizer) if public_optimizer is None
+                        else public_optimizer),
+      public_lr=round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay)),
+      local_lr=round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay)),
+      trainers=local.make_group_trainers(
+          setup, cross_entropy_loss_for, optimizer=loc.optimizer,
+          weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
+          batch_size=int(loc.batch_size)))
 
 
 def make_evaluate(config: Any, setup: Setup) -> Callable[..., Any]:
@@ -292,6 +367,38 @@ def run_public_phase(step: Callable[..., Any], state: Any, images: jax.Array,
   return state
 
 
+def public_stage(spec: public.PublicSpec, step: Callable[..., Any], *,
+                 step_args: Callable[[Any, Any], tuple[Any, ...]] | None = None,
+                 reset: Callable[[Any], Any] | None = None,
+                 draw_images: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+                 ) -> Stage:
+  """A public-data method's public phase as the stage "public".
+
+  The stage splits the round's key into (order, augment, step, local) keys, or with
+  `draw_images` into five, the fifth drawing the round's images (the keys a round running
+  every phase draws). It applies `reset(state)` when given, then runs `step(state, images,
+  key, round_index, *step_args(state, data)) -> (state, metrics)` (no extra arguments
+  without `step_args`) on each public batch of the round's images: the public set, or
+  `draw_images(key, public set)` (FedMD's subset). The phase's metrics become
+  metrics["collaborative"] (`run_public_phase`).
+  """
+  def run(state, data, key, round_index):
+    keys = jax.random.split(key, 4 if draw_images is None else 5)
+    if reset is not None:
+      state = reset(state)
+    metrics = {}
+    extra = () if step_args is None else tuple(step_args(state, data))
+    batch_step = lambda s, images, k: step(s, images, k, round_index, *extra)  # noqa: E731
+    images = data.public
+    if draw_images is not None and public.has_public_phase(spec, images):
+      images = draw_images(keys[4], images)
+    state = run_public_phase(batch_step, state, images, spec, metrics, order_key=keys[0],
+                             augment_key=keys[1], step_key=keys[2])
+    return state, metrics
+
+  return Stage("public", run)
+
+
 def public_and_local_stages(spec: public.PublicSpec, collaborative_step: Callable[..., Any],
                             local_update: Callable[..., Any], *,
                             reset: Callable[[Any], Any] | None = None) -> tuple[Stage, Stage]:
@@ -303,17 +410,43 @@ def public_and_local_stages(spec: public.PublicSpec, collaborative_step: Callabl
   `local_update(state, groups' data, key, round_index) -> (state, metrics)` gives
   metrics["local"].
   """
-  def public_stage(state, data, key, round_index):
-    order_key, augment_key, collab_key, _ = jax.random.split(key, 4)
-    if reset is not None:
-      state = reset(state)
-    metrics = {}
-    step = lambda s, images, k: collaborative_step(s, images, k, round_index)  # noqa: E731
-    state = run_public_phase(step, state, data.public, spec, metrics, order_key=order_key,
-                             augment_key=augment_key, step_key=collab_key)
-    return state, metrics
+  return (public_stage(spec, collaborative_step, reset=reset),
+          local_stage(local_update, key_splits=4, key_index=3))
 
-  return Stage("public", public_stage), local_stage(local_update, key_splits=4, key_index=3)
+
+def public_then_local_algorithm(name: str, config: Any, setup: Setup, init: Callable[..., Any],
+                                *, step: Callable[..., Any], local_update: Callable[..., Any],
+                                communication_bytes: Callable[[Any, Setup, int], tuple[int, int]],
+                                step_args: Callable[[Any, Any], tuple[Any, ...]] | None = None,
+                                spec: public.PublicSpec | None = None,
+                                public_optimizer: Any = None,
+                                draw_images: Callable[[jax.Array, jax.Array], jax.Array]
+                                | None = None,
+                                local_first: bool = False) -> Algorithm:
+  """`public_data_algorithm` of a method whose round is a public stage and a local stage.
+
+  The public stage (`public_stage(spec, step, step_args=..., draw_images=...)`; `spec` None:
+  `public.make_spec` of `config.collaborative`) starts from a fresh `public_optimizer` state
+  (None: `make_optimizer(collaborative.optimizer)`) every round when
+  `collaborative.optimizer_reset` is "round", and records the round's ["server"]["bytes_up" |
+  "bytes_down"] = `communication_bytes(config, setup, N0)` (`with_server_bytes`); the local
+  stage runs `local_update` on the round's fourth key (`local_stage`). `local_first`: the
+  local stage runs first.
+  """
+  if spec is None:
+    spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
+  if public_optimizer is None:
+    public_optimizer = make_optimizer(config.collaborative.optimizer)
+  reset = None
+  if config.collaborative.optimizer_reset == "round":
+    reset = lambda state: with_fresh_public_optimizer(state, public_optimizer)  # noqa: E731
+  stages = (with_server_bytes(public_stage(spec, step, step_args=step_args, reset=reset,
+                                           draw_images=draw_images),
+                              lambda num_public: communication_bytes(config, setup, num_public)),
+            local_stage(local_update, key_splits=4 if draw_images is None else 5,
+                        key_index=3))
+  return public_data_algorithm(name, config, setup, init,
+                               stages=stages[::-1] if local_first else stages)
 
 
 def local_stage(local_update: Callable[..., Any], *, key_splits: int, key_index: int) -> Stage:

@@ -110,16 +110,18 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import cil_replay, common
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import ICARL_MEMORY_SIZE, class_feature_sums, nme_scores
-from fedjax_het.cil import exemplars, masking
+from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, distillation_aux, nme_scores,
+                                            nme_stream_bytes, replay_metrics, round_start,
+                                            sample_replay_cohort, train_and_average,
+                                            updated_class_statistics)
+from fedjax_het.cil import exemplars
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.cil.stream import batched_class_counts, epoch_learning_rates, task_of_round
+from fedjax_het.cil.stream import batched_class_counts
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import aggregation, cohort, local
+from fedjax_het.engine import cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import client_keys
 from fedjax_het.losses import causal_distillation
 
 #: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
@@ -265,7 +267,7 @@ def make_dde_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model: A
   num_seen))`: the per-class (correct, total, predicted) counts of the
   momentum-removed NME classifier.
   """
-  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
+  c = settings.num_classes
   n_max, mem = int(max_client_size), replay.memory_size
   loss_fn = dde_local_loss(model, num_neighbours=neighbours, self_weight=self_weight,
                            momentum=momentum)
@@ -283,60 +285,30 @@ def make_dde_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model: A
             "class_sums": jnp.zeros((c, dim), jnp.float32),
             "class_counts": jnp.zeros((c,), jnp.int32)}
 
-  def prepare(model_vars, client, client_id, task, data):
-    """Memory update and training rows of ONE sampled client."""
-    new_client, transition = cil_replay.update_client(
-        replay, forward, model_vars, client, client_id, task, data, n_max=n_max, num_classes=c)
-    rows, size = glfc_lib.replay_rows(data.client_indices[task, client_id],
-                                      data.client_sizes[task, client_id], new_client.memory,
-                                      n_max)
-    return new_client, rows, size, transition
-
-  def class_statistics(model_vars, train_rows, train_size, data):
-    """One client's NME statistics under `model_vars` over its training set."""
-    features, _ = forward(model_vars, data.images[train_rows])
-    valid = jnp.arange(train_rows.shape[0]) < train_size
-    return class_feature_sums(features, data.labels[train_rows], valid, c)
-
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server = state["server"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
+    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
+                                                                 settings)
     model_vars, h = split_variables(server)
     new_task = round_index % settings.rounds_per_task == 0
     server = with_momentum(server, jnp.where(new_task, jnp.zeros_like(h), h))
-    clients, updated, train_rows, members, transitions = glfc_lib.replay_cohort(
-        sample_key, state["clients"], data, task, m, client_map,
-        lambda cs, cid: prepare(model_vars, cs, cid, task, data))
-    aux = {"class_mask": jnp.broadcast_to(masking.seen_class_mask((task + 1) * k, c), (m, c)),
-           "old_model": aggregation.broadcast(old_model, m),
-           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32)}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    clients, updated, train_rows, members, transitions = sample_replay_cohort(
+        sample_key, state["clients"], data, task, settings, client_map, replay, forward,
+        model_vars, n_max=n_max)
+    new_server, local_metrics = train_and_average(
+        trainer, server, distillation_aux(old_model, task, settings), members, clients,
+        train_key, settings, round_index)
 
     new_model_vars, new_h = split_variables(new_server)
-    sums, counts = client_map(lambda r, n: class_statistics(new_model_vars, r, n, data),
-                              (train_rows, members.sizes))
-    sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
-    reported = counts > 0
-    class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
-    class_counts = jnp.where(reported, counts, state["class_counts"])
-    model_size = common.tree_bytes(server)
-    statistics_size = common.tree_bytes((state["class_sums"], state["class_counts"]))
+    class_sums, class_counts = updated_class_statistics(
+        forward, new_model_vars, train_rows, members.sizes, data, client_map,
+        state["class_sums"], state["class_counts"])
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/neighbours": jnp.mean(local_metrics["neighbours"]),
-        "dde/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "dde/transitions": jnp.sum(transitions).astype(jnp.int32),
+        **replay_metrics("dde", updated, transitions),
         "dde/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
         "dde/momentum_norm": jnp.sqrt(jnp.sum(jnp.square(new_h))),
-        **common.stream_bytes(m * (model_size + statistics_size),
-                              m * model_size * (2.0 + (task > 0))),
+        **nme_stream_bytes(server, state, task, settings),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
              "clients": cohort.scatter(state["clients"], clients, updated),

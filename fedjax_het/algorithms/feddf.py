@@ -60,16 +60,15 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import aggregation, local, public
-from fedjax_het.engine.api import Algorithm, Setup, Stage
-from fedjax_het.engine.clients import init_group_variables, slot_active
-from fedjax_het.engine.optim import make_optimizer, round_decay_schedule
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import slot_active
+from fedjax_het.engine.optim import make_optimizer
 
 ORDERS = ("distill_then_local", "local_then_distill")
 
@@ -87,29 +86,25 @@ class Phases(NamedTuple):
   local_update: Any
 
 
+def distillation_optimizer(config: ml_collections.ConfigDict) -> Any:
+  """FedDF's collaborative optimiser: `collaborative.optimizer` with L2 weight decay
+  `feddf.weight_decay` (the benchmark code's torch `SGD(lr, weight_decay=1e-5)`)."""
+  return make_optimizer(config.collaborative.optimizer,
+                        weight_decay=float(config.feddf.weight_decay))
+
+
 def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """FedDF's phases from `config.feddf`, `config.collaborative`, `config.local`."""
-  cfg, col, loc = config.feddf, config.collaborative, config.local
+  cfg, loc = config.feddf, config.local
   tau = float(cfg.temperature)
   average = common.check_parameter_averaging("feddf.average_parameters",
                                               cfg.average_parameters, setup)
-  reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
-                              public.OPTIMIZER_RESETS)
-  col_tx = make_optimizer(col.optimizer, weight_decay=float(cfg.weight_decay))
-  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
-  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  pieces = common.public_and_local_pieces(config, setup,
+                                         public_optimizer=distillation_optimizer(config))
+  col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
-  trainers = local.make_group_trainers(
-      setup, common.cross_entropy_loss_for, optimizer=loc.optimizer,
-      weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
-      batch_size=int(loc.batch_size))
-
-  def init(key, data):
-    del data
-    state = {"groups": {g.name: {"variables": init_group_variables(
-        g, key, shared=average, num_participants=setup.num_participants)}
-                        for g in setup.groups}}
-    return state if reset == "batch" else common.with_fresh_public_optimizer(state, col_tx)
+  init = common.fresh_init(setup, shared=average,
+                           public_optimizer=col_tx if keep_optimizer else None)
 
   def distill(z, teacher):
     kl = losses.ensemble_distillation_loss(student_logits=z, client_logits=teacher[None],
@@ -118,13 +113,14 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
   def distill_step(state, images, key, round_index):
     return common.consensus_step(setup, state, images, key, distill, col_tx,
-                                 col_lr(round_index), keep_optimizer=reset != "batch")
+                                 pieces.public_lr(round_index), keep_optimizer=keep_optimizer)
 
   def average_all(variables):  # homogeneous variant: average before local training
     return {name: aggregation.average_over_active(v, active[name])
             for name, v in variables.items()}
 
-  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr,
+  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                          pieces.local_lr,
                                           prepare=average_all if average else None)
 
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
@@ -157,30 +153,11 @@ def make_feddf(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """
   phases = make_phases(config, setup)
   order = common.check_choice("feddf.order", config.feddf.order, ORDERS)
-  spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
-  col_tx = make_optimizer(config.collaborative.optimizer,
-                          weight_decay=float(config.feddf.weight_decay))
-  reset_each_round = config.collaborative.optimizer_reset == "round"
-
-  # Every stage splits the round's key as one round running both phases would.
-  def distill_stage(state, data, key, round_index):
-    order_key, augment_key, distill_key, _ = jax.random.split(key, 4)
-    if reset_each_round:
-      state = common.with_fresh_public_optimizer(state, col_tx)
-    metrics = {}
-    step = lambda s, images, k: phases.distill_step(s, images, k, round_index)
-    state = common.run_public_phase(step, state, data.public, spec, metrics,
-                                    order_key=order_key, augment_key=augment_key,
-                                    step_key=distill_key)
-    return state, metrics
-
-  stages = (common.with_server_bytes(
-                Stage("public", distill_stage),
-                lambda num_public: communication_bytes(config, setup, num_public)),
-            common.local_stage(phases.local_update, key_splits=4, key_index=3))
-  return common.public_data_algorithm(
-      "feddf", config, setup, phases.init,
-      stages=stages if order == "distill_then_local" else stages[::-1])
+  return common.public_then_local_algorithm(
+      "feddf", config, setup, phases.init, step=phases.distill_step,
+      local_update=phases.local_update, communication_bytes=communication_bytes,
+      public_optimizer=distillation_optimizer(config),
+      local_first=order == "local_then_distill")
 
 
 def default_config() -> ml_collections.ConfigDict:

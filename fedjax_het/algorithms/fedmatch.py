@@ -120,9 +120,8 @@ import ml_collections
 from fedjax_het import losses, models, validation
 from fedjax_het.algorithms import common, rhfl, solo
 from fedjax_het.engine import local, public
-from fedjax_het.engine.api import Algorithm, Setup, Stage
-from fedjax_het.engine.clients import init_group_variables, slot_active, slot_ids, where_active
-from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_schedule
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import slot_active, slot_ids
 
 AGREEMENTS = ("plurality", "unanimous")
 #: Standard-normal inputs of the model embedding that picks the nearest helpers.
@@ -271,31 +270,18 @@ class Phases(NamedTuple):
 
 def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """FedMatch's phases from `config.fedmatch`, `config.collaborative`, `config.local`."""
-  cfg, col, loc = config.fedmatch, config.collaborative, config.local
+  cfg, loc = config.fedmatch, config.local
   num = setup.num_participants
   num_helpers = resolve_num_helpers(int(cfg.num_helpers), num)
   agreement = common.check_choice("fedmatch.agreement", cfg.agreement, AGREEMENTS)
   threshold = float(cfg.confidence_threshold)
   consistency_weight = float(cfg.consistency_weight)
   pseudo_label_weight = float(cfg.pseudo_label_weight)
-  reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
-                              public.OPTIMIZER_RESETS)
-  keep_optimizer = reset != "batch"
-  col_tx = make_optimizer(col.optimizer)
-  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
-  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  pieces = common.public_and_local_pieces(config, setup)
+  col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
   ids = {g.name: jnp.asarray(slot_ids(g, num)) for g in setup.groups}
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
-  trainers = local.make_group_trainers(
-      setup, common.cross_entropy_loss_for, optimizer=loc.optimizer,
-      weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
-      batch_size=int(loc.batch_size))
-
-  def init(key, data):
-    del data
-    state = {"groups": {g.name: {"variables": init_group_variables(
-        g, key, shared=False, num_participants=num)} for g in setup.groups}}
-    return common.with_fresh_public_optimizer(state, col_tx) if keep_optimizer else state
+  init = common.fresh_init(setup, public_optimizer=col_tx if keep_optimizer else None)
 
   def select_helpers(state):
     if num_helpers == num - 1:
@@ -330,22 +316,11 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       return total, (metrics, stats)
 
     grads, (metrics, stats) = jax.grad(total_loss, has_aux=True)(params)
-    lr = col_lr(round_index)
-    groups = {}
-    for group in setup.groups:
-      g = state["groups"][group.name]
-      opt_state = g["public_opt"] if keep_optimizer else jax.vmap(col_tx.init)(params[group.name])
-      new_params, new_opt = jax.vmap(lambda p, gr, o: apply_updates(col_tx, p, gr, o, lr))(
-          params[group.name], grads[group.name], opt_state)
-      new_vars = where_active(active[group.name],
-                              {"params": new_params, "batch_stats": stats[group.name]},
-                              g["variables"])
-      groups[group.name] = {**g, "variables": new_vars}
-      if keep_optimizer:
-        groups[group.name]["public_opt"] = new_opt
-    return {**state, "groups": groups}, metrics
+    return common.public_update(setup, state, grads, stats, col_tx, pieces.public_lr(round_index),
+                                keep_optimizer=keep_optimizer), metrics
 
-  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
+  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                          pieces.local_lr)
 
   return Phases(init=init, select_helpers=select_helpers, public_step=public_step,
                 local_update=local_update)
@@ -380,29 +355,10 @@ def make_fedmatch(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   ["server"]["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
-  spec = make_spec(config, setup)
-  col_tx = make_optimizer(config.collaborative.optimizer)
-  reset_each_round = config.collaborative.optimizer_reset == "round"
-
-  # Every stage splits the round's key as one round running both phases would.
-  def public_stage(state, data, key, round_index):
-    order_key, augment_key, public_key, _ = jax.random.split(key, 4)
-    if reset_each_round:
-      state = common.with_fresh_public_optimizer(state, col_tx)
-    metrics = {}
-    helpers = phases.select_helpers(state)
-    step = lambda s, views, k: phases.public_step(s, views, k, round_index, helpers)
-    state = common.run_public_phase(step, state, data.public, spec, metrics,
-                                    order_key=order_key, augment_key=augment_key,
-                                    step_key=public_key)
-    return state, metrics
-
-  return common.public_data_algorithm(
-      "fedmatch", config, setup, phases.init,
-      stages=(common.with_server_bytes(
-                  Stage("public", public_stage),
-                  lambda num_public: communication_bytes(config, setup, num_public)),
-              common.local_stage(phases.local_update, key_splits=4, key_index=3)))
+  return common.public_then_local_algorithm(
+      "fedmatch", config, setup, phases.init, spec=make_spec(config, setup),
+      step=phases.public_step, step_args=lambda state, data: (phases.select_helpers(state),),
+      local_update=phases.local_update, communication_bytes=communication_bytes)
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -68,9 +68,7 @@ import ml_collections
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import local, public
-from fedjax_het.engine.api import Algorithm, Setup, Stage
-from fedjax_het.engine.clients import init_group_variables
-from fedjax_het.engine.optim import make_optimizer, round_decay_schedule
+from fedjax_het.engine.api import Algorithm, Setup
 
 DIGEST_LOSSES = ("l1", "mse")
 
@@ -92,31 +90,13 @@ class Phases(NamedTuple):
 
 def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """FedMD's phases from `config.fedmd`, `config.collaborative`, `config.local`."""
-  cfg, col, loc = config.fedmd, config.collaborative, config.local
+  cfg, loc = config.fedmd, config.local
   subset = int(cfg.public_subset)
-  warmup_epochs = int(cfg.warmup_epochs)
   digest_loss = common.check_choice("fedmd.digest_loss", cfg.digest_loss, DIGEST_LOSSES)
-  reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
-                              public.OPTIMIZER_RESETS)
-  col_tx = make_optimizer(col.optimizer)
-  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
-  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  trainers = local.make_group_trainers(
-      setup, common.cross_entropy_loss_for, optimizer=loc.optimizer,
-      weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
-      batch_size=int(loc.batch_size))
-
-  def init(key, data):
-    init_key, warmup_key = jax.random.split(key)
-    variables = {g.name: init_group_variables(g, init_key, shared=False,
-                                              num_participants=setup.num_participants)
-                 for g in setup.groups}
-    variables = solo.pretrain_variables(
-        setup, variables, data.groups, warmup_key, epochs=warmup_epochs,
-        batch_size=int(loc.batch_size), lr=float(loc.lr), min_lr=float(loc.lr),
-        optimizer=loc.optimizer)
-    state = {"groups": {name: {"variables": v} for name, v in variables.items()}}
-    return state if reset == "batch" else common.with_fresh_public_optimizer(state, col_tx)
+  pieces = common.public_and_local_pieces(config, setup)
+  col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
+  init = solo.warm_started_init(setup, loc, int(cfg.warmup_epochs),
+                                public_optimizer=col_tx if keep_optimizer else None)
 
   def draw_subset(key, images):
     num_public = images.shape[0]
@@ -133,9 +113,9 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
   def digest_step(state, images, key, round_index):
     return common.consensus_step(setup, state, images, key, digest, col_tx,
-                                 col_lr(round_index), keep_optimizer=reset != "batch")
+                                 pieces.public_lr(round_index), keep_optimizer=keep_optimizer)
 
-  revisit = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
+  revisit = solo.make_private_update(setup, pieces.trainers, int(loc.epochs), pieces.local_lr)
 
   return Phases(init=init, draw_subset=draw_subset, digest_step=digest_step, revisit=revisit)
 
@@ -166,29 +146,10 @@ def make_fedmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   ["server"]["bytes_up" | "bytes_down"] (`communication_bytes`).
   """
   phases = make_phases(config, setup)
-  spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
-  col_tx = make_optimizer(config.collaborative.optimizer)
-  reset_each_round = config.collaborative.optimizer_reset == "round"
-
-  # Every stage splits the round's key as one round running both phases would.
-  def digest_stage(state, data, key, round_index):
-    order_key, augment_key, digest_key, _, subset_key = jax.random.split(key, 5)
-    if reset_each_round:
-      state = common.with_fresh_public_optimizer(state, col_tx)
-    metrics = {}
-    if public.has_public_phase(spec, data.public):
-      step = lambda s, images, k: phases.digest_step(s, images, k, round_index)
-      state, metrics["collaborative"] = public.public_phase(
-          step, state, phases.draw_subset(subset_key, data.public), spec, order_key=order_key,
-          augment_key=augment_key, step_key=digest_key)
-    return state, metrics
-
-  return common.public_data_algorithm(
+  return common.public_then_local_algorithm(
       "fedmd", config, setup, phases.init,
-      stages=(common.with_server_bytes(
-                  Stage("public", digest_stage),
-                  lambda num_public: communication_bytes(config, setup, num_public)),
-              common.local_stage(phases.revisit, key_splits=5, key_index=3)))
+      step=phases.digest_step, local_update=phases.revisit,
+      communication_bytes=communication_bytes, draw_images=phases.draw_subset)
 
 
 def default_config() -> ml_collections.ConfigDict:

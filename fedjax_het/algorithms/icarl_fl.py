@@ -196,6 +196,132 @@ def make_nme_counts(model: Any, mean: Any, std: Any, num_classes: int, num_test:
   return counts
 
 
+def round_start(state: Any, key: jax.Array, round_index: jax.Array, settings: Any
+                ) -> tuple[jax.Array, jax.Array, jax.Array, Any, Any]:
+  """(sample key, train key, task, global variables, previous task's model) at the start of
+  a round: the round's key split in two, its task, state["server"] and the model the last
+  task ended with (`glfc.previous_task_model`)."""
+  sample_key, train_key = jax.random.split(key)
+  task = task_of_round(round_index, settings)
+  server = state["server"]
+  old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
+                                           settings.rounds_per_task)
+  return sample_key, train_key, task, server, old_model
+
+
+def sample_replay_cohort(key: jax.Array, client_states: Any, data: Any, task: jax.Array,
+                         settings: Any, client_map: Any, replay: cil_replay.ReplaySettings,
+                         forward: Any, variables: Any, *, n_max: int
+                         ) -> tuple[Any, Any, jax.Array, Any, jax.Array]:
+  """The round's cohort with updated exemplar memories and training data (`glfc.replay_cohort`).
+
+  Every sampled client's transition and memory update under the global `variables`
+  (`cil_replay.update_client`), then its training rows: its current data, then its
+  exemplars (`glfc.replay_rows`). Returns (clients, their new states, their train rows,
+  the cohort's `GroupData`, whether each was at a task transition).
+  """
+  def prepare(client, client_id):
+    new_client, transition = cil_replay.update_client(
+        replay, forward, variables, client, client_id, task, data, n_max=n_max,
+        num_classes=settings.num_classes)
+    rows, size = glfc_lib.replay_rows(data.client_indices[task, client_id],
+                                      data.client_sizes[task, client_id], new_client.memory,
+                                      n_max)
+    return new_client, rows, size, transition
+
+  return glfc_lib.replay_cohort(key, client_states, data, task, settings.clients_per_round,
+                                client_map, prepare)
+
+
+def update_client_memories(key: jax.Array, client_states: Any, data: Any, task: jax.Array,
+                           settings: Any, client_map: Any, replay: cil_replay.ReplaySettings,
+                           forward: Any, variables: Any, *, n_max: int
+                           ) -> tuple[jax.Array, Any, jax.Array]:
+  """(clients, their new states, transitions): the round's cohort among the clients joined by
+  `task` and every sampled client's transition and memory update under `variables`
+  (`cil_replay.update_client`), for a method that builds its training rows itself."""
+  clients = cohort.sample_cohort(key, data.client_joined[task], settings.clients_per_round)
+  updated, transitions = client_map(
+      lambda cs, cid: cil_replay.update_client(replay, forward, variables, cs, cid, task, data,
+                                               n_max=n_max, num_classes=settings.num_classes),
+      (cohort.gather(client_states, clients), clients))
+  return clients, updated, transitions
+
+
+def train_and_average(trainer: Any, server: Any, aux: Any, members: Any, clients: jax.Array,
+                      key: jax.Array, settings: Any, round_index: jax.Array
+                      ) -> tuple[Any, dict[str, jax.Array]]:
+  """FedAvg of the cohort's local training: (new global variables, per-client metrics).
+
+  Every sampled client trains from the global `server` variables with its `aux` entries
+  (`local.train_clients`, the round's epoch rates, keys folded from `key` by client); the
+  new global model is the unweighted mean of the trained models.
+  """
+  m = settings.clients_per_round
+  trained, local_metrics = local.train_clients(
+      trainer, aggregation.broadcast(server, m), aux, members, client_keys(key, clients),
+      epoch_learning_rates(settings, round_index), sequential=settings.sequential)
+  return aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32)), local_metrics
+
+
+def distillation_aux(old_model: Any, task: jax.Array, settings: Any) -> dict[str, jax.Array]:
+  """iCaRL's per-client aux entries of the round: "class_mask" (m, C) the seen classes,
+  "old_model" the previous task's model, "num_old" (m,) the classes of earlier tasks."""
+  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
+  return {"class_mask": jnp.broadcast_to(masking.seen_class_mask((task + 1) * k, c), (m, c)),
+          "old_model": aggregation.broadcast(old_model, m),
+          "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32)}
+
+
+def updated_class_statistics(forward: Any, variables: Any, train_rows: jax.Array,
+                             train_sizes: jax.Array, data: Any, client_map: Any,
+                             class_sums: jax.Array, class_counts: jax.Array
+                             ) -> tuple[jax.Array, jax.Array]:
+  """The NME statistics after a round: (class sums (C, D), class counts (C,)).
+
+  Every cohort client's class feature sums and counts under `variables` over its training
+  rows (`class_feature_sums`), summed over the cohort; a class no client reports keeps its
+  stored `class_sums` and `class_counts`.
+  """
+  num_classes = class_counts.shape[0]
+
+  def one(rows, size):
+    features, _ = forward(variables, data.images[rows])
+    valid = jnp.arange(rows.shape[0]) < size
+    return class_feature_sums(features, data.labels[rows], valid, num_classes)
+
+  sums, counts = client_map(one, (train_rows, train_sizes))
+  sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
+  reported = counts > 0
+  return (jnp.where(reported[:, None], sums, class_sums),
+          jnp.where(reported, counts, class_counts))
+
+
+def nme_stream_bytes(server: Any, state: Any, task: jax.Array,
+                     settings: Any) -> dict[str, jax.Array]:
+  """The round's "train/server/bytes_up" / ".../bytes_down" with NME statistics.
+
+  Each of the M sampled clients sends its model (the shapes of `server`) and its class
+  feature sums and counts (those of state["class_sums"], state["class_counts"]) and receives
+  the global model twice (to train, then to compute the statistics under the aggregated
+  model), from task 1 on the old model too.
+  """
+  m = settings.clients_per_round
+  model_size = common.tree_bytes(server)
+  statistics_size = common.tree_bytes((state["class_sums"], state["class_counts"]))
+  return common.stream_bytes(m * (model_size + statistics_size),
+                             m * model_size * (2.0 + (task > 0)))
+
+
+def replay_metrics(prefix: str, updated: cil_replay.ClientState,
+                   transitions: jax.Array) -> dict[str, jax.Array]:
+  """"<prefix>/exemplars" (mean stored exemplars of the cohort after the update) and
+  "<prefix>/transitions" (sampled clients at a task transition)."""
+  return {f"{prefix}/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(
+              jnp.float32)),
+          f"{prefix}/transitions": jnp.sum(transitions).astype(jnp.int32)}
+
+
 def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, mean: Any, std: Any,
                   max_client_size: int, *, eval_batch_size: int = 500,
                   local_loss: local.LocalLossFn | None = None,
@@ -223,7 +349,7 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
   (scalars, broadcast to the cohort), its `name` and its `metric_prefix` (the
   "icarl/..." metrics above); the loss's own metrics are logged as "train/<name>".
   """
-  m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
+  m, c = settings.clients_per_round, settings.num_classes
   n_max, mem = int(max_client_size), icarl.memory_size
   _, trainer, forward, client_map = glfc_lib.make_replay_training(
       settings, local_loss or icarl_local_loss(model), model, mean, std, n_max + mem,
@@ -238,50 +364,20 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
             "class_sums": jnp.zeros((c, features.shape[-1]), jnp.float32),
             "class_counts": jnp.zeros((c,), jnp.int32)}
 
-  def prepare(global_vars, client, client_id, task, data):
-    """Transition and memory update of ONE sampled client (before training)."""
-    new_client, transition = cil_replay.update_client(
-        icarl, forward, global_vars, client, client_id, task, data, n_max=n_max, num_classes=c)
-    train_rows, train_size = glfc_lib.replay_rows(
-        data.client_indices[task, client_id], data.client_sizes[task, client_id],
-        new_client.memory, n_max)
-    return new_client, train_rows, train_size, transition
-
-  def class_statistics(variables, train_rows, train_size, data):
-    """One client's NME statistics under `variables` over its training set."""
-    features, _ = forward(variables, data.images[train_rows])
-    valid = jnp.arange(train_rows.shape[0]) < train_size
-    return class_feature_sums(features, data.labels[train_rows], valid, c)
-
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server = state["server"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
-    clients, updated, train_rows, members, transitions = glfc_lib.replay_cohort(
-        sample_key, state["clients"], data, task, m, client_map,
-        lambda cs, cid: prepare(server, cs, cid, task, data))
-    class_mask = masking.seen_class_mask((task + 1) * k, c)
+    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
+                                                                 settings)
+    clients, updated, train_rows, members, transitions = sample_replay_cohort(
+        sample_key, state["clients"], data, task, settings, client_map, icarl, forward, server,
+        n_max=n_max)
     extra = {} if task_aux is None else task_aux(task)
-    aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),
-           "old_model": aggregation.broadcast(old_model, m),
-           "num_old": jnp.broadcast_to(task * k, (m,)).astype(jnp.int32),
+    aux = {**distillation_aux(old_model, task, settings),
            **{key: jnp.broadcast_to(value, (m,)) for key, value in extra.items()}}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
-
-    sums, counts = client_map(lambda r, n: class_statistics(new_server, r, n, data),
-                              (train_rows, members.sizes))
-    sums, counts = jnp.sum(sums, axis=0), jnp.sum(counts, axis=0)
-    reported = counts > 0
-    model_size = common.tree_bytes(server)
-    statistics_size = common.tree_bytes((state["class_sums"], state["class_counts"]))
-    class_sums = jnp.where(reported[:, None], sums, state["class_sums"])
-    class_counts = jnp.where(reported, counts, state["class_counts"])
+    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
+                                                  train_key, settings, round_index)
+    class_sums, class_counts = updated_class_statistics(
+        forward, new_server, train_rows, members.sizes, data, client_map, state["class_sums"],
+        state["class_counts"])
 
     prefix = metric_prefix
     metrics = {
@@ -289,12 +385,9 @@ def make_icarl_fl(settings: Any, icarl: cil_replay.ReplaySettings, model: Any, m
         **{f"train/{key}": jnp.mean(value) for key, value in local_metrics.items()
            if key != "loss"},
         **{f"{prefix}/{key}": value for key, value in extra.items()},
-        f"{prefix}/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(
-            jnp.float32)),
-        f"{prefix}/transitions": jnp.sum(transitions).astype(jnp.int32),
+        **replay_metrics(prefix, updated, transitions),
         f"{prefix}/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
-        **common.stream_bytes(m * (model_size + statistics_size),
-                              m * model_size * (2.0 + (task > 0))),
+        **nme_stream_bytes(server, state, task, settings),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
              "clients": cohort.scatter(state["clients"], clients, updated),

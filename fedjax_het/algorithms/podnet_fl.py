@@ -92,14 +92,14 @@ from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import ICARL_MEMORY_SIZE
+from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
+                                            sample_replay_cohort, train_and_average)
 from fedjax_het.cil import masking
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.cil.stream import batched_class_counts, epoch_learning_rates, task_of_round
+from fedjax_het.cil.stream import batched_class_counts
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import client_keys
 from fedjax_het.losses import incremental as incremental_losses
 from fedjax_het.models.base import STAGE_COLLECTION
 
@@ -275,40 +275,24 @@ def make_podnet_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any,
     return {"server": variables, "old_model": variables,
             "clients": cil_replay.init_client_state(data.client_joined.shape[1], mem)}
 
-  def prepare(server, client, client_id, task, data):
-    """Memory update and training rows of ONE sampled client."""
-    model_vars, _ = split_variables(server)
-    new_client, transition = cil_replay.update_client(
-        replay, forward, model_vars, client, client_id, task, data, n_max=n_max, num_classes=c)
-    rows, size = glfc_lib.replay_rows(data.client_indices[task, client_id],
-                                      data.client_sizes[task, client_id], new_client.memory,
-                                      n_max)
-    return new_client, rows, size, transition
-
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server = state["server"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
-    clients, updated, _, members, transitions = glfc_lib.replay_cohort(
-        sample_key, state["clients"], data, task, m, client_map,
-        lambda cs, cid: prepare(server, cs, cid, task, data))
+    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
+                                                                 settings)
+    model_vars, _ = split_variables(server)
+    clients, updated, _, members, transitions = sample_replay_cohort(
+        sample_key, state["clients"], data, task, settings, client_map, replay, forward,
+        model_vars, n_max=n_max)
     aux = {"old_model": aggregation.broadcast(old_model, m),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
+                                                  train_key, settings, round_index)
     size = _tree_bytes(server)   # the model and the LSC, from the shapes
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/nca": jnp.mean(local_metrics["nca"]),
         "train/flat": jnp.mean(local_metrics["flat"]),
         "train/spatial": jnp.mean(local_metrics["spatial"]),
-        "podnet/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "podnet/transitions": jnp.sum(transitions).astype(jnp.int32),
+        **replay_metrics("podnet", updated, transitions),
         "podnet/scale": new_server["params"][LSC]["scale"],
         "train/server/bytes_up": jnp.float32(m * size),
         "train/server/bytes_down": (m * size * (1 + (task > 0))).astype(jnp.float32),

@@ -82,9 +82,8 @@ import ml_collections
 from fedjax_het import validation
 from fedjax_het.algorithms import common, solo
 from fedjax_het.engine import local, public
-from fedjax_het.engine.api import Algorithm, Setup, Stage
-from fedjax_het.engine.clients import init_group_variables, slot_active
-from fedjax_het.engine.optim import make_optimizer, round_decay_schedule
+from fedjax_het.engine.api import Algorithm, Setup
+from fedjax_het.engine.clients import slot_active
 
 LABEL_SETS = ("all", "data")
 
@@ -176,31 +175,13 @@ class Phases(NamedTuple):
 
 def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """RCFL's phases from `config.rcfl`, `config.collaborative`, `config.local`."""
-  cfg, col, loc = config.rcfl, config.collaborative, config.local
+  cfg, loc = config.rcfl, config.local
   alpha = float(cfg.alpha)
-  warmup_epochs = int(cfg.warmup_epochs)
-  reset = common.check_choice("collaborative.optimizer_reset", col.optimizer_reset,
-                              public.OPTIMIZER_RESETS)
-  col_tx = make_optimizer(col.optimizer)
-  col_lr = round_decay_schedule(float(col.lr), setup.num_rounds, float(col.lr_decay))
-  loc_lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
+  pieces = common.public_and_local_pieces(config, setup)
+  col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
-  trainers = local.make_group_trainers(
-      setup, common.cross_entropy_loss_for, optimizer=loc.optimizer,
-      weight_decay=float(loc.weight_decay), epochs=int(loc.epochs),
-      batch_size=int(loc.batch_size))
-
-  def init(key, data):
-    init_key, warmup_key = jax.random.split(key)
-    variables = {g.name: init_group_variables(g, init_key, shared=False,
-                                              num_participants=setup.num_participants)
-                 for g in setup.groups}
-    variables = solo.pretrain_variables(
-        setup, variables, data.groups, warmup_key, epochs=warmup_epochs,
-        batch_size=int(loc.batch_size), lr=float(loc.lr), min_lr=float(loc.lr),
-        optimizer=loc.optimizer)
-    state = {"groups": {name: {"variables": v} for name, v in variables.items()}}
-    return state if reset == "batch" else common.with_fresh_public_optimizer(state, col_tx)
+  init = solo.warm_started_init(setup, loc, int(cfg.warmup_epochs),
+                                public_optimizer=col_tx if keep_optimizer else None)
 
   def distill(z, target):
     kl = distillation_loss(logits=z, target=target)
@@ -215,10 +196,11 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                               num_participants=setup.num_participants)
 
     return common.consensus_step(setup, state, images, key, distill, col_tx,
-                                 col_lr(round_index), keep_optimizer=reset != "batch",
+                                 pieces.public_lr(round_index), keep_optimizer=keep_optimizer,
                                  target_fn=target_fn)
 
-  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
+  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                          pieces.local_lr)
 
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
 
@@ -248,29 +230,11 @@ def make_rcfl(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """
   phases = make_phases(config, setup)
   mode = common.check_choice("rcfl.label_sets", config.rcfl.label_sets, LABEL_SETS)
-  spec = public.make_spec(config.collaborative, setup.public_mean, setup.public_std)
-  col_tx = make_optimizer(config.collaborative.optimizer)
-  reset_each_round = config.collaborative.optimizer_reset == "round"
-
-  # Every stage splits the round's key as one round running both phases would.
-  def distill_stage(state, data, key, round_index):
-    order_key, augment_key, distill_key, _ = jax.random.split(key, 4)
-    if reset_each_round:
-      state = common.with_fresh_public_optimizer(state, col_tx)
-    holds = label_sets(data.groups, setup.num_classes, mode)
-    metrics = {}
-    step = lambda s, images, k: phases.distill_step(s, images, k, round_index, holds)  # noqa: E731
-    state = common.run_public_phase(step, state, data.public, spec, metrics,
-                                    order_key=order_key, augment_key=augment_key,
-                                    step_key=distill_key)
-    return state, metrics
-
-  return common.public_data_algorithm(
+  return common.public_then_local_algorithm(
       "rcfl", config, setup, phases.init,
-      stages=(common.with_server_bytes(
-                  Stage("public", distill_stage),
-                  lambda num_public: communication_bytes(config, setup, num_public)),
-              common.local_stage(phases.local_update, key_splits=4, key_index=3)))
+      step=phases.distill_step,
+      step_args=lambda state, data: (label_sets(data.groups, setup.num_classes, mode),),
+      local_update=phases.local_update, communication_bytes=communication_bytes)
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -89,6 +89,29 @@ def pretrain_variables(setup: Setup, variables: dict[str, Any], data: Any, key: 
   return trained
 
 
+def warm_started_init(setup: Setup, local_config: Any, epochs: int, *,
+                      public_optimizer: Any = None) -> Any:
+  """`init(key, data) -> state` of models warmed up on their private data.
+
+  `key` splits into two keys: every participant's own initialisation from the first
+  (`init_group_variables`), then `epochs` epochs of private cross-entropy from the second
+  (`pretrain_variables` with `local_config`'s optimizer and batch size at its constant rate
+  lr; 0: none). The state is `common.groups_state(variables, public_optimizer)`.
+  """
+  def init(key, data):
+    init_key, warmup_key = jax.random.split(key)
+    variables = {g.name: init_group_variables(g, init_key, shared=False,
+                                              num_participants=setup.num_participants)
+                 for g in setup.groups}
+    variables = pretrain_variables(
+        setup, variables, data.groups, warmup_key, epochs=epochs,
+        batch_size=int(local_config.batch_size), lr=float(local_config.lr),
+        min_lr=float(local_config.lr), optimizer=local_config.optimizer)
+    return common.groups_state(variables, public_optimizer)
+
+  return init
+
+
 def make_solo(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """SOLO from `config.local` (epochs per round, optimiser, lr decay). Nothing is
   communicated: the round's ["server"]["bytes_up" | "bytes_down"] are 0."""

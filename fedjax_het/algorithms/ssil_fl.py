@@ -77,13 +77,14 @@ from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay, common
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.cil.stream import epoch_learning_rates, make_class_counts, task_of_round
+from fedjax_het.cil.stream import make_class_counts
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import GroupData, client_keys
+from fedjax_het.engine.clients import GroupData
 from fedjax_het.losses import incremental as incremental_losses
-from fedjax_het.algorithms.icarl_fl import ICARL_MEMORY_SIZE
+from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
+                                            train_and_average, update_client_memories)
 
 #: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
 CLASS_INCREMENTAL = True
@@ -179,16 +180,11 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
             "clients": cil_replay.init_client_state(data.client_joined.shape[1], mem)}
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key = jax.random.split(key)
-    task = task_of_round(round_index, settings)
-    server = state["server"]
-    old_model = glfc_lib.previous_task_model(server, state["old_model"], round_index,
-                                             settings.rounds_per_task)
-    clients = cohort.sample_cohort(sample_key, data.client_joined[task], m)
-    updated, transitions = client_map(
-        lambda cs, cid: cil_replay.update_client(replay, forward, server, cs, cid, task, data,
-                                                 n_max=n_max, num_classes=c),
-        (cohort.gather(state["clients"], clients), clients))
+    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
+                                                                 settings)
+    clients, updated, transitions = update_client_memories(
+        sample_key, state["clients"], data, task, settings, client_map, replay, forward, server,
+        n_max=n_max)
     rows = data.client_indices[task][clients]
     stored = glfc_lib.decode_pool_indices(updated.memory.images)       # (m, M)
     members = GroupData(images=data.images[rows], labels=data.labels[rows],
@@ -199,18 +195,14 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
            "replay_valid": updated.memory.valid,
            "old_model": aggregation.broadcast(old_model, m),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    trained, local_metrics = local.train_clients(
-        trainer, aggregation.broadcast(server, m), aux, members,
-        client_keys(train_key, clients), epoch_learning_rates(settings, round_index),
-        sequential=settings.sequential)
-    new_server = aggregation.weighted_mean(trained, jnp.ones((m,), jnp.float32))
+    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
+                                                  train_key, settings, round_index)
     model_size = common.tree_bytes(server)
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/ce": jnp.mean(local_metrics["ce"]),
         "train/kd": jnp.mean(local_metrics["kd"]),
-        "ssil/exemplars": jnp.mean(jnp.sum(updated.memory.valid, axis=-1).astype(jnp.float32)),
-        "ssil/transitions": jnp.sum(transitions).astype(jnp.int32),
+        **replay_metrics("ssil", updated, transitions),
         **common.stream_bytes(m * model_size, m * model_size * (1.0 + (task > 0))),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
