@@ -9,8 +9,10 @@
               penultimate layer, eval mode) on its own domain's test set, embedded by
               scikit-learn's t-SNE, coloured by class; rows = participants, columns = runs
               (e.g. SOLO = cross-entropy alone beside FCCL's dual-domain distillation).
-              Options: --max_points (per panel), --perplexity, --tsne_iterations, --seed,
-              --tsne_threads.
+              --domains=inter: each participant's features on the next domain's test set
+              instead (FCCL Fig. 4's inter-domain row, M -> U); --domains=both: that row
+              under each participant's own. Options: --max_points (per panel),
+              --perplexity, --tsne_iterations, --seed, --tsne_threads.
   heatmaps    FCCL Fig. 5 / FCCL+ Fig. 8: each participant's cross-correlation matrix M_i
               (Eq. 1, its logits against the participants' mean logits) on the public
               batch beside M_i on its own private data (--private_split=test: its domain's
@@ -79,7 +81,7 @@ def parse_workdirs(text: str) -> list[pathlib.Path]:
 
 def draw(figure: str, workdirs: Sequence[str | os.PathLike], *, out: str | None = None,
          max_points: int = 1000, perplexity: float = 30.0, tsne_iterations: int = 1000,
-         seed: int = 0, tsne_threads: int = 1, rows: int | None = None,
+         seed: int = 0, tsne_threads: int = 1, domains: str = "own", rows: int | None = None,
          private_split: str = "train",
          echo: Callable[[str], None] = print) -> dict[str, pathlib.Path]:
   """Draws `figure` ("tsne", "heatmaps", "local_loss" or "all") of the runs in `workdirs`.
@@ -89,6 +91,9 @@ def draw(figure: str, workdirs: Sequence[str | os.PathLike], *, out: str | None 
   """
   if figure not in (*FIGURES, "all"):
     raise figures.FigureError(f"the figure must be one of {(*FIGURES, 'all')}, got {figure!r}.")
+  if domains not in figures.TSNE_DOMAINS:
+    raise figures.FigureError(f"--domains must be one of {figures.TSNE_DOMAINS}, got "
+                              f"{domains!r}.")
   if private_split not in ("train", "test"):
     raise figures.FigureError(f"--private_split must be 'train' or 'test', got "
                               f"{private_split!r}.")
@@ -126,7 +131,7 @@ def draw(figure: str, workdirs: Sequence[str | os.PathLike], *, out: str | None 
       echo(f"wrote {written['heatmaps']}")
     if "tsne" in wanted:
       tick = time.perf_counter()
-      panels = figures.tsne_panels(runs, max_points=max_points, seed=seed)
+      panels = figures.tsne_panels(runs, max_points=max_points, seed=seed, domains=domains)
       figures.embed(panels, seed=seed, iterations=tsne_iterations, perplexity=perplexity,
                     threads=tsne_threads or None)
       num_classes = int(runs[0].experiment.setup.num_classes)
@@ -153,6 +158,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument("--seed", type=int, default=0, help="tsne: image sample and t-SNE seed")
   parser.add_argument("--tsne_threads", type=int, default=1,
                       help="tsne: OpenMP threads of the t-SNE gradient (0: every core)")
+  parser.add_argument("--domains", default="own", choices=figures.TSNE_DOMAINS,
+                      help="tsne: each participant's own domain's test set, the next "
+                           "domain's (FCCL Fig. 4's inter-domain row), or both")
   parser.add_argument("--rows", type=int, default=None,
                       help="heatmaps: private images per participant (default: the public "
                            "panel's batch, collaborative.batch_size)")
@@ -168,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     draw(args.figure, parse_workdirs(args.workdirs), out=args.out, max_points=args.max_points,
          perplexity=args.perplexity, tsne_iterations=args.tsne_iterations, seed=args.seed,
-         tsne_threads=args.tsne_threads,
+         tsne_threads=args.tsne_threads, domains=args.domains,
          rows=args.rows, private_split=args.private_split)
   except UserError as error:
     if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):

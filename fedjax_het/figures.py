@@ -6,9 +6,10 @@ the command that restores the runs and saves the PNGs (docs/figures.md).
 
   * t-SNE of each participant's features on its own domain's test set
     (FCCL Fig. 4: cross-entropy alone vs dual-domain distillation; FCCL+
-    Fig. 9: the FNTD teacher theta^{e-1} vs theta^e): `tsne_panels` ->
-    `tsne_figure`, one panel per participant (row) and run (column), points
-    coloured by class.
+    Fig. 9: the FNTD teacher theta^{e-1} vs theta^e) and, with
+    `domains="inter"` or `"both"`, on the next domain's test set (FCCL Fig. 4's
+    bottom row): `tsne_panels` -> `tsne_figure`, one panel per participant and
+    test set (row) and run (column), points coloured by class.
   * Cross-correlation heatmaps on the public and the private data (FCCL Fig. 5,
     FCCL+ Fig. 8): `heatmap_data` -> `heatmap_figure`, for every participant
     i the C x C matrix M_i of Eq. 1 (FCCL and FCCL+) on the public batch beside
@@ -21,13 +22,19 @@ Interpretations and deviations (the papers give the pictures, not the recipe):
   * Features are the models' penultimate representation (`models.apply_model`'s
     `features`, the input of the classifier), in eval mode (BatchNorm running
     statistics, no dropout), on the participant's own domain's test set (FCCL+
-    Fig. 9 draws "the testing data"; FCCL Fig. 4 shows the intra-domain case in
-    its top row and the inter-domain case, M -> U, in its bottom row, which this
-    module does not draw). Every panel has its own t-SNE (the participants'
-    feature spaces differ in architecture and width), run by
-    `sklearn.manifold.TSNE` on at most `max_points` test images per domain, the
-    same images for every run of a domain (a seeded sample), PCA
-    initialisation, perplexity min(30, (n - 1) / 3), one OpenMP thread by
+    Fig. 9 draws "the testing data"; FCCL Fig. 4's top row, the intra-domain
+    case M -> M). FCCL Fig. 4's bottom row, the inter-domain case M -> U, is
+    the MNIST participant's model on the USPS test set; the paper shows that
+    one pair only and does not say which other domain the other participants
+    would use. `domains="inter"` draws every participant's model on the next
+    domain of the scenario's test domains, cyclically (Digits: mnist -> usps,
+    usps -> svhn, svhn -> syn, syn -> mnist; the first is the paper's pair),
+    one panel per participant like the intra-domain row; `domains="both"`
+    puts each participant's inter-domain row under its own. Every panel has
+    its own t-SNE (the participants' feature spaces differ in architecture and
+    width), run by `sklearn.manifold.TSNE` on at most `max_points` test images
+    per panel, the same images for every run of a domain (a seeded sample),
+    PCA initialisation, perplexity min(30, (n - 1) / 3), one OpenMP thread by
     default (`tsne_embedding`).
   * M_i is Eq. 1 as the library computes it for training and for its
     diagnostics (`losses.cross_correlation_matrix`, the authors' unbiased
@@ -260,9 +267,13 @@ def sample_indices(size: int, max_points: int, seed: int) -> np.ndarray:
 # --- Figure 1: t-SNE of features ---------------------------------------------------------------
 
 
+#: `tsne_panels`' choices of test sets: the participant's own domain's, the next domain's, both.
+TSNE_DOMAINS = ("own", "inter", "both")
+
+
 @dataclasses.dataclass
 class TsnePanel:
-  """One t-SNE panel: a participant's features on its domain's test images."""
+  """One t-SNE panel: a participant's features on a domain's test images."""
   run: str              # the run's label
   participant: str
   architecture: str
@@ -270,6 +281,7 @@ class TsnePanel:
   logits: np.ndarray    # (n, C)
   labels: np.ndarray    # (n,)
   embedding: np.ndarray | None = None  # (n, 2) after `embed`
+  domain: str | None = None  # the test set's domain when it is not the participant's own
 
 
 def check_tsne_available() -> None:
@@ -312,35 +324,60 @@ def tsne_embedding(features: np.ndarray, *, seed: int = 0, iterations: int = 100
     return np.asarray(model.fit_transform(features), np.float32)
 
 
-def tsne_panels(runs: Sequence[RestoredRun], *, max_points: int = 1000, seed: int = 0
-                ) -> list[list[TsnePanel]]:
-  """[participant][run] panels (features, logits, labels; no embedding yet).
+def inter_domain(scenario: Any, participant: int) -> str:
+  """The domain of `participant`'s inter-domain panel: the next of the scenario's test domains
+  after its own, cyclically (Digits: mnist -> usps -> svhn -> syn -> mnist)."""
+  domains = list(scenario.test)
+  if len(domains) < 2:
+    raise FigureError(f"--domains: the run has the single test domain {domains}; the "
+                      "inter-domain panels need a scenario with several domains (--domains=own).")
+  return domains[(domains.index(scenario.domains[participant]) + 1) % len(domains)]
 
-  Participant k's model on its own domain's test set (at most `max_points`
-  images, `sample_indices` seeded by `seed` and the domain's index, so runs of
-  the same data draw the same images), normalised with the private statistics
-  as the evaluation does. The runs must have the same participants.
+
+def tsne_panels(runs: Sequence[RestoredRun], *, max_points: int = 1000, seed: int = 0,
+                domains: str = "own") -> list[list[TsnePanel]]:
+  """[row][run] panels (features, logits, labels; no embedding yet).
+
+  `domains="own"`: row k is participant k's model on its own domain's test set
+  (at most `max_points` images, `sample_indices` seeded by `seed` + k, so runs
+  of the same data draw the same images). `"inter"`: row k is the same model
+  on the test set of `inter_domain(scenario, k)` (FCCL Fig. 4's bottom row),
+  its sample seeded by `seed` + that domain's index among the test domains:
+  where the participants are the domains in order (Digits, Office), the images
+  of that domain's own panel. `"both"`: each participant's own row, then its
+  inter-domain row. Images are normalised with the private statistics as the
+  evaluation does. The runs must have the same participants.
   """
+  if domains not in TSNE_DOMAINS:
+    raise FigureError(f"--domains must be one of {TSNE_DOMAINS}, got {domains!r}.")
   names = runs[0].client_names
   for run in runs[1:]:
     if run.client_names != names:
       raise FigureError(f"--workdirs: {run.workdir} has participants {run.client_names}, "
                         f"{runs[0].workdir} {names}; the runs side by side must have the "
                         "same participants.")
+  kinds = {"own": (False,), "inter": (True,), "both": (False, True)}[domains]
   rows = []
   for k, name in enumerate(names):
-    row = []
-    for run in runs:
-      scenario, setup = run.experiment.scenario, run.experiment.setup
-      test = scenario.test[scenario.domains[k]]
-      index = sample_indices(len(test.labels), max_points, seed + k)
-      model, variables = participant_variables(run, k)
-      features, logits = model_outputs(model, variables, test.images[index],
-                                       mean=setup.private_mean, std=setup.private_std)
-      row.append(TsnePanel(run=run.label, participant=name,
-                           architecture=run.experiment.architectures[k], features=features,
-                           logits=logits, labels=np.asarray(test.labels)[index]))
-    rows.append(row)
+    for inter in kinds:
+      row = []
+      for run in runs:
+        scenario, setup = run.experiment.scenario, run.experiment.setup
+        if inter:
+          domain = inter_domain(scenario, k)
+          sample_seed = seed + list(scenario.test).index(domain)
+        else:
+          domain, sample_seed = scenario.domains[k], seed + k
+        test = scenario.test[domain]
+        index = sample_indices(len(test.labels), max_points, sample_seed)
+        model, variables = participant_variables(run, k)
+        features, logits = model_outputs(model, variables, test.images[index],
+                                         mean=setup.private_mean, std=setup.private_std)
+        row.append(TsnePanel(run=run.label, participant=name,
+                             architecture=run.experiment.architectures[k], features=features,
+                             logits=logits, labels=np.asarray(test.labels)[index],
+                             domain=domain if inter else None))
+      rows.append(row)
   return rows
 
 
@@ -370,7 +407,9 @@ def _class_colours(num_classes: int):
 
 
 def tsne_figure(panels: Sequence[Sequence[TsnePanel]], *, num_classes: int):
-  """The Figure: rows = participants, columns = runs (FCCL Fig. 4's left/right comparison)."""
+  """The Figure: rows = participants (and their inter-domain test sets), columns = runs (FCCL
+  Fig. 4's left/right comparison); an inter-domain panel is titled "<participant> (<its
+  architecture>) -> <domain>", as the paper's M -> U."""
   plt = _pyplot()
   rows, cols = len(panels), len(panels[0])
   fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
@@ -384,15 +423,23 @@ def tsne_figure(panels: Sequence[Sequence[TsnePanel]], *, num_classes: int):
                  c=[colours[int(y) % len(colours)] for y in panel.labels])
       ax.set_xticks([])
       ax.set_yticks([])
-      ax.set_title(f"{panel.run}\n{panel.participant} ({panel.architecture}), "
+      arrow = f" -> {panel.domain}" if panel.domain is not None else ""
+      ax.set_title(f"{panel.run}\n{panel.participant} ({panel.architecture}){arrow}, "
                    f"{len(panel.labels)} test images", fontsize=9)
       if c == 0:
-        ax.set_ylabel(f"participant {panel.participant}", fontsize=10)
+        ax.set_ylabel(f"participant {panel.participant}{arrow}", fontsize=10)
   handles = [plt.Line2D([], [], marker="o", ls="", color=colours[i % len(colours)],
                         label=str(i)) for i in range(min(num_classes, 20))]
   fig.legend(handles=handles, title="class", loc="outside right center", fontsize=8)
-  fig.suptitle("t-SNE of each participant's features on its own domain's test set "
-               "(FCCL Fig. 4, FCCL+ Fig. 9); colour = class", fontsize=11)
+  inter = {panel.domain is not None for row in panels for panel in row}
+  if inter == {False}:
+    what = "on its own domain's test set (FCCL Fig. 4, FCCL+ Fig. 9)"
+  elif inter == {True}:
+    what = "on the next domain's test set (FCCL Fig. 4's inter-domain row)"
+  else:
+    what = ("on its own domain's test set and, in the row below,\non the next domain's "
+            "(FCCL Fig. 4's intra- and inter-domain rows)")
+  fig.suptitle(f"t-SNE of each participant's features {what}; colour = class", fontsize=11)
   return fig
 
 

@@ -8,7 +8,10 @@ tiny FCCL+ run and check the three figures of their workdirs: the public
 heatmap against the cross_correlation.npz the training wrote, the private one
 against Eq. 1 of the same logits, the t-SNE features through the accuracy of
 the logits computed beside them against the run's recorded intra-domain
-accuracy, the local-loss series against metrics.jsonl, and the command.
+accuracy, the inter-domain panels against each model's outputs on the next
+domain's sampled test images, the local-loss series against metrics.jsonl, and
+the command. The default t-SNE tests of the inter-domain panels check which
+model and which domain's images every panel uses with stand-in models.
 """
 
 import importlib.util
@@ -195,6 +198,88 @@ def test_tsne_figure_has_a_panel_per_participant_and_run():
   assert [t.get_text() for t in fig.legends[0].get_texts()] == ["0", "1", "2"]
 
 
+def _fake_run(label, sizes=(20, 15, 25, 18)):
+  """A restored run's shape without a model: test image i of domain j is the row (j, i)."""
+  test = {d: types.SimpleNamespace(images=np.stack([np.full(n, j), np.arange(n)], axis=1),
+                                   labels=np.arange(n) % 3)
+          for j, (d, n) in enumerate(zip(PARTICIPANTS, sizes))}
+  experiment = types.SimpleNamespace(
+      scenario=types.SimpleNamespace(domains=tuple(PARTICIPANTS), test=test),
+      setup=types.SimpleNamespace(private_mean=(0.0,) * 3, private_std=(1.0,) * 3),
+      architectures=["simple_cnn", "fedavg_cifar_cnn"] * 2)
+  return types.SimpleNamespace(label=label, client_names=list(PARTICIPANTS),
+                               workdir=pathlib.Path(label), experiment=experiment)
+
+
+@pytest.fixture
+def fake_models(monkeypatch):
+  """Participant k's "model" returns the images as features and k as its only logit."""
+  monkeypatch.setattr(figures, "participant_variables", lambda run, k: (k, run.label))
+  monkeypatch.setattr(figures, "model_outputs", lambda model, variables, images, mean, std: (
+      np.asarray(images, np.float32), np.full((len(images), 1), model, np.float32)))
+
+
+def test_tsne_inter_domain_panels_are_each_model_on_the_next_domains_sample(fake_models):
+  runs = [_fake_run("SOLO (CE only) [solo]"), _fake_run("FCCL [fccl]")]
+  sizes = {d: len(runs[0].experiment.scenario.test[d].labels) for d in PARTICIPANTS}
+  own = figures.tsne_panels(runs, max_points=16, seed=5)
+  both = figures.tsne_panels(runs, max_points=16, seed=5, domains="both")
+  inter = figures.tsne_panels(runs, max_points=16, seed=5, domains="inter")
+  assert len(own) == len(inter) == 4 and len(both) == 8 and all(len(r) == 2 for r in both)
+  for k, name in enumerate(PARTICIPANTS):
+    after = PARTICIPANTS[(k + 1) % 4]  # mnist -> usps (FCCL Fig. 4's M -> U), ..., syn -> mnist
+    assert figures.inter_domain(runs[0].experiment.scenario, k) == after
+    for c, run in enumerate(runs):
+      mine, other = both[2 * k][c], both[2 * k + 1][c]
+      assert (mine.participant, mine.domain, other.participant, other.domain) == (
+          name, None, name, after)
+      assert other.run == run.label and other.architecture == mine.architecture
+      assert (other.logits == k).all()  # participant k's model on the other domain
+      # The other domain's images, the sample of that domain's own panel (seed + its index).
+      assert (other.features[:, 0] == (k + 1) % 4).all()
+      np.testing.assert_array_equal(
+          other.features[:, 1], figures.sample_indices(sizes[after], 16, seed=5 + (k + 1) % 4))
+      np.testing.assert_array_equal(other.features, own[(k + 1) % 4][c].features)
+      np.testing.assert_array_equal(other.labels, own[(k + 1) % 4][c].labels)
+      np.testing.assert_array_equal(inter[k][c].features, other.features)
+      # The own rows are the default figure's panels.
+      assert (own[k][c].domain is None and (own[k][c].features[:, 0] == k).all())
+      np.testing.assert_array_equal(mine.features, own[k][c].features)
+  assert [len(row[0].labels) for row in both] == [16, 15, 15, 16, 16, 16, 16, 16]
+
+
+def test_tsne_inter_domain_panels_need_several_domains(fake_models):
+  run = _fake_run("SOLO (CE only) [solo]")
+  with pytest.raises(figures.FigureError, match=r"^--domains must be one of"):
+    figures.tsne_panels([run], domains="other")
+  scenario = run.experiment.scenario
+  scenario.domains, scenario.test = ("mnist",) * 4, {"mnist": scenario.test["mnist"]}
+  assert len(figures.tsne_panels([run], max_points=8)) == 4
+  with pytest.raises(figures.FigureError, match=r"^--domains: the run has the single test "
+                                                r"domain \['mnist'\]"):
+    figures.tsne_panels([run], domains="inter")
+
+
+def test_tsne_figure_titles_inter_domain_panels_with_their_domain():
+  features, labels = _clusters(per_class=4)
+  panels = [[figures.TsnePanel(run=run, participant=name, architecture="simple_cnn",
+                               features=features, logits=np.zeros((12, 3)), labels=labels,
+                               embedding=features[:, :2] + r, domain=domain)
+             for run in ("SOLO (CE only) [solo]", "FCCL [fccl]")]
+            for r, (name, domain) in enumerate((("mnist", None), ("mnist", "usps")))]
+  fig = figures.tsne_figure(panels, num_classes=3)
+  assert _titles(fig) == ["SOLO (CE only) [solo]\nmnist (simple_cnn), 12 test images",
+                          "FCCL [fccl]\nmnist (simple_cnn), 12 test images",
+                          "SOLO (CE only) [solo]\nmnist (simple_cnn) -> usps, 12 test images",
+                          "FCCL [fccl]\nmnist (simple_cnn) -> usps, 12 test images"]
+  assert [ax.get_ylabel() for ax in fig.axes[:4:2]] == ["participant mnist",
+                                                         "participant mnist -> usps"]
+  np.testing.assert_allclose(fig.axes[3].collections[0].get_offsets(), panels[1][1].embedding)
+  assert "intra- and inter-domain rows" in fig.get_suptitle()
+  fig = figures.tsne_figure(panels[1:], num_classes=3)
+  assert "next domain's test set" in fig.get_suptitle()
+
+
 def test_tsne_without_scikit_learn_says_what_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "sklearn.manifold", None)
   with pytest.raises(figures.FigureError, match=r'pip install -e "\.\[figures\]"'):
@@ -232,6 +317,12 @@ def test_command_names_the_flag_for_bad_workdirs_and_outputs(tmp_path, capsys):
   assert cli.output_path("figs", "tsne", [tmp_path]) == pathlib.Path("figs/tsne.png")
   assert cli.output_path(None, "heatmaps", [tmp_path / "a", tmp_path / "b"]) == (
       tmp_path / "figures" / "heatmaps.png")
+  assert cli.parse_args(["tsne", "--workdirs=x"]).domains == "own"
+  assert cli.parse_args(["tsne", "--workdirs=x", "--domains=both"]).domains == "both"
+  assert cli.main(["tsne", f"--workdirs={tmp_path}", "--domains=inter"]) == 1
+  assert capsys.readouterr().err.startswith("error: --workdirs: the run.json of ")
+  with pytest.raises(figures.FigureError, match=r"^--domains must be one of"):
+    cli.draw("tsne", [tmp_path], domains="next")
 
 
 # --- Trained workdirs (slow) --------------------------------------------------------------------
@@ -336,6 +427,36 @@ def test_tsne_features_of_a_workdir_are_the_evaluated_models_on_their_test_sets(
   assert len(titles) == 4 * 2
   assert titles[0].startswith("SOLO (CE only) [solo]\nmnist (simple_cnn), ")
   assert titles[7].startswith("FCCL+ [fcclplus]\nsyn (fedavg_cifar_cnn), ")
+
+
+@pytest.mark.slow
+def test_tsne_inter_domain_features_of_a_workdir_are_each_model_on_the_next_test_set(runs):
+  run = runs["fcclplus"]
+  scenario, setup = run.experiment.scenario, run.experiment.setup
+  panels = figures.tsne_panels([runs["solo"], run], max_points=12, seed=1, domains="both")
+  own = figures.tsne_panels([runs["solo"], run], max_points=12, seed=1)
+  assert len(panels) == 2 * len(PARTICIPANTS)
+  for k, name in enumerate(PARTICIPANTS):
+    after = PARTICIPANTS[(k + 1) % 4]
+    panel = panels[2 * k + 1][1]
+    assert (panel.participant, panel.domain) == (name, after)
+    np.testing.assert_array_equal(panels[2 * k][1].features, own[k][1].features)
+    # Participant k's model on the next domain's images: its own panel's sample.
+    index = figures.sample_indices(len(scenario.test[after].labels), 12, seed=1 + (k + 1) % 4)
+    features, logits = figures.model_outputs(
+        *figures.participant_variables(run, k), scenario.test[after].images[index],
+        mean=setup.private_mean, std=setup.private_std)
+    np.testing.assert_allclose(panel.features, features, atol=1e-5)
+    np.testing.assert_allclose(panel.logits, logits, atol=1e-5)
+    np.testing.assert_array_equal(panel.labels, scenario.test[after].labels[index])
+    np.testing.assert_array_equal(panel.labels, own[(k + 1) % 4][1].labels)
+  for row in panels:
+    for each in row:
+      each.embedding = each.features[:, :2]
+  titles = _titles(figures.tsne_figure(panels, num_classes=10))
+  assert len(titles) == 8 * 2
+  assert titles[2].startswith("SOLO (CE only) [solo]\nmnist (simple_cnn) -> usps, 12 test")
+  assert titles[15].startswith("FCCL+ [fcclplus]\nsyn (fedavg_cifar_cnn) -> mnist, 12 test")
 
 
 @pytest.mark.slow
