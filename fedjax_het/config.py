@@ -138,7 +138,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.models.compute_dtype = "float32"     # "bfloat16": mixed precision (GPU/TPU; slower on CPU)
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every = 1
+  c.eval.every = 1                       # also the last `last_rounds` rounds, which results average
   c.eval.batch_size = 512
   c.eval.top_k = 1
   c.eval.last_rounds = 3

@@ -396,7 +396,11 @@ class Experiment:
     return workdir_lib.run_record(self.config, self.scenario)
 
   def is_eval_round(self, done: int) -> bool:
-    return done % int(self.config.eval.every) == 0 or done == self.num_rounds
+    """Whether the trainer evaluates after round `done`: every `eval.every` rounds and each of
+    the last `eval.last_rounds` rounds, the ones the results table averages (the papers report
+    the mean of the last three rounds), so a sparse `eval.every` keeps the reported metric."""
+    last = self.num_rounds - int(self.config.eval.last_rounds)
+    return done % int(self.config.eval.every) == 0 or done > last
 
   def is_checkpoint_round(self, done: int) -> bool:
     return done % int(self.config.checkpoint.every) == 0

@@ -352,3 +352,13 @@ def test_every_many_client_variant_builds_and_validates(scenario):
     module.get_config("fcclplus")
   argv = cli.expand_config_name([f"--config={scenario}_fedavg_quick"])
   assert argv == [f"--config={REPO / 'experiments/configs' / scenario}.py:fedavg_quick"]
+
+
+def test_a_sparse_eval_every_still_evaluates_the_rounds_the_results_average():
+  """eval.every=4 over 10 rounds with eval.last_rounds=3: rounds 4 and 8, then 8, 9 and 10,
+  the three whose mean results.md reports."""
+  experiment = experiment_lib.Experiment(tiny_config("solo", num_rounds=10,
+                                                     **{"eval.every": 4, "eval.last_rounds": 3}))
+  assert [r for r in range(1, 11) if experiment.is_eval_round(r)] == [4, 8, 9, 10]
+  experiment.config.eval.every = 1
+  assert all(experiment.is_eval_round(r) for r in range(1, 11))
