@@ -24,7 +24,7 @@ from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
 from fedjax_het.train import train_and_evaluate
-from tests.test_cil_train import tiny_cil_config, tiny_settings
+from tests.test_cil_train import set_field, tiny_cil_config, tiny_settings
 from tests.tiny_models import TinyLinear
 
 A, O, B, N = (cil_stream.ROLE_ABSENT, cil_stream.ROLE_OLD, cil_stream.ROLE_IN_BETWEEN,
@@ -329,11 +329,7 @@ def test_shuffled_proxy_reconstructs_the_same_gradients_in_the_shuffled_order():
 ])
 def test_bad_switch_values_are_refused(method, field, value, allowed):
   config = tiny_cil_config(method)
-  section, _, name = field.rpartition(".")
-  target = config
-  for part in section.split("."):
-    target = target[part]
-  target[name] = value
+  set_field(config, field, value)
   with pytest.raises(Exception, match=f"config.{field}") as error:
     validate_config(config)
   assert allowed in str(error.value)

@@ -16,7 +16,7 @@ from fedjax_het.config import validate_config
 from fedjax_het.train import train_and_evaluate
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import rounds
-from tests.test_cil_train import tiny_cil_config, tiny_settings, tiny_stream
+from tests.test_cil_train import set_field, tiny_cil_config, tiny_settings, tiny_stream
 from tests.tiny_models import TinyLinear
 
 C = 4
@@ -264,11 +264,7 @@ def test_glfc_config_with_proxy_trains_end_to_end(tmp_path):
 ])
 def test_bad_proxy_fields_are_refused(field, value, allowed):
   config = tiny_cil_config("glfc")
-  section, _, name = field.rpartition(".")
-  target = config
-  for part in section.split("."):
-    target = target[part]
-  target[name] = value
+  set_field(config, field, value)
   with pytest.raises(Exception, match=f"config.{field}") as error:
     validate_config(config)
   assert allowed in str(error.value)

@@ -192,6 +192,15 @@ def test_glfc_code_lr_schedule_generalises_by_fractions_of_the_task():
                                                         + [lr / 25, lr / 25] + [lr / 125]))
 
 
+def set_field(config, field, value):
+  """config.<field> = value for a dotted field name ("glfc.proxy.rebuild")."""
+  section, _, name = field.rpartition(".")
+  target = config
+  for part in filter(None, section.split(".")):
+    target = target[part]
+  target[name] = value
+
+
 def tiny_cil_config(method="fedavg_cil"):
   """A 2-task, 4-class synthetic stream over a few clients (shared with test_cil_glfc)."""
   c = base_config(method)
@@ -282,8 +291,7 @@ def test_results_match_metrics_and_resume_is_bit_identical(tmp_path):
 ])
 def test_validation_errors_name_the_field(field, value, allowed):
   config = base_config("fedavg_cil")
-  section, name = field.rpartition(".")[::2] if "." in field else ("", field)
-  (config[section] if section else config)[name] = value
+  set_field(config, field, value)
   with pytest.raises(ConfigError) as error:
     validate_config(config)
   assert f"config.{field}" in str(error.value) and allowed in str(error.value)
