@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:  # `python experiments/figures.py` from a source c
   sys.path.insert(0, str(REPO))
 
 from fedjax_het import figures  # noqa: E402  pylint: disable=g-import-not-at-top
-from fedjax_het.errors import UserError  # noqa: E402  pylint: disable=g-import-not-at-top
+from fedjax_het.errors import UserError, wants_traceback  # noqa: E402  pylint: disable=g-import-not-at-top
 
 FIGURES = ("tsne", "heatmaps", "local_loss")
 
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
          tsne_threads=args.tsne_threads, domains=args.domains,
          rows=args.rows, private_split=args.private_split)
   except UserError as error:
-    if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    if wants_traceback(args.verbose):
       raise
     print(f"error: {error}", file=sys.stderr)
     return 1

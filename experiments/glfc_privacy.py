@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import shlex
 import sys
@@ -57,7 +56,7 @@ if str(REPO) not in sys.path:  # `python experiments/glfc_privacy.py` from a sou
   sys.path.insert(0, str(REPO))
 
 from fedjax_het.errors import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    ConfigError, UserError)
+    ConfigError, UserError, wants_traceback)
 
 DEFAULT_OUT = "runs/glfc_privacy"
 PERTURB_INPUTS = ("normalized", "raw")
@@ -308,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     report = run_report(args, command=command)
   except UserError as error:
-    if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    if wants_traceback(args.verbose):
       raise
     print(f"error: {error}", file=sys.stderr)
     return 1

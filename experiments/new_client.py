@@ -65,7 +65,7 @@ if str(REPO) not in sys.path:  # `python experiments/new_client.py` from a sourc
 from fedjax_het import new_client as nc  # noqa: E402  pylint: disable=g-import-not-at-top
 from fedjax_het import workdir as workdir_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 from fedjax_het.errors import (  # noqa: E402  pylint: disable=g-import-not-at-top
-    ConfigError, UserError)
+    ConfigError, UserError, wants_traceback)
 
 RANDOM_LABEL = "random init"
 
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              tolerance=args.tolerance, target=args.target, lr=args.lr,
                              seed=args.seed, plot=not args.no_plot)
   except UserError as error:
-    if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    if wants_traceback(args.verbose):
       raise
     print(f"error: {error}", file=sys.stderr)
     return 1

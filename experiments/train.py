@@ -141,7 +141,8 @@ def _interrupt(signum, frame):
 def _verbose() -> bool:
   """--verbose (read from the command line while the flags are being parsed) or
   FEDJAX_HET_TRACEBACK=1."""
-  if os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+  from fedjax_het.errors import wants_traceback  # pylint: disable=g-import-not-at-top
+  if wants_traceback():
     return True
   if flags.FLAGS.is_parsed():
     return _VERBOSE.value

@@ -9,6 +9,17 @@ keeps its traceback.
 from __future__ import annotations
 
 import errno
+import os
+
+
+#: Set (to anything but "" or "0") to keep the traceback of a `UserError`, as --verbose does.
+TRACEBACK_ENV = "FEDJAX_HET_TRACEBACK"
+
+
+def wants_traceback(verbose: bool = False) -> bool:
+  """Whether a command shows a `UserError`'s traceback instead of its one line: `verbose`
+  (the command's --verbose) or FEDJAX_HET_TRACEBACK set to anything but "" or "0"."""
+  return bool(verbose) or os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
 class UserError(Exception):

@@ -57,7 +57,8 @@ import ml_collections
 
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import load_module
-from fedjax_het.errors import ConfigError, RoundTooLargeError, UserError, WorkdirError
+from fedjax_het.errors import (ConfigError, RoundTooLargeError, UserError, WorkdirError,
+                               wants_traceback)
 from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
@@ -894,7 +895,7 @@ def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
   try:
     run_args(args, lambda line: print(line, flush=True))
   except UserError as error:
-    if args.verbose or os.environ.get("FEDJAX_HET_TRACEBACK", "") not in ("", "0"):
+    if wants_traceback(args.verbose):
       raise
     print(f"error: {error}", file=sys.stderr)
     return 1
