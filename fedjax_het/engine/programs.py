@@ -200,6 +200,10 @@ class CompiledStages:
     self.names, self.compiled = tuple(names), tuple(compiled)
     self.rounds_per_call, self.compile_secs = int(rounds_per_call), dict(compile_secs)
     self.layout = _one_per_stage(self.names) if layout is None else tuple(layout)
+    # Each stage's programs and join, in order.
+    starts = np.cumsum([0] + [count for _, count, _ in self.layout]).tolist()
+    self._stages = tuple((self.compiled[start:start + count], join)
+                         for start, (_, count, join) in zip(starts, self.layout))
 
   @property
   def stage_names(self) -> tuple[str, ...]:
@@ -207,9 +211,8 @@ class CompiledStages:
 
   def run_stage(self, index: int, state: Any, data: Any) -> tuple[Any, Any]:
     """Stage `index` of the round on `state`: (state, the stage's metrics)."""
-    start = sum(count for _, count, _ in self.layout[:index])
-    _, count, join = self.layout[index]
-    outputs = [program(state, data) for program in self.compiled[start:start + count]]
+    stage_programs, join = self._stages[index]
+    outputs = [program(state, data) for program in stage_programs]
     return outputs[0] if join is None else join(outputs)
 
   def __call__(self, state: Any, data: Any) -> tuple[Any, Any]:
