@@ -178,7 +178,7 @@ class Experiment:
     # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage;
     # "groups": as "stages", with a stage whose groups are independent split by group.
     self.round_programs = programs.resolve(config.get("round_programs", "auto"),
-                                           bool(self.algorithm.stages))
+                                           bool(self.algorithm.stages), jax.default_backend())
     if self.round_programs == "groups" and mesh is not None:
       logging.info("config.round_programs='groups' runs as 'stages' on a device mesh (the "
                    "group programs' outputs have no shardings of their own)")
@@ -268,8 +268,8 @@ class Experiment:
 
     `run_rounds` lowered, or with `round_programs == "stages"` the
     `programs.LoweredStages` of the stage programs (and, with "groups", the group
-    programs of the stages split by group), compiled side by side on a CPU and
-    one after the other on an accelerator (`config.round_compile`). With the cache, a later run of the same round reads each
+    programs of the stages split by group), compiled side by side on a CPU or
+    when split by group, one after the other otherwise (`config.round_compile`). With the cache, a later run of the same round reads each
     exported program instead of tracing and lowering it
     (`fedjax_het.trace_cache`); both compile the same module. A program the
     cache cannot hold is traced as usual.
@@ -291,7 +291,7 @@ class Experiment:
       return programs.lower_stages(
           tuple(self._stage_fns.items()), lower, int(self.config.rounds_per_call),
           side_by_side=programs.side_by_side(self.config.get("round_compile", "auto"),
-                                             jax.default_backend()),
+                                             jax.default_backend(), self.round_programs),
           split=self.split_stages)
     return self._lower_program(self.run_rounds, state, cache, None)
 

@@ -124,7 +124,10 @@ def test_the_memory_estimate_is_the_largest_stage():
 
 def test_the_choice_is_resolved_and_validated_with_the_field_named():
   assert programs.resolve("auto", True) == "stages"
+  assert programs.resolve("auto", True, "cpu") == "stages"
+  assert programs.resolve("auto", True, "gpu") == "groups"  # measured on an H200
   assert programs.resolve("auto", False) == "one"
+  assert programs.resolve("auto", False, "gpu") == "one"
   assert programs.resolve("one", True) == "one"
   with pytest.raises(ConfigError, match=r"config.round_programs must be one of "
                                         r"\('auto', 'one', 'stages', 'groups'\), got 'many'"):
@@ -138,6 +141,9 @@ def test_the_choice_is_resolved_and_validated_with_the_field_named():
                                         r"'side_by_side', 'in_turn'\), got 'threads'"):
     config_lib.validate_config(tiny_config("solo", round_compile="threads"))
   assert programs.side_by_side("auto", "cpu") and not programs.side_by_side("auto", "gpu")
+  assert programs.side_by_side("auto", "gpu", "groups")
+  assert not programs.side_by_side("auto", "tpu", "stages")
+  assert not programs.side_by_side("in_turn", "gpu", "groups")
   assert programs.side_by_side("side_by_side", "gpu")
   assert not programs.side_by_side("in_turn", "cpu")
   assert "round_programs" in workdir_lib.NEUTRAL_FIELDS  # same bits, so a resume may change it
