@@ -38,7 +38,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_het import models

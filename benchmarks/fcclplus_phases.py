@@ -33,6 +33,7 @@ values.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -93,7 +94,7 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
       continue
     # The first call also loads the program: it is timed alone; the median of `repeats` more
     # calls (timing.py's rule) is the phase's time, or the first call's when repeats = 0.
-    run = lambda: compiled(*args)  # noqa: E731, B023 (called in this iteration)
+    run = functools.partial(compiled, *args)
     first, _ = timing.median_seconds(run, 1)
     median, timed = timing.median_seconds(run, repeats) if repeats else (first, [])
     row[f"{name}_first_secs"], row[f"{name}_secs"] = first, median

@@ -37,7 +37,7 @@ from fedjax_het import losses
 from fedjax_het.algorithms import common
 from fedjax_het.config import load_module
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import batching, optim
+from fedjax_het.engine import optim
 from fedjax_het.experiment import Experiment
 import timing
 from timing import median_seconds

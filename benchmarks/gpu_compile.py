@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import platform
 import re
 import statistics

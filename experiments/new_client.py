@@ -226,7 +226,7 @@ def _cell(value: Any, fmt: str = "{:.2f}") -> str:
 def markdown(results: dict[str, Any]) -> str:
   """new_client.md: the summary table and the accuracy per epoch."""
   target, tolerance = results["target"], results["tolerance"]
-  lines = [f"# New client: local epochs to converge from each method's global model",
+  lines = ["# New client: local epochs to converge from each method's global model",
            "", "FedFusion paper Sec. 4.3.2 / Fig. 6. Runs: "
            + ", ".join(f"`{r}`" for r in results["runs"]) + ".", ""]
   lines += [f"Data: {d}" for d in results["data"]]

@@ -11,10 +11,10 @@ import pytest
 
 from fedjax_het.algorithms import fedavg, fedproc, fedrs, moon
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients, rounds
+from fedjax_het.engine import rounds
 from fedjax_het.train import train_and_evaluate
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
-from tests.tiny_models import TinyLinear, TinyMLP
+from tests.tiny_models import TinyMLP
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAKE = {"fedavg": fedavg.make_fedavg, "moon": moon.make_moon, "fedproc": fedproc.make_fedproc,

@@ -348,7 +348,7 @@ def verdict(means: Mapping[str, float], *, chance: float | None = None) -> dict[
           f"By the criteria of this report (>= {PROTECT_PSNR_DROP_DB:g} dB lower PSNR and "
           f"SSIM < {PROTECT_SSIM:g}) the perturbation does NOT protect the prototype ("
           + " and ".join(failed) + "): the attacker's reconstruction from the perturbed "
-          f"gradient is still close to the client's original image.")
+          "gradient is still close to the client's original image.")
   pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
   parts.append(
       f"Usefulness: the local classifier is right on {pct(means['correct_original'])} of the "
@@ -428,16 +428,16 @@ def markdown(report: Mapping[str, Any]) -> str:
                  f"{255 * m['max_abs_perturbation']:.2f} / 255.")
   lines += ["", *extra, "",
             "## Settings", "",
-            f"- Data: " + "; ".join(f"{k}: {v}" for k, v in report["data"]["sources"].items())
+            "- Data: " + "; ".join(f"{k}: {v}" for k, v in report["data"]["sources"].items())
             + f" — class-incremental stream, first task's "
             f"{c['num_classes']} classes; {c['train_size']} training images of them.",
             f"- Local classifier: `{c['model']}` (width {c['width']:g}), {c['epochs']} epochs, "
             f"SGD lr {c['learning_rate']:g} (cosine), batch {c['batch_size']}; test accuracy "
             f"on the first task's classes {100 * c['test_accuracy']:.1f}% (chance "
             f"{100 / c['num_classes']:.1f}%), training {c['seconds']:.0f} s.",
-            f"- Prototype: per class, the training image nearest the class mean of the "
-            f"L2-normalised eval features (`select_prototype`); sigma^2 = the class's feature "
-            f"variance (`class_feature_variance`).",
+            "- Prototype: per class, the training image nearest the class mean of the "
+            "L2-normalised eval features (`select_prototype`); sigma^2 = the class's feature "
+            "variance (`class_feature_variance`).",
             f"- Perturbation (GLFC Eq. 10-11): {s['perturb_steps']} SGD steps on the image, lr "
             f"{s['perturb_lr']:g}, weight decay {s['perturb_weight_decay']:g}, gamma "
             f"{s['gamma']:g}, loss `{s['perturb_loss']}`, model input "
