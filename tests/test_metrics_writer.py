@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import ml_collections
 import pytest
@@ -115,7 +116,13 @@ def test_wandb_offline_run_gets_the_records(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_SILENT", "true")
   _write(tmp_path, writers=("jsonl", "wandb"), wandb_mode="offline").close()
   (path,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+  # W&B's service process writes the run file; on a loaded machine its last blocks can land
+  # after `finish()` returns, so the file is read until its three rows are there (or 60 s).
+  deadline = time.monotonic() + 60.0
   rows = _wandb_history(path)
+  while len(rows) < 3 and time.monotonic() < deadline:
+    time.sleep(0.5)
+    rows = _wandb_history(path)
   assert [row["_step"] for row in rows] == [1, 2, 3]
   assert [row["train/loss"] for row in rows] == [2.5, 1.25, 0.5]
   assert [row.get("eval/accuracy/mean") for row in rows] == [10.0, None, 30.0]
