@@ -20,17 +20,18 @@ compiles and times, in one process:
 
 Per variant: compile seconds, first run, the median of `--repeats` runs, and
 for `streams` the largest absolute difference of its outputs from `in_turn`'s
-(the same computation compiled in another program: equal up to float rounding). On a CPU the annotation is
-ignored and both variants run in turn (the script runs there as its test).
+(the same computation compiled in another program: equal up to float
+rounding). On a CPU the annotation is ignored and both variants run in turn
+(the script runs there as its test).
 Writes the JSON after every variant.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
-import statistics
 import time
 
 import jax
@@ -53,17 +54,13 @@ def _on_stream(fn, stream: int):
                       out_memory_spaces=jax.memory.Space.Device)
 
 
-def _timed(compiled, args, repeats: int) -> dict:
+def _timed(compiled, args, repeats: int) -> tuple[object, dict]:
+  """(the outputs of the first call, its time and the median of `repeats` more calls)."""
   tick = time.perf_counter()
   out = jax.block_until_ready(compiled(*args))
   first = time.perf_counter() - tick
-  times = []
-  for _ in range(repeats):
-    tick = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - tick)
-  return out, {"first_run_secs": first, "run_secs": statistics.median(times),
-               "run_secs_all": times}
+  median, times = timing.median_seconds(functools.partial(compiled, *args), repeats)
+  return out, {"first_run_secs": first, "run_secs": median, "run_secs_all": times}
 
 
 def main() -> None:
@@ -108,15 +105,15 @@ def main() -> None:
   def streams(all_inputs):
     return [_on_stream(loop, i + 1)(*xs) for i, (loop, xs) in enumerate(zip(loops, all_inputs))]
 
-  variants = {"in_turn": in_turn, "streams": streams}
+  # {name: (function, its arguments)}
+  variants = {"in_turn": (in_turn, (inputs,)), "streams": (streams, (inputs,))}
   if args.only:
     variants = {name: variants[name] for name in args.only.split(",")}
   if not args.skip_alone:
-    for backbone, loop in zip(backbones, loops):
-      variants[f"alone[{backbone}]"] = (lambda loop: lambda xs: loop(*xs))(loop)
+    for backbone, loop, xs in zip(backbones, loops, inputs):
+      variants[f"alone[{backbone}]"] = (loop, xs)
   outputs = {}
-  for name, fn in variants.items():
-    call_args = (inputs[backbones.index(name[6:-1])],) if name.startswith("alone[") else (inputs,)
+  for name, (fn, call_args) in variants.items():
     row = {}
     try:
       tick = time.perf_counter()

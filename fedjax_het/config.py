@@ -82,8 +82,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # as one XLA program per stage, compiled side by side on a CPU and loaded from the cache much
   # faster than one large program: auto (when the method has stages: groups on a GPU, stages
   # elsewhere), one, stages, or groups (as stages, with the local phase one program per
-  # participant group). Same numbers
-  # either way. See fedjax_het/engine/programs.py.
+  # participant group). Same numbers either way. See fedjax_het/engine/programs.py.
   c.round_programs = "auto"
   # How the round's programs compile: auto (side by side on a CPU or for groups, else in turn),
   # side_by_side (threads), in_turn. Same programs either way.

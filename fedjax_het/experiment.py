@@ -269,8 +269,9 @@ class Experiment:
     `run_rounds` lowered, or with `round_programs == "stages"` the
     `programs.LoweredStages` of the stage programs (and, with "groups", the group
     programs of the stages split by group), compiled side by side on a CPU or
-    when split by group, one after the other otherwise (`config.round_compile`). With the cache, a later run of the same round reads each
-    exported program instead of tracing and lowering it
+    when split by group, one after the other otherwise (`config.round_compile`).
+    With the cache, a later run of the same round reads each exported program
+    instead of tracing and lowering it
     (`fedjax_het.trace_cache`); both compile the same module. A program the
     cache cannot hold is traced as usual.
     """

@@ -53,8 +53,8 @@ ROUND_COMPILE = ("auto", "side_by_side", "in_turn")
 def resolve(choice: str, has_stages: bool, backend: str = "cpu") -> str:
   """`config.round_programs` (one of `ROUND_PROGRAMS`, checked by `validate_config`) on
   `backend` -> "one", "stages" or "groups" ("auto": when the method has stages, groups on a
-  GPU, where the full FCCL+ Digits round compiles in 126.5 s as groups side by side against
-  more than 272 s as stages on one H200, and stages elsewhere; one otherwise).
+  GPU, where they compile in less than half the time of stages, and stages elsewhere, where
+  they do not; one otherwise; docs/performance.md, "One program per participant group").
 
   Raises ConfigError for "stages" or "groups" asked of a method whose round is one piece.
   """
