@@ -20,7 +20,10 @@ Each cell trains into results/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, wi
 <setting>__ in front in a table of several settings) through the ordinary trainers, with
 the row's config at the scale (--scale=quick: the `_quick` configs, minutes on a CPU;
 paper: the paper's configs), config.seed = s and the --set overrides. A rerun skips
-finished cells and resumes an interrupted one from its checkpoints. After every cell,
+finished cells and resumes an interrupted one from its checkpoints. A cell that is the same
+run as a finished cell of another table (the same config and seed: the BASE rows shared by
+FCCL's and FCCL+'s tables, GLFC's quick cells at T = 5 / 20) is copied from it, its
+cell.json naming the source (`copy_of`); --retrain-copies trains it instead. After every cell,
 results/<table>/<scale>/table.md and table.json hold the table over the seeds that
 finished (mean ± sample std, n, the paper's number and source beside each cell, Δ vs BASE,
 the data provenance and sizes, the scale, the devices, commits and wall time of the runs),
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--separate-seeds", action="store_true",
                       help="train every seed on its own (default: a row's fresh seeds as one "
                       "vmapped program where their shapes agree; never with a deadline)")
+  parser.add_argument("--retrain-copies", action="store_true",
+                      help="train every cell (default: a fresh cell whose run another table "
+                      "holds finished, same config and seed, is copied from it)")
   parser.add_argument("--dry-run", action="store_true", help="print the cells it would run")
   parser.add_argument("--verbose", action="store_true",
                       help="show the traceback of configuration, data and workdir errors")
@@ -171,9 +177,13 @@ def dry_run(cells: Sequence[grid.Cell], results_dir: pathlib.Path, overrides: Se
     config = grid.cell_config(cell, overrides)
     path = cell.directory(results_dir)
     status = grid.cell_status(path, config) if path.exists() else "-"
+    twin = grid.find_twin(cell, config, results_dir) if status == "-" else None
+    if twin is not None:
+      status = f"copy (the same run, finished in {twin.relative_to(results_dir).as_posix()})"
     action = {"finished": "skip (finished)", "-": "train"}.get(
         status, "retrain? (finished with a different config: stops the run)"
-        if status == "different config" else f"resume ({status})")
+        if status == "different config" else status if twin is not None
+        else f"resume ({status})")
     echo(f"[{index}/{len(cells)}] {cell.label}: {action}; "
          f"{cell.setting.config}:{cell.row.config_variant(cell.scale)} -> {path}")
 
@@ -201,7 +211,8 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     xla_cpu.set_xla_cpu_scheduler("auto")
   grid.run(cells, results_dir=results_dir, overrides=args.overrides,
            deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
-           copy_to=args.copy_to, stack_seeds=not args.separate_seeds, echo=echo)
+           copy_to=args.copy_to, stack_seeds=not args.separate_seeds,
+           copy_twins=not args.retrain_copies, echo=echo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -545,15 +545,77 @@ def _copy(results_dir: pathlib.Path, copy_to: pathlib.Path, paths: Sequence[path
       shutil.copy2(path, target)
 
 
+# --- twins: one run shared by every table that holds the same cell --------------------------
+
+
+def _recipe(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) -> tuple[Any, ...]:
+  """What `cell_config` builds a cell's config from, besides the seed and the overrides."""
+  return (row.config or setting.config, row.config_variant(scale), tuple(row.overrides))
+
+
+def find_twin(cell: Cell, config: ml_collections.ConfigDict,
+              results_dir: pathlib.Path) -> pathlib.Path | None:
+  """The directory of a finished cell of another table (or setting) that is the same run as
+  `cell`: the same config file, variant at the cell's scale, row fields and seed, and a
+  recorded config equal to `config` (`is_finished`, so the --set overrides must agree too).
+  None when there is none. E.g. the BASE row of FCCL Tables 1/2 on Digits is the BASE row of
+  FCCL+ Table VIII/IX on Digits; the quick cells of GLFC's T = 5 and 20 layouts are Table 1's."""
+  own = cell.directory(results_dir)
+  recipe = _recipe(cell.setting, cell.row, cell.scale)
+  for table in tables_lib.TABLES.values():
+    for setting in table.settings:
+      for row in setting.rows:
+        if _recipe(setting, row, cell.scale) != recipe:
+          continue
+        path = tables_lib.cell_dir(results_dir, table, setting, row, cell.seed, cell.scale)
+        if path == own or not path.is_dir():
+          continue
+        try:
+          if is_finished(path, config):
+            return path
+        except WorkdirError:  # the same recipe trained under other --set overrides
+          continue
+  return None
+
+
+def copy_twin(twin: pathlib.Path, cell_dir: pathlib.Path, meta: Mapping[str, Any],
+              results_dir: pathlib.Path) -> dict[str, Any]:
+  """Copies a finished twin's files (not its checkpoints) into `cell_dir`. cell.json keeps
+  the twin's invocations (the device, commit and wall time of the run that produced the
+  numbers), adds this copy as an invocation of 0 s, and names the original run's directory
+  (relative to results_dir) as `copy_of`."""
+  cell_dir.mkdir(parents=True, exist_ok=True)
+  for path in sorted(twin.iterdir()):
+    if path.name in ("checkpoints", workdir_lib.LOCK_FILE, CELL_FILE):
+      continue
+    if path.is_dir():
+      shutil.copytree(path, cell_dir / path.name, dirs_exist_ok=True)
+    else:
+      shutil.copy2(path, cell_dir / path.name)
+  record = _read_json(twin / CELL_FILE) or {}
+  source = record.get("copy_of") or twin.relative_to(results_dir).as_posix()
+  record.update(meta)
+  record["copy_of"] = source
+  record["invocations"] = [*record.get("invocations", []),
+                           {"start": _now(), "status": "finished", "seconds": 0.0,
+                            "copy_of": source}]
+  record["status"] = "finished"
+  workdir_lib.write_atomic(cell_dir / CELL_FILE,
+                           json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+  return record
+
+
 def _fresh(cell_dir: pathlib.Path) -> bool:
   return not (cell_dir / "checkpoints").is_dir() and rounds_done(cell_dir) == 0
 
 
 def _seed_group(cell: Cell, later: Sequence[Cell], configs: Mapping[Cell, Any],
-                results_dir: pathlib.Path) -> list[Cell]:
+                results_dir: pathlib.Path,
+                has_twin: Callable[[Cell], bool] = lambda cell: False) -> list[Cell]:
   """`cell` and the later fresh cells of its table, setting and row whose configs differ from
-  its own only by the seed (empty when `cell` itself is not fresh)."""
-  if not _fresh(cell.directory(results_dir)):
+  its own only by the seed and that have no finished twin to copy (empty when `cell` itself
+  is not fresh or has one)."""
+  if not _fresh(cell.directory(results_dir)) or has_twin(cell):
     return []
 
   def without_seed(config):
@@ -567,7 +629,7 @@ def _seed_group(cell: Cell, later: Sequence[Cell], configs: Mapping[Cell, Any],
   return [cell] + [c for c in later
                    if (c.table.id, c.setting.key, c.row.key, c.scale) == key
                    and c.seed != cell.seed and _fresh(c.directory(results_dir))
-                   and without_seed(configs[c]) == mine]
+                   and without_seed(configs[c]) == mine and not has_twin(c)]
 
 
 def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
@@ -622,7 +684,7 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
         isolate: bool | None = None,
         train: Callable[[ml_collections.ConfigDict, pathlib.Path], Any] | None = None,
         copy_to: str | pathlib.Path | None = None, figures: bool = True,
-        stack_seeds: bool = True,
+        stack_seeds: bool = True, copy_twins: bool = True,
         echo: Callable[[str], None] = print) -> dict[str, Any]:
   """Trains, resumes or skips every cell in order; rewrites each table's outputs after each.
 
@@ -631,6 +693,10 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
   vmapped program for those seeds (`fedjax_het.seed_stack`), each into its own cell. Seeds
   whose data differ in shape, or whose program would need leaner (slower) convolutions to
   fit in memory than one seed alone, train one by one.
+
+  A fresh cell whose run another table already holds finished (`find_twin`: the same
+  config file, variant, row fields, seed and recorded config) is copied from it
+  (`copy_twin`) instead of trained, with `copy_twins`.
 
   Args:
     cells: from `plan` or `queue_plan`.
@@ -649,10 +715,11 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
       interrupted cell), the tables' outputs and invocations.jsonl here.
     figures: write the tables' figures.
     stack_seeds: train a method's fresh seeds as one program (see above).
+    copy_twins: copy a fresh cell from a finished twin in another table (see above).
     echo: where the one-line progress messages go.
 
   Returns:
-    {"statuses": {cell label: "skipped" | "trained" | "resumed" | "interrupted"
+    {"statuses": {cell label: "skipped" | "trained" | "resumed" | "copied" | "interrupted"
      | "not started"}, "tables": [table.md paths], "wall_seconds",
      "deadline_reached": bool}.
   """
@@ -675,16 +742,33 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
   deadline_reached = False
   started = _now()
   copy_to = pathlib.Path(copy_to) if copy_to else None
+  twins: dict[Cell, pathlib.Path | None] = {}
+
+  def twin_of(cell: Cell) -> pathlib.Path | None:
+    if not copy_twins or not _fresh(cell.directory(results_dir)):
+      return None
+    if cell not in twins:
+      twins[cell] = find_twin(cell, configs[cell], results_dir)
+    return twins[cell]
+
   try:
     for index, cell in enumerate(cells, start=1):
       config = configs[cell]
       cell_dir = cell.directory(results_dir)
       label = f"[{index}/{len(cells)}] {cell.label}"
       workdir_lib.check_workdir(cell_dir)
-      group = (_seed_group(cell, cells[index:], configs, results_dir)
-               if stack_seeds and not isolate and train is None else [])
+      twin = twin_of(cell) if cell.label not in statuses else None
+      group = (_seed_group(cell, cells[index:], configs, results_dir,
+                           lambda c: twin_of(c) is not None)
+               if stack_seeds and not isolate and train is None and twin is None else [])
       if cell.label in statuses:  # trained beside an earlier cell of its row
         pass
+      elif twin is not None:
+        copy_twin(twin, cell_dir, _meta(cell, significant_overrides(overrides, config), custom),
+                  results_dir)
+        statuses[cell.label] = "copied"
+        echo(f"{label}: copied from {twin.relative_to(results_dir).as_posix()} (the same run, "
+             f"finished there), {_summary_line(cell, cell_dir)}")
       elif len(group) > 1 and _train_stacked(group, configs, results_dir, overrides, custom,
                                              statuses, label, echo):
         pass

@@ -298,6 +298,65 @@ def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path)
              train=_stand_in(calls), echo=lines.append)
 
 
+def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path):
+  calls, lines = [], []
+  base = [_cell("fcclplus_digits", "solo", 0), _cell("fcclplus_digits", "solo", 1)]
+  grid.run(base, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+           overrides=[], figures=False)
+  (base[0].directory(tmp_path) / "checkpoints").mkdir()  # kept by a finished run here
+  original = json.loads((base[0].directory(tmp_path) / "cell.json").read_text())
+  # FCCL Tables 1/2 on Digits: BASE is FCCL+ Table VIII/IX's BASE (same config file, variant,
+  # row fields and seed); its FCCL row is not (FCCL+'s table sets fccl.own_slot).
+  cells = [_cell("fccl_tables1_2", "solo", 0, setting="digits"),
+           _cell("fccl_tables1_2", "fccl", 0, setting="digits")]
+  lines.clear()
+  out = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+                 figures=False)
+  assert calls == ["solo__seed0", "solo__seed1", "digits__fccl__seed0"]
+  assert list(out["statuses"].values()) == ["copied", "trained"]
+  assert lines[0].startswith("[1/2] fccl_tables1_2/quick/digits__solo__seed0: copied from "
+                             "fcclplus_digits/quick/solo__seed0 (the same run, finished there)")
+  copy = cells[0].directory(tmp_path)
+  assert sorted(p.name for p in copy.iterdir()) == [
+      "cell.json", "metadata.json", "metrics.jsonl", "results.json", "run.json"]
+  for name in ("metadata.json", "metrics.jsonl", "results.json", "run.json"):
+    assert (copy / name).read_bytes() == (base[0].directory(tmp_path) / name).read_bytes()
+  record = json.loads((copy / "cell.json").read_text())
+  assert record["copy_of"] == "fcclplus_digits/quick/solo__seed0"
+  assert record["table"] == "fccl_tables1_2" and record["cell"] == "digits__solo__seed0"
+  assert record["seconds"] == original["seconds"]  # the wall time of the run that made it
+  assert record["device_kind"] == original["device_kind"]
+  assert record["invocations"][:-1] == original["invocations"]
+  assert record["invocations"][-1]["seconds"] == 0.0 and record["status"] == "finished"
+  table_md = (tmp_path / "fccl_tables1_2" / "quick" / "table.md").read_text()
+  assert ("- shared runs: 1 of the cells are the same run (config and seed) as a finished cell "
+          "of another table, copied from it: fcclplus_digits (1 cell); each cell's cell.json "
+          "names its source (`copy_of`)") in table_md
+  # A copy of a copy names the run that produced the numbers; a rerun skips the copy.
+  table10 = _cell("fcclplus_table10", "solo", 0, setting="digits")
+  (tmp_path / "fcclplus_digits" / "quick" / "solo__seed0" / "results.json").rename(
+      tmp_path / "hidden.json")  # only the copy in fccl_tables1_2 is finished now
+  grid.run([table10], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+           figures=False)
+  assert json.loads((table10.directory(tmp_path) / "cell.json").read_text())["copy_of"] == \
+      "fcclplus_digits/quick/solo__seed0"
+  again = grid.run(cells[:1], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+                   figures=False)
+  assert list(again["statuses"].values()) == ["skipped"] and len(calls) == 3
+  # Another --set, or copy_twins=False, trains.
+  other = _cell("fccl_tables1_2", "solo", 1, setting="digits")
+  grid.run([other], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+           overrides=["local.epochs=2"], figures=False)
+  assert calls[-1] == "digits__solo__seed1"
+  fresh = _cell("fcclplus_table16", "fcclplus", 0, setting="digits")
+  grid.run([_cell("fcclplus_digits", "fcclplus", 0)], results_dir=tmp_path,
+           train=_stand_in(calls), echo=lines.append, figures=False)
+  grid.run([fresh], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+           figures=False, copy_twins=False)
+  assert calls[-2:] == ["fcclplus__seed0", "digits__fcclplus__seed0"]
+  assert "copy_of" not in json.loads((fresh.directory(tmp_path) / "cell.json").read_text())
+
+
 def test_a_deadline_too_close_starts_no_cell_and_says_so(tmp_path):
   lines = []
   cells = grid.queue_plan("gpu", "quick", [0])

@@ -191,6 +191,12 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
            f"- data sizes: {common.sizes_line(metadatas)}",
            f"- the paper's setting: {reason}",
            f"- runs: {runs_line(flat)}"]
+  copies = [c["cell"]["copy_of"] for c in flat if c["cell"].get("copy_of")]
+  if copies:
+    lines.append(f"- shared runs: {len(copies)} of the cells are the same run (config and seed) "
+                 "as a finished cell of another table, copied from it: "
+                 f"{_counted([source.split('/')[0] for source in copies])}; each cell's "
+                 "cell.json names its source (`copy_of`)")
   numbers: dict[str, Any] = {
       "table": table.id, "scale": scale, "title": table.title, "paper": table.paper,
       "source": table.source, "protocol": table.protocol, "family": table.family,
@@ -213,7 +219,9 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
     setting_numbers["cells"] = {
         row: {str(seed): {"workdir": c["workdir"], "seconds": c["cell"].get("seconds"),
                           "device_kind": c["cell"].get("device_kind"),
-                          "commit": c["cell"].get("commit")}
+                          "commit": c["cell"].get("commit"),
+                          **({"copy_of": c["cell"]["copy_of"]} if c["cell"].get("copy_of")
+                             else {})}
               for seed, c in per_seed.items()}
         for row, per_seed in cells[setting.key].items()}
     numbers["settings"][setting.key] = setting_numbers
