@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 import time
 
 import jax
@@ -153,9 +151,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
 
-  result = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+  result = {**timing.process_info(),
             "batch": args.batch, "steps": args.steps, "width": args.width,
             "steps_rows": [], "cohort_rows": []}
   for name in filter(None, args.backbones.split(",")):

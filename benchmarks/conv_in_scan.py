@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -130,10 +128,7 @@ def run(args) -> dict:
             for impl in results} if "xla" in results else {}
   return {"config": vars(args), "client_steps_per_second": results, "ratio_to_xla": ratios,
           "compile_seconds": compile_seconds, "client_steps_per_call": steps_used,
-          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-          "cpu_count": os.cpu_count(), "jax": jax.__version__,
-          "python": platform.python_version(),
-          "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+          **timing.process_info()}
 
 
 def main(argv=None) -> None:

@@ -37,9 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -222,11 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
   xla_cpu.set_xla_cpu_scheduler(args.xla_cpu_scheduler)
-  import jax  # noqa: PLC0415
 
-  result = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-            "jax": jax.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
+  result = {**timing.process_info(),
             "batch": args.batch, "steps": args.steps, "width": args.width,
             "repeats": args.repeats, "steps_rows": []}
   for name in filter(None, args.backbones.split(",")):

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 
 import jax
 import jax.numpy as jnp
@@ -184,10 +182,7 @@ def main():
   parser.add_argument("--loop-conv-impl", default="xla",
                       help="convolution implementation of the Python-loop baseline")
   args = parser.parse_args()
-  report = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "jax": jax.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
-            "repeats": args.repeats}
+  report = {**timing.process_info(), "repeats": args.repeats}
 
   config = _digits_config("fcclplus_quick")
   config.models.width = args.width

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
-import platform
 
 import jax
 import jax.numpy as jnp
@@ -138,9 +136,7 @@ def main():
   parser.add_argument("--skip-loop", action="store_true")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
-  report = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-            "jax": jax.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
+  report = {**timing.process_info(),
             "repeats": args.repeats, "train_size": args.train_size, "epochs": args.epochs,
             "setting": "cifar10_fedavg: 100 clients, fedavg_cifar_cnn, batch 50",
             "partition": args.partition,

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import time
@@ -60,7 +58,7 @@ def hlo_counts(compiled_text: str, lowered_text: str) -> dict[str, int]:
   return counts
 
 
-def _train_scan(model, optimizer):
+def train_scan(model, optimizer):
   """jit(params, batch_stats, images, labels, rngs) -> (params, losses): one Adam step a batch."""
 
   def loss(params, batch_stats, images, labels, rng):
@@ -91,7 +89,7 @@ def measure(backbone: str, impl: str, *, batch: int, steps: int, repeats: int, w
   row = {"backbone": backbone, "impl": impl, "batch": batch, "steps": steps, "width": width}
   model = models.get_model(backbone, 10, width=width, conv_impl=impl)
   variables = models.init_variables(model, jax.random.key(0))
-  run = _train_scan(model, optax.adam(1e-3))
+  run = train_scan(model, optax.adam(1e-3))
   ki, kl, kr = jax.random.split(jax.random.key(1), 3)
   args = (variables["params"], variables["batch_stats"],
           jax.random.normal(ki, (steps, batch, 32, 32, 3), jnp.float32),
@@ -138,10 +136,7 @@ def main() -> None:
   parser.add_argument("--label", default="", help="a name for this process's settings")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
-  report = {"label": args.label, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-            "jax": jax.__version__, "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "rows": []}
+  report = {"label": args.label, **timing.process_info(), "rows": []}
   for item in filter(None, args.rows.split(",")):
     backbone, _, impl = item.partition(":")
     row = measure(backbone, impl or "xla", batch=args.batch, steps=args.steps,

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import platform
 import time
 
 import jax
@@ -77,9 +75,7 @@ def main() -> None:
   args = parser.parse_args()
   backbones = [b for b in args.backbones.split(",") if b]
   impl = resources.resolve_conv_impl(args.impl)
-  report = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+  report = {**timing.process_info(),
             "backbones": backbones, "batch": args.batch, "steps": args.steps,
             "width": args.width, "impl": impl, "variants": {}}
 
@@ -91,7 +87,7 @@ def main() -> None:
   for index, backbone in enumerate(backbones):
     model = models.get_model(backbone, 10, width=args.width, conv_impl=impl)
     variables = models.init_variables(model, jax.random.key(index))
-    loops.append(gpu_compile._train_scan(model, optax.adam(1e-3)))  # pylint: disable=protected-access
+    loops.append(gpu_compile.train_scan(model, optax.adam(1e-3)))
     ki, kl, kr = jax.random.split(jax.random.key(100 + index), 3)
     inputs.append((variables["params"], variables["batch_stats"],
                    jax.random.normal(ki, (args.steps, args.batch, 32, 32, 3), jnp.float32),

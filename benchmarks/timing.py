@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import pathlib
+import platform
 import statistics
 import subprocess
 import time
@@ -89,6 +90,17 @@ def device_description() -> str:
     return _counted([d.device_kind for d in devices])
   gpus = _gpu_names()
   return _counted(gpus) if gpus else cpu_description()
+
+
+def process_info() -> dict[str, Any]:
+  """What a measurement depends on in this process (starts JAX's backend): "backend",
+  "devices", "device_kind", "jax", "python", "cpu_count", "XLA_FLAGS", "GLIBC_TUNABLES"."""
+  devices = jax.devices()
+  return {"backend": jax.default_backend(), "devices": [str(d) for d in devices],
+          "device_kind": devices[0].device_kind, "jax": jax.__version__,
+          "python": platform.python_version(), "cpu_count": os.cpu_count(),
+          "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+          "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
 
 
 def result_header(device: str | None = None) -> dict[str, Any]:
