@@ -583,15 +583,12 @@ def copy_twin(twin: pathlib.Path, cell_dir: pathlib.Path, meta: Mapping[str, Any
   """Copies a finished twin's files (not its checkpoints) into `cell_dir`. cell.json keeps
   the twin's invocations (the device, commit and wall time of the run that produced the
   numbers), adds this copy as an invocation of 0 s, and names the original run's directory
-  (relative to results_dir) as `copy_of`."""
-  cell_dir.mkdir(parents=True, exist_ok=True)
-  for path in sorted(twin.iterdir()):
-    if path.name in ("checkpoints", workdir_lib.LOCK_FILE, CELL_FILE):
-      continue
-    if path.is_dir():
-      shutil.copytree(path, cell_dir / path.name, dirs_exist_ok=True)
-    else:
-      shutil.copy2(path, cell_dir / path.name)
+  (relative to results_dir) as `copy_of`. The copy is made beside `cell_dir` and renamed onto
+  it (a fresh cell's directory holds nothing to keep), so a kill leaves no half copy."""
+  staging = cell_dir.parent / f".{cell_dir.name}.copying"
+  shutil.rmtree(staging, ignore_errors=True)
+  shutil.copytree(twin, staging, ignore=shutil.ignore_patterns(
+      "checkpoints", workdir_lib.LOCK_FILE, CELL_FILE))
   record = _read_json(twin / CELL_FILE) or {}
   source = record.get("copy_of") or twin.relative_to(results_dir).as_posix()
   record.update(meta)
@@ -600,8 +597,10 @@ def copy_twin(twin: pathlib.Path, cell_dir: pathlib.Path, meta: Mapping[str, Any
                            {"start": _now(), "status": "finished", "seconds": 0.0,
                             "copy_of": source}]
   record["status"] = "finished"
-  workdir_lib.write_atomic(cell_dir / CELL_FILE,
+  workdir_lib.write_atomic(staging / CELL_FILE,
                            json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+  shutil.rmtree(cell_dir, ignore_errors=True)
+  os.replace(staging, cell_dir)
   return record
 
 

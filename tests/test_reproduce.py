@@ -309,14 +309,20 @@ def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path)
   # row fields and seed); its FCCL row is not (FCCL+'s table sets fccl.own_slot).
   cells = [_cell("fccl_tables1_2", "solo", 0, setting="digits"),
            _cell("fccl_tables1_2", "fccl", 0, setting="digits")]
+  # A fresh cell's directory of a failed start and a half copy a kill left are replaced.
+  copy = cells[0].directory(tmp_path)
+  copy.mkdir(parents=True)
+  (copy / "cell.json").write_text('{"status": "failed"}')
+  (copy.parent / f".{copy.name}.copying").mkdir()
+  (copy.parent / f".{copy.name}.copying" / "results.json").write_text("{")
   lines.clear()
   out = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
                  figures=False)
   assert calls == ["solo__seed0", "solo__seed1", "digits__fccl__seed0"]
+  assert not (copy.parent / f".{copy.name}.copying").exists()
   assert list(out["statuses"].values()) == ["copied", "trained"]
   assert lines[0].startswith("[1/2] fccl_tables1_2/quick/digits__solo__seed0: copied from "
                              "fcclplus_digits/quick/solo__seed0 (the same run, finished there)")
-  copy = cells[0].directory(tmp_path)
   assert sorted(p.name for p in copy.iterdir()) == [
       "cell.json", "metadata.json", "metrics.jsonl", "results.json", "run.json"]
   for name in ("metadata.json", "metrics.jsonl", "results.json", "run.json"):
