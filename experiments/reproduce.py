@@ -128,7 +128,8 @@ def _cells(args: argparse.Namespace) -> list[grid.Cell]:
 
 def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
                 results_dir: pathlib.Path, echo: Callable[[str], None]) -> None:
-  """Every table id, its rows' configs and each cell's status at both scales."""
+  """Every table id, its rows' configs and each cell's status at both scales ("- (a copy is
+  ready)": another table holds the same run finished, so training the cell copies it)."""
   for table in tables:
     echo(f"{table.id}: {table.title} [{table.family}]")
     echo(f"  paper: {table.paper}, {table.source}")
@@ -146,9 +147,11 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
           statuses = []
           for scale in tables_lib.SCALES:
             cell = grid.Cell(table, setting, row, seed, scale)
-            path = cell.directory(results_dir)
-            statuses.append(grid.cell_status(path, grid.cell_config(cell))
-                            if path.exists() else "-")
+            path, config = cell.directory(results_dir), grid.cell_config(cell)
+            status = grid.cell_status(path, config) if path.exists() else "-"
+            if status == "-" and grid.find_twin(cell, config, results_dir) is not None:
+              status = "- (a copy is ready)"
+            statuses.append(status)
           config = f"{pathlib.PurePath(setting.config).name}:{row.variant}" + (
               " +" + ",".join(f"{k}={v!r}" for k, v in row.overrides) if row.overrides else "")
           rows.append((tables_lib.cell_name(table, setting, row, seed), *statuses, config))

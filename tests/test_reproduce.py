@@ -193,6 +193,11 @@ def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
   out = capsys.readouterr().out
   assert out.splitlines()[3].split() == ["mnist_permuted__fedavg__seed0", "-", "-",
                                          "mnist.py:fedavg_permuted"]
+  # FCCL Tables 1/2's BASE on Digits is the finished FCCL+ BASE cell: a copy is ready.
+  assert reproduce.main(["--list", "--table=fccl_tables1_2", f"--results-dir={tmp_path}"]) == 0
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
+  assert rows[0][:6] == ["digits__solo__seed0", "-", "(a", "copy", "is", "ready)"]
+  assert rows[1][:3] == ["digits__fedmd__seed0", "-", "-"]
 
 
 def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
