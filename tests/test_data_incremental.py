@@ -11,6 +11,7 @@ import pytest
 from fedjax_het import data
 from fedjax_het.data import incremental
 from fedjax_het.data.partition import class_incremental_tasks
+from tests import real_data
 from tests.real_data import real_data_dir
 
 REAL_DIR = real_data_dir()  # read before the autouse fixture clears the variable
@@ -296,8 +297,7 @@ def test_train_size_larger_than_the_pool_is_an_error(tmp_path):
 
 def test_real_bundle_stream_matches_the_glfc_protocol():
   if REAL_DIR is None or not (REAL_DIR / "cifar100_glfc.npz").is_file():
-    pytest.skip(f"cifar100_glfc.npz not found: set {data.DATA_DIR_ENV} to the directory of the "
-                "fedjax_het .npz bundle")
+    pytest.skip(real_data.missing("cifar100_glfc.npz"))
   s = incremental.build_class_incremental_stream(num_tasks=10, data_dir=REAL_DIR)
   assert s.images.shape == (12000, 32, 32, 3) and s.test_images.shape == (5000, 32, 32, 3)
   assert s.client_indices.shape == (10, 120, 720)  # 30 + 9 * 10 clients, 6 classes x 120

@@ -6,6 +6,7 @@ import pytest
 from fedjax_het import data
 from fedjax_het.data import npz
 from fedjax_het.data._imageops import area_downsample, resize_uint8_like_pil, to_rgb32
+from tests import real_data
 from tests.real_data import real_data_dir
 
 
@@ -13,8 +14,7 @@ from tests.real_data import real_data_dir
 def real_dir():
   directory = real_data_dir()
   if directory is None:
-    pytest.skip(f"offline bundle not found: set {data.DATA_DIR_ENV} to the directory of the "
-                "fedjax_het .npz files (or keep ../shared/data next to the repository)")
+    pytest.skip(real_data.missing())
   return directory
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import data
+from tests import real_data
 from tests.real_data import real_data_dir
 
 N_TRAIN, N_TEST = 400, 100  # synthetic pool sizes of most tests (40 / 10 per class)
@@ -25,9 +26,7 @@ REAL_DIR = real_data_dir()  # read before the autouse fixture clears the variabl
 @pytest.fixture
 def real_dir():
   if REAL_DIR is None or not all((REAL_DIR / f).is_file() for f in ("digits.npz", "cifar10.npz")):
-    pytest.skip(f"offline bundle not found: set {data.DATA_DIR_ENV} to the directory of the "
-                "fedjax_het .npz files (digits.npz, cifar10.npz), or keep ../shared/data next "
-                "to the repository")
+    pytest.skip(real_data.missing("digits.npz", "cifar10.npz"))
   return REAL_DIR
 
 

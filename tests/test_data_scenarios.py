@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import data
+from tests import real_data
 from tests.real_data import real_data_dir
 
 SMALL = {"mnist": 30, "usps": 20, "svhn": 40, "syn": 30}
@@ -30,8 +31,7 @@ REAL_DIR = real_data_dir()  # read before the autouse fixture clears the variabl
 @pytest.fixture
 def real_dir():
   if REAL_DIR is None or not (REAL_DIR / "office31.npz").is_file():
-    pytest.skip(f"offline bundle not found: set {data.DATA_DIR_ENV} to the directory of the "
-                "fedjax_het .npz files (or keep ../shared/data next to the repository)")
+    pytest.skip(real_data.missing("office31.npz"))
   return REAL_DIR
 
 

@@ -14,6 +14,7 @@ from fedjax_het import data
 from fedjax_het import experiment as experiment_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError, UserError
+from tests import real_data
 from tests.real_data import real_data_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -263,8 +264,7 @@ def test_cli_prints_the_missing_domain_as_one_line(tmp_path):
 @pytest.fixture
 def real_dir():
   if REAL_DIR is None or not (REAL_DIR / "office31.npz").is_file():
-    pytest.skip(f"offline bundle not found: set {data.DATA_DIR_ENV} to the directory of the "
-                "fedjax_het .npz files (or keep ../shared/data next to the repository)")
+    pytest.skip(real_data.missing("office31.npz"))
   return REAL_DIR
 
 
