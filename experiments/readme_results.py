@@ -33,7 +33,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RECORD = REPO / "benchmarks" / "results" / "readme_results__digits_quick_configs__cpu2.json"
+RECORD = REPO / "benchmarks" / "results" / "readme_results__quick_configs__cpu2.json"
 
 #: Block -> the configs whose runs it shows. "tables" blocks show each run's results
 #: table; "summary" blocks one row per run (wall time, AVG inter / intra).
@@ -42,12 +42,13 @@ BLOCKS = {
     "digits_quick": ("digits_fcclplus_quick", "digits_solo_quick"),
     "digits_fedavg_family_quick": tuple(f"digits_{m}_quick" for m in
                                         ("fedavg", "fedprox", "moon", "fedproc", "fedrs")),
+    "many_clients_quick": ("mnist_fedavg_quick", "cifar10_fedavg_quick"),
 }
 SUMMARY_BLOCKS = ("digits_fedavg_family_quick",)
 
 #: Block -> the file (relative to the repository) that holds it.
 FILES = {"main_job": "README.md", "digits_quick": "docs/results.md",
-         "digits_fedavg_family_quick": "docs/results.md"}
+         "digits_fedavg_family_quick": "docs/results.md", "many_clients_quick": "docs/results.md"}
 
 _BLOCK = re.compile(r"(<!-- readme_results:(\w+) -->\n)(.*?)(<!-- /readme_results -->)", re.S)
 
