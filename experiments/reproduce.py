@@ -182,11 +182,11 @@ def dry_run(cells: Sequence[grid.Cell], results_dir: pathlib.Path, overrides: Se
     status = grid.cell_status(path, config) if path.exists() else "-"
     twin = grid.find_twin(cell, config, results_dir) if status == "-" else None
     if twin is not None:
-      status = f"copy (the same run, finished in {twin.relative_to(results_dir).as_posix()})"
-    action = {"finished": "skip (finished)", "-": "train"}.get(
-        status, "retrain? (finished with a different config: stops the run)"
-        if status == "different config" else status if twin is not None
-        else f"resume ({status})")
+      action = f"copy (the same run, finished in {twin.relative_to(results_dir).as_posix()})"
+    else:
+      action = {"finished": "skip (finished)", "-": "train"}.get(
+          status, "retrain? (finished with a different config: stops the run)"
+          if status == "different config" else f"resume ({status})")
     echo(f"[{index}/{len(cells)}] {cell.label}: {action}; "
          f"{cell.setting.config}:{cell.row.config_variant(cell.scale)} -> {path}")
 
