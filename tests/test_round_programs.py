@@ -234,6 +234,7 @@ def test_a_stage_split_by_group_computes_the_stage_and_traces_it_once():
   assert _bitwise_equal((joined_state, joined_metrics), jax.jit(body)(state, data))
 
 
+@pytest.mark.slow  # 67 s; the toy test above keeps `split_by_group` in the default suite
 def test_fcclplus_group_programs_compute_the_stage_programs_bits(tmp_path):
   """The tiny heterogeneous FCCL+ (two backbones) with its local stage split by group, through
   the trace cache and back, against the same round as two stage programs."""
