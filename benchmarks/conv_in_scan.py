@@ -8,7 +8,7 @@ formulations:
   * scan:  one jitted `lax.scan` over `--steps` SGD steps (a local epoch);
   * vmap:  the same scan, `jax.vmap`ped over `--clients` stacked clients.
 
-On XLA:CPU the stock convolution's gradients run 15-25x slower inside loop
+On XLA:CPU the stock convolution's gradients run about 22-37x slower inside loop
 bodies (jax-ml/jax#12868: non-canonical layouts in loop bodies); "im2col" and "custom_vjp" are
 the two fixes. Throughput is reported as client-steps per second (median of
 `--repeats` timed runs after compiling ahead of time and one warm-up run),

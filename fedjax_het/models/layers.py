@@ -10,7 +10,7 @@
     depthwise convolutions multiply each window slice by its kernel tap and
     sum. Forward and backward are plain slices, pads, dots and elementwise
     ops, so it keeps full speed inside `lax.scan` on XLA:CPU (where the stock
-    conv's gradients run 15-25x slower, jax-ml/jax#12868)
+    conv's gradients run about 22-37x slower, jax-ml/jax#12868)
     and under `jax.vmap` (a batched matmul, not a grouped convolution). The
     depthwise case (channel multiplier 1: MobileNetV2, EfficientNet-B0) has a
     hand-written backward pass (`_depthwise_taps`) that keeps only its input,
