@@ -29,7 +29,11 @@ step, so a call cut short keeps what it measured; every step's output goes to
     OUT/pytorch.json`, the engine/torch table from the two.
 
 `--plan` picks steps by name (comma-separated; the default is every step, more
-than one 9-minute call holds: pick what fits); `--set` passes config
+than one 9-minute call holds: pick what fits). On one H200 the full config's
+cold and warm processes take about 375 s and the two torch loops about 110 s
+and 160 s (`--rounds 2`), over a 9-minute call: `--plan env,full,pytorch,table
+--full-skip-warm --torch-rounds 1` fits the engine's cold process and one
+steady round of each torch loop in one call. `--set` passes config
 overrides to the first-round and torch steps; the data come from `--data-dir`
 (`FEDJAX_HET_DATA_DIR`: digits.npz and public_cifar100_5000.npz; what is
 missing falls back to synthetic data, as in every run). The library's GPU
@@ -144,6 +148,10 @@ def main() -> None:
   parser.add_argument("--config", default="digits_fcclplus")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--set", action="append", default=[], help="field=value override")
+  parser.add_argument("--full-skip-warm", action="store_true",
+                      help="the full step runs the cold process only (no warm second one)")
+  parser.add_argument("--torch-rounds", type=int, default=0,
+                      help="steady rounds the pytorch step times per loop (default: --rounds)")
   parser.add_argument("--width", type=float, default=1.0, help="backbone width of the step rows")
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
   parser.add_argument("--step-rows", default="efficientnet_b0:gemm_taps,efficientnet_b0:xla,"
@@ -210,10 +218,11 @@ def main() -> None:
   if "full" in plan:
     session.run("full", [python, str(HERE / "first_round.py"), "--config", args.config,
                          "--rounds", str(args.rounds), "--out", str(out / "full.json"),
-                         *overrides], limit=LIMITS["full"], env=env)
+                         *(["--skip-warm"] if args.full_skip_warm else []), *overrides],
+                limit=LIMITS["full"], env=env)
   if "pytorch" in plan:
     session.run("pytorch", [python, str(HERE / "pytorch_reference.py"), "--config", args.config,
-                            "--rounds", str(args.rounds), "--skip-engine",
+                            "--rounds", str(args.torch_rounds or args.rounds), "--skip-engine",
                             "--out", str(out / "pytorch.json"), *overrides],
                 limit=LIMITS["pytorch"], env=env)
   if "table" in plan:

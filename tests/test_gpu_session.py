@@ -57,6 +57,20 @@ def test_a_step_past_the_deadline_is_skipped_and_recorded(tmp_path):
   assert not (tmp_path / "full.json").exists()
 
 
+def test_the_one_call_speed_plan_passes_its_options_to_the_steps(tmp_path):
+  done = _run(tmp_path, "--plan", "full,pytorch", "--deadline-secs", "0", "--rounds", "2",
+              "--full-skip-warm", "--torch-rounds", "1")
+  assert done.returncode == 0, done.stderr
+  steps = json.loads((tmp_path / "session.json").read_text())["steps"]
+  full, torch = steps["full"]["command"], steps["pytorch"]["command"]
+  assert "--skip-warm" in full and full[full.index("--rounds") + 1] == "2"
+  assert torch[torch.index("--rounds") + 1] == "1"
+  done = _run(tmp_path, "--plan", "full,pytorch", "--deadline-secs", "0", "--rounds", "3")
+  steps = json.loads((tmp_path / "session.json").read_text())["steps"]
+  assert "--skip-warm" not in steps["full"]["command"]
+  assert steps["pytorch"]["command"][steps["pytorch"]["command"].index("--rounds") + 1] == "3"
+
+
 def test_an_unknown_step_is_named_with_the_choices(tmp_path):
   done = _run(tmp_path, "--plan", "env,warmup")
   assert done.returncode != 0
