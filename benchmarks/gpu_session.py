@@ -150,7 +150,7 @@ def main() -> None:
   parser.add_argument("--set", action="append", default=[], help="field=value override")
   parser.add_argument("--full-skip-warm", action="store_true",
                       help="the full step runs the cold process only (no warm second one)")
-  parser.add_argument("--torch-rounds", type=int, default=0,
+  parser.add_argument("--torch-rounds", type=int, default=None,
                       help="steady rounds the pytorch step times per loop (default: --rounds)")
   parser.add_argument("--width", type=float, default=1.0, help="backbone width of the step rows")
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
@@ -221,8 +221,9 @@ def main() -> None:
                          *(["--skip-warm"] if args.full_skip_warm else []), *overrides],
                 limit=LIMITS["full"], env=env)
   if "pytorch" in plan:
+    torch_rounds = args.rounds if args.torch_rounds is None else args.torch_rounds
     session.run("pytorch", [python, str(HERE / "pytorch_reference.py"), "--config", args.config,
-                            "--rounds", str(args.torch_rounds or args.rounds), "--skip-engine",
+                            "--rounds", str(torch_rounds), "--skip-engine",
                             "--out", str(out / "pytorch.json"), *overrides],
                 limit=LIMITS["pytorch"], env=env)
   if "table" in plan:

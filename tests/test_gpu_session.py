@@ -66,6 +66,7 @@ def test_the_one_call_speed_plan_passes_its_options_to_the_steps(tmp_path):
   assert "--skip-warm" in full and full[full.index("--rounds") + 1] == "2"
   assert torch[torch.index("--rounds") + 1] == "1"
   done = _run(tmp_path, "--plan", "full,pytorch", "--deadline-secs", "0", "--rounds", "3")
+  assert done.returncode == 0, done.stderr
   steps = json.loads((tmp_path / "session.json").read_text())["steps"]
   assert "--skip-warm" not in steps["full"]["command"]
   assert steps["pytorch"]["command"][steps["pytorch"]["command"].index("--rounds") + 1] == "3"
