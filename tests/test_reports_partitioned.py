@@ -93,7 +93,7 @@ def test_a_seed_that_never_reaches_the_target_is_censored():
                                   "bound": "at_least"}
   assert pt.format_reduction(cuts["fedmmd"]["94"]) == "> 66.7%"
   assert cuts["fedfusion_conv"]["94"] == {"percent": None, "bound": "undetermined"}
-  assert pt.format_reduction(cuts["fedfusion_conv"]["94"]) == "n/a (neither reached)"
+  assert pt.format_reduction(cuts["fedfusion_conv"]["94"]) == "n/a (both censored)"
   # Bytes of a censored seed: its whole run; the same bound.
   assert summary["bytes"]["fedavg"]["94"]["mean"] == pytest.approx((1500.0 + 3000.0) / 2)
   assert summary["bytes"]["fedavg"]["94"]["bound"] == "lower"

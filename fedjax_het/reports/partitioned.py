@@ -228,13 +228,13 @@ def format_censored(stat: Mapping[str, Any] | None, paper: float | None = None, 
 
 def format_reduction(value: Mapping[str, Any] | None, paper: float | None = None, *,
                      is_reference: bool = False) -> str:
-  """"60.0%", "> 12.5%", "< 3.0%", "n/a (neither reached)", "(ref)"; "–" without a value."""
+  """"60.0%", "> 12.5%", "< 3.0%", "n/a (both censored)", "(ref)"; "–" without a value."""
   if is_reference:
     return "(ref)"
   if value is None:
     return "–" if paper is None else f"– (paper {paper:.1f}%)"
   if value["bound"] == "undetermined":
-    text = "n/a (neither reached)"
+    text = "n/a (both censored)"
   else:
     sign = {"exact": "", "at_least": "> ", "at_most": "< "}[value["bound"]]
     text = f"{sign}{value['percent']:.1f}%"
@@ -347,7 +347,8 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
   parts = [f"Accuracy: {KIND_TEXT.get(summary['kind'], summary['kind'])}, in %; a target some "
            "seed never reaches reads \"> m (k/S reached)\", m counting that seed's rounds as "
            "the run's length (a strict lower bound, no std); reduce / saved: 1 − mean(row) / "
-           "mean(FedAvg), \"> x%\" when FedAvg is censored, \"< x%\" when the row is.",
+           "mean(FedAvg), \"> x%\" when FedAvg is censored, \"< x%\" when the row is, n/a when "
+           "both are (each has a seed that never reached the target).",
            "", f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})", "",
            final_table(summary, rows, paper, show_diff=show_diff), ""]
   if keys:

@@ -393,8 +393,9 @@ FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion
 FEDMMD_METHODS = ("fedavg", "fedmmd", "fedmmd_l2")
 TWO_STREAM_PROTOCOL = ("the FedAvg CNNs with dropout 0.2, SGD with momentum 0.9 and an "
                        "exponentially decayed rate (0.003 x 0.985^r on CIFAR-10, 0.002 x "
-                       "0.99^r on MNIST); global test accuracy (permuted MNIST: mean over the "
-                       "clients' permuted test splits; CIFAR-10 classes5 / classes2: mean over "
+                       "0.99^r on MNIST; plain SGD at 0.05 on MNIST shards, as McMahan et "
+                       "al.); global test accuracy (permuted MNIST: mean over the clients' "
+                       "permuted test splits; CIFAR-10 classes5 / classes2: mean over "
                        "the clients of their local models' accuracy on the test images of "
                        "their own classes); rounds to each target accuracy")
 
