@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import grid
+from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import paper_numbers as P
@@ -245,3 +246,21 @@ def test_rows_and_settings_are_selected_by_name():
   assert tables.two_stream_variant("fedfusion_conv", "permuted", quick=True) == \
       "fedfusion_permuted_conv_quick"
   assert tables.two_stream_variant("fedavg", "shards") == "fedavg_shards"
+
+
+def test_the_fedmmd_tables_no_dropout_rows_differ_from_their_pairs_in_dropout_alone():
+  for table_id in ("fedmmd_cifar10_binary", "fedmmd_mnist_shards"):
+    table = tables.get_table(table_id)
+    assert [r.key for r in table.settings[0].rows] == [
+        "fedavg", "fedmmd", "fedmmd_l2", "fedavg_nodropout", "fedmmd_nodropout"]
+    assert any("no-dropout rows" in note for note in table.settings[0].notes)
+    for scale in tables.SCALES:
+      configs = {cell.row.key: workdir_lib.flatten_config(grid.cell_config(cell))
+                 for cell in grid.plan(table, scale, [0])}
+      for method in ("fedavg", "fedmmd"):
+        with_dropout, without = configs[method], configs[f"{method}_nodropout"]
+        assert with_dropout["models.dropout_rate"] == 0.2, (table_id, scale, method)
+        assert without["models.dropout_rate"] == 0.0, (table_id, scale, method)
+        differ = {k for k in with_dropout.keys() | without.keys()
+                  if with_dropout.get(k) != without.get(k)}
+        assert differ == {"models.dropout_rate", "name"}, (table_id, scale, method, differ)

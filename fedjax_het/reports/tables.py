@@ -387,10 +387,18 @@ TWO_STREAM_METHODS = ("fedavg", "fedmmd", "fedmmd_l2", "fedfusion_single", "fedf
                       "fedfusion_conv")
 TWO_STREAM_LABELS = {"fedavg": "FedAvg", "fedmmd": "FedMMD (MMD)",
                      "fedmmd_l2": "FedMMD (L2, authors' code)",
+                     "fedavg_nodropout": "FedAvg, no dropout",
+                     "fedmmd_nodropout": "FedMMD (MMD), no dropout",
                      "fedfusion_conv": "FedFusion+Conv", "fedfusion_multi": "FedFusion+Multi",
                      "fedfusion_single": "FedFusion+Single"}
 FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
 FEDMMD_METHODS = ("fedavg", "fedmmd", "fedmmd_l2")
+#: The FedMMD rounds tables' rows: FEDMMD_METHODS, then FedAvg and FedMMD without dropout.
+FEDMMD_TABLE_METHODS = FEDMMD_METHODS + ("fedavg_nodropout", "fedmmd_nodropout")
+NO_DROPOUT_NOTE = ("the no-dropout rows are the `_nodropout` configs, the same CNNs without "
+                   "dropout: with dropout, FedMMD's MMD on the features compares the local "
+                   "stream's dropped-out features with the frozen global stream's full ones "
+                   "(docs/methods.md)")
 TWO_STREAM_PROTOCOL = ("the FedAvg CNNs with dropout 0.2, SGD with momentum 0.9 and an "
                        "exponentially decayed rate (0.003 x 0.985^r on CIFAR-10, 0.002 x "
                        "0.99^r on MNIST; plain SGD at 0.05 on MNIST shards, as McMahan et "
@@ -407,29 +415,32 @@ def two_stream_variant(method: str, setting: str, *, quick: bool = False) -> str
 
 
 def two_stream_setting(dataset: str, setting: str, methods: Sequence[str], *,
-                       cells_of: str = "") -> Setting:
-  """The Setting of one FedMMD / FedFusion (dataset, setting) with the given method tokens."""
+                       cells_of: str = "", notes: Sequence[str] = ()) -> Setting:
+  """The Setting of one FedMMD / FedFusion (dataset, setting) with the given method tokens
+  (`notes`: added after the paper's)."""
   rows = tuple(Row(key=m, label=TWO_STREAM_LABELS[m],
                    variant=two_stream_variant(m, setting),
                    quick_variant=two_stream_variant(m, setting, quick=True)) for m in methods)
   paper = numbers.TWO_STREAM.get((dataset, setting), {})
-  notes = tuple(paper.get("notes", ())) if paper else ()
+  paper_notes = tuple(paper.get("notes", ())) if paper else ()
   if paper.get("train_images"):
-    notes = (f"the paper trains on {paper['train_images']} images",) + notes
+    paper_notes = (f"the paper trains on {paper['train_images']} images",) + paper_notes
   return Setting(key=f"{dataset}_{setting}", label=f"{dataset} {setting}",
                  config=f"experiments/configs/{dataset}.py", rows=rows,
-                 scenario=f"{dataset}_{setting}", paper=paper, cells_of=cells_of, notes=notes)
+                 scenario=f"{dataset}_{setting}", paper=paper, cells_of=cells_of,
+                 notes=paper_notes + tuple(notes))
 
 
 def two_stream_table(dataset: str, setting: str, methods: Sequence[str] = TWO_STREAM_METHODS,
-                     *, table_id: str | None = None) -> Table:
+                     *, table_id: str | None = None, notes: Sequence[str] = ()) -> Table:
   """A table of one FedMMD / FedFusion setting (experiments/rounds_benchmark.py's grid)."""
   paper = numbers.TWO_STREAM.get((dataset, setting), {})
   return Table(id=table_id or f"rounds_{dataset}_{setting}",
                title=f"Rounds to target: {dataset} {setting}", paper=TWO_STREAM_PAPER,
                source=paper.get("where", "no printed numbers for this setting"),
                protocol=TWO_STREAM_PROTOCOL, family="partitioned",
-               settings=(two_stream_setting(dataset, setting, methods),), base="fedavg")
+               settings=(two_stream_setting(dataset, setting, methods, notes=notes),),
+               base="fedavg")
 
 
 # --- class incremental: GLFC --------------------------------------------------------------
@@ -594,8 +605,9 @@ def _build() -> dict[str, Table]:
       protocol=TWO_STREAM_PROTOCOL, family="partitioned", base="fedavg",
       settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS),)))
   for dataset, setting in (("cifar10", "binary"), ("mnist", "shards")):
-    tables.append(two_stream_table(dataset, setting, FEDMMD_METHODS,
-                                   table_id=f"fedmmd_{dataset}_{setting}"))
+    tables.append(two_stream_table(dataset, setting, FEDMMD_TABLE_METHODS,
+                                   table_id=f"fedmmd_{dataset}_{setting}",
+                                   notes=(NO_DROPOUT_NOTE,)))
   tables += [_glfc_table(10), _glfc_table(5), _glfc_table(20)]
   tables += [_glfc_dataset_table(*entry) for entry in GLFC_DATASET_TABLES]
   return {t.id: t for t in tables}
