@@ -4,7 +4,6 @@ bundle, and `experiments/reproduce.py` trains FCCL Table 3's FCCL row from that 
 writes the table. The real images are not redistributable; this checks every step a user
 with the archive takes, on 65 classes and the four domains' folder names."""
 
-import io
 import json
 import pathlib
 import zipfile
@@ -19,13 +18,15 @@ from fedjax_het.data import download as dl
 from fedjax_het.data import npz
 
 pytest.importorskip("PIL.Image", reason="Pillow not installed (the download command reads images)")
-from PIL import Image  # noqa: E402
+from tests.test_download import _png  # noqa: E402  (PNG bytes of an image)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: The archive's domain folders ("Real World" has a space) and 65 class folders.
 FOLDERS = ("Art", "Clipart", "Product", "Real World")
 CLASSES = tuple(f"Class_{c:02d}" for c in range(65))
 PER_CLASS = {"Art": 2, "Clipart": 3, "Product": 2, "Real World": 3}
+#: The private images each participant draws in the tests' runs.
+PRIVATE_SIZES = {"art": 40, "clipart": 60, "product": 40, "real_world": 60}
 
 
 def _archive(path: pathlib.Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -40,10 +41,8 @@ def _archive(path: pathlib.Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
       for label, name in enumerate(CLASSES):
         for j in range(PER_CLASS[folder]):
           pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-          body = io.BytesIO()
-          Image.fromarray(pixels).save(body, format="PNG")
           archive.writestr(f"OfficeHomeDataset_10072016/{folder}/{name}/{j + 1:05d}.jpg",
-                           body.getvalue())
+                           _png(pixels))
           rows.append(pixels)
           labels.append(label)
       domains[folder.lower().replace(" ", "_")] = (np.stack(rows), np.asarray(labels))
@@ -71,10 +70,6 @@ def office_home(tmp_path_factory):
   return expected, bundle
 
 
-def _load_config(arg: str):
-  return load_module(REPO / "experiments" / "configs" / "office.py").get_config(arg)
-
-
 def test_the_archive_becomes_the_bundle_and_the_fccl_table3_scenario(office_home, monkeypatch,
                                                                      tmp_path_factory):
   expected, bundle = office_home
@@ -88,14 +83,14 @@ def test_the_archive_becomes_the_bundle_and_the_fccl_table3_scenario(office_home
   # FCCL Table 3's scenario (office.py:home_fccl_homogeneous_quick) reads every domain of it.
   monkeypatch.setenv(data.DATA_DIR_ENV, str(bundle))
   monkeypatch.setenv(data.CACHE_DIR_ENV, str(tmp_path_factory.getbasetemp() / "home_cache"))
-  config = _load_config("home_fccl_homogeneous_quick")
+  office = load_module(REPO / "experiments" / "configs" / "office.py")
+  config = office.get_config("home_fccl_homogeneous_quick")
   config.scenario.public_size = 32
-  config.scenario.private_sizes.update({"art": 40, "clipart": 60, "product": 40,
-                                        "real_world": 60})
+  config.scenario.private_sizes.update(PRIVATE_SIZES)
   scenario = experiment_lib.build_scenario(config)
   assert scenario.domains == ("art", "clipart", "product", "real_world")
   assert scenario.substituted == () and scenario.class_names == CLASSES
-  assert [len(split.labels) for split in scenario.train] == [40, 60, 40, 60]
+  assert [len(split.labels) for split in scenario.train] == list(PRIVATE_SIZES.values())
   assert scenario.public.shape == (32, 32, 32, 3)
   for domain, split in scenario.test.items():  # held out: index i % 10 > 7 of the domain
     assert 0 < len(split.labels) < len(expected[domain][1])
@@ -112,8 +107,7 @@ def test_the_runner_trains_fccl_table3_from_the_archive(office_home, monkeypatch
   tiny = ("num_rounds=1", "local.epochs=1", "local.batch_size=16", "models.width=0.0625",
           "scenario.public_size=32", "scenario.test_size=0", "fccl.pretrain_epochs=1",
           "logging.progress=False", "logging.plots=False", "logging.diagnostic_rounds=()",
-          "compilation_cache_dir=",
-          "scenario.private_sizes={'art': 40, 'clipart': 60, 'product': 40, 'real_world': 60}")
+          "compilation_cache_dir=", f"scenario.private_sizes={PRIVATE_SIZES!r}")
   argv = ["--table=fccl_table3", "--methods=fccl", "--seeds=0", f"--results-dir={results}"]
   assert reproduce.main(argv + [a for o in tiny for a in ("--set", o)]) == 0
   assert "fccl_table3/quick/fccl__seed0: trained" in capsys.readouterr().out
