@@ -35,6 +35,15 @@ one filled):
     `config.xla_cpu_scheduler`; default auto = the memory-minimising one);
   * `start_to_round1_end_secs`: from the start of the process to the end of the
     first round, what a user waits for;
+  * `round1_state_sha256`: a hash of the state's bytes after the first round,
+    which says whether an option (`XLA_FLAGS`, `--set`) changes the round's
+    rounding (equal hashes: the same bits);
+  * `cpu_secs`: the process's CPU time (user + system, every thread) in each of
+    the phases above and `to_round1_end` from the start of the process, and
+    `cpu_floor_to_round1_secs`, that CPU time over the machine's cores: the
+    shortest wall time the same work could take on this machine however it
+    were overlapped (`cores_busy_to_round1`: CPU time over wall time, how many
+    cores the start kept busy on average);
   * with `--round-trace DIR`, `round_profile`: one more steady round run
     under the JAX profiler, its trace kept in DIR/cold and DIR/warm (for
     TensorBoard's profile plugin or ui.perfetto.dev), with its `top_events`
@@ -55,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import pathlib
@@ -105,10 +115,36 @@ def memory_gib(compiled) -> float | None:
           + analysis.output_size_in_bytes) / 2.0 ** 30
 
 
+def state_sha256(state) -> str:
+  """SHA-256 of the bytes of every leaf of `state` (keys as their raw key data), in tree order."""
+  import jax  # noqa: PLC0415 (imported after START)
+  import numpy as np  # noqa: PLC0415
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(state):
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+  return digest.hexdigest()
+
+
 def _progress(name: str, seconds: float) -> float:
   """Prints one measured figure as it lands (a run cut short still shows it); returns it."""
   print(f"[first_round {time.perf_counter() - START:7.1f} s] {name} {seconds:.2f}", flush=True)
   return seconds
+
+
+class _CpuClock:
+  """The process's CPU time (user + system, all threads: `time.process_time`) per phase; the
+  first, "import", from the start of the process to the clock's creation."""
+
+  def __init__(self):
+    self._last = time.process_time()
+    self.secs = {"import": self._last}
+
+  def lap(self, phase: str) -> None:
+    """Books the CPU time since the previous lap to `phase` (the `*_secs` name less `_secs`)."""
+    now = time.process_time()
+    self.secs[phase], self._last = now - self._last, now
 
 
 def _measure(config_name: str, overrides: list[str], rounds: int, *,
@@ -124,13 +160,16 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   config.compilation_cache_dir = jax.config.jax_compilation_cache_dir or ""  # trace cache's home
   config.trace_cache = trace_cache
   row = {"config": config_name, "overrides": overrides, "import_secs": time.perf_counter() - START}
+  cpu = _CpuClock()
 
   tick = time.perf_counter()
   experiment = Experiment(config)
   row["data_secs"] = _progress("data_secs", time.perf_counter() - tick)
+  cpu.lap("data")
   tick = time.perf_counter()
   state = jax.block_until_ready(experiment.init_state())
   row["init_secs"] = _progress("init_secs", time.perf_counter() - tick)
+  cpu.lap("init")
   tick = time.perf_counter()
   row["round_programs"] = experiment.round_programs
   if experiment.trace_cache_directory() is not None:  # as train.py: export, or read the export
@@ -144,8 +183,10 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
     lowered = traced.lower()
     row["lower_secs"] = time.perf_counter() - tick - row["trace_secs"]
   row["trace_lower_secs"] = _progress("trace_lower_secs", time.perf_counter() - tick)
+  cpu.lap("trace_lower")
   text = lowered.as_text()
   row["stablehlo_chars"], row["stablehlo_lines"] = len(text), text.count("\n")
+  cpu.lap("stablehlo_text")
   tick = time.perf_counter()
   if compile_profile:
     import compile_profile as profiling  # noqa: PLC0415 (benchmarks/, beside this script)
@@ -153,6 +194,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   else:
     compiled = lowered.compile()
   row["compile_secs"] = _progress("compile_secs", time.perf_counter() - tick)
+  cpu.lap("compile")
   if hasattr(compiled, "compile_secs"):  # stage programs (compiled side by side on a CPU)
     row["compile_secs_by_stage"] = compiled.compile_secs
   tick = time.perf_counter()
@@ -160,6 +202,12 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
   jax.block_until_ready(state)
   row["first_round_secs"] = _progress("first_round_secs", time.perf_counter() - tick)
   row["start_to_round1_end_secs"] = time.perf_counter() - START
+  cpu.lap("first_round")
+  cpu.secs["to_round1_end"] = time.process_time()
+  row["round1_state_sha256"] = state_sha256(state)
+  row["cpu_secs"] = cpu.secs
+  row["cpu_floor_to_round1_secs"] = cpu.secs["to_round1_end"] / os.cpu_count()
+  row["cores_busy_to_round1"] = cpu.secs["to_round1_end"] / row["start_to_round1_end_secs"]
   tick = time.perf_counter()
   jax.block_until_ready(experiment.evaluate(state, experiment.data.test))
   row["eval_first_secs"] = _progress("eval_first_secs", time.perf_counter() - tick)
@@ -252,7 +300,7 @@ def main():
     subprocess.run(command, check=True)
     report[phase] = json.loads(pathlib.Path(out).read_text())
     print(f"[{phase}] " + ", ".join(f"{k} {v:.1f}" for k, v in report[phase].items()
-                                    if k.endswith("_secs"))
+                                    if k.endswith("_secs") and isinstance(v, float))
           + f", trace cache {report[phase].get('trace_cache', 'off')}", flush=True)
     if "compile_profile" in report[phase]:
       print(f"[{phase}] XLA compile: " + ", ".join(
