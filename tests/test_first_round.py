@@ -1,7 +1,6 @@
 """benchmarks/first_round.py's CPU-time accounting and round fingerprint, and
 benchmarks/xla_cpu_options.py, which compares option sets by them."""
 
-import importlib.util
 import json
 import pathlib
 import sys
@@ -12,22 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+from tests import benchmark_scripts
 
 
-def _load(name):
-  sys.path.insert(0, str(BENCHMARKS))  # the scripts import their neighbours (timing, first_round)
-  try:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-  finally:
-    sys.path.remove(str(BENCHMARKS))
-
-
-first_round = _load("first_round")
-xla_cpu_options = _load("xla_cpu_options")
+first_round = benchmark_scripts.load("first_round")
+xla_cpu_options = benchmark_scripts.load("xla_cpu_options")
 
 
 def _state(weight=1.0, seed=0):

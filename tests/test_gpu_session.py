@@ -1,6 +1,5 @@
 """benchmarks/gpu_session.py: the prepared GPU command keeps its record under a deadline."""
 
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -8,22 +7,13 @@ import sys
 
 import pytest
 
+from tests import benchmark_scripts
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_session.py"
 
 
-def _load(name):
-  sys.path.insert(0, str(SCRIPT.parent))  # the script imports timing.py beside it
-  try:
-    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-  finally:
-    sys.path.remove(str(SCRIPT.parent))
-
-
-gpu_session = _load("gpu_session")
+gpu_session = benchmark_scripts.load("gpu_session")
 
 
 def _run(tmp_path, *args):

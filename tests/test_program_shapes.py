@@ -1,29 +1,14 @@
 """benchmarks/program_shapes.py and gpu_compile.py count a program's convolutions and GEMMs."""
 
-import importlib.util
-import pathlib
-import sys
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-  sys.path.insert(0, str(BENCHMARKS))  # the scripts import their neighbours (timing, first_round)
-  try:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-  finally:
-    sys.path.remove(str(BENCHMARKS))
+from tests import benchmark_scripts
 
 
 def test_count_ops_counts_every_and_every_distinct_convolution_and_dot():
-  program_shapes = _load("program_shapes")
+  program_shapes = benchmark_scripts.load("program_shapes")
 
   def fn(x, y, k3, k1, w):
     conv = lambda a, k: lax.conv_general_dilated(a, k, (1, 1), "SAME",
@@ -42,7 +27,7 @@ def test_count_ops_counts_every_and_every_distinct_convolution_and_dot():
 
 
 def test_hlo_counts_reads_the_markers_of_an_optimised_gpu_program():
-  gpu_compile = _load("gpu_compile")
+  gpu_compile = benchmark_scripts.load("gpu_compile")
   text = "\n".join([
       '%a = f32[2] custom-call(), custom_call_target="__cudnn$convForward"',
       '%b = f32[2] custom-call(), custom_call_target="__cudnn$convBackwardFilter"',
