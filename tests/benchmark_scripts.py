@@ -1,5 +1,6 @@
 """Imports a script of benchmarks/ for a test, as the script runs: with benchmarks/ on the
-path while it executes, since the scripts import their neighbours (timing, first_round, ...)."""
+path while it executes, since the scripts import their neighbours (timing, first_round, ...),
+and in `sys.modules` under its name, since dataclasses look their module up while it executes."""
 
 import importlib.util
 import pathlib
@@ -15,6 +16,7 @@ def load(name: str) -> types.ModuleType:
   try:
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
   finally:

@@ -2,11 +2,8 @@
 and a round that runs. Skipped where torch is not installed (CI has no torch; `.[bench]`)."""
 
 import functools
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import jax
 import numpy as np
@@ -16,8 +13,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from fedjax_het import losses, models  # noqa: E402
 from fedjax_het.models.functional import count_parameters, init_variables  # noqa: E402
+from tests import benchmark_scripts  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ARCHS = ("resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2")
 TINY = ["scenario.private_sizes.mnist=12", "scenario.private_sizes.usps=9",
         "scenario.private_sizes.svhn=20", "scenario.private_sizes.syn=16",
@@ -25,15 +22,7 @@ TINY = ["scenario.private_sizes.mnist=12", "scenario.private_sizes.usps=9",
         "local.epochs=1", "num_rounds=2"]
 
 
-def _load(path, name):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module  # dataclasses look their module up while it executes
-  spec.loader.exec_module(module)
-  return module
-
-
-ref = _load(REPO / "benchmarks" / "pytorch_reference.py", "pytorch_reference_under_test")
+ref = benchmark_scripts.load("pytorch_reference")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,25 +1,14 @@
 """benchmarks/speed_table.py: the speed table from first_round.py's and
 pytorch_reference.py's reports, its ratios checked by hand."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests import benchmark_scripts
 
 
-def _load(path, name):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-speed_table = _load(REPO / "benchmarks" / "speed_table.py", "speed_table_under_test")
+speed_table = benchmark_scripts.load("speed_table")
 
 
 def _engine_row(config, overrides, backend="cpu", **secs):
