@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het.algorithms import fedavg, fedfusion, fedmmd
+from fedjax_het.algorithms import common, fedavg, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import optim
 from fedjax_het.models.base import Classifier, MLPTail
@@ -104,18 +104,23 @@ def test_fedmmd_local_step_is_the_hand_gradient_of_ce_plus_lambda_constraint(con
   assert np.all(np.asarray(metrics["local"]["a"][constraint]) > 0)
 
 
-def test_fedmmd_global_stream_gets_no_gradient_and_equal_streams_cost_the_floor(monkeypatch):
-  setup = tiny_setup(1, TinyMLP())
-  config = tiny_config("fedmmd")
-  loss_fn, make_family = None, fedavg.make_family
+def _fedmmd_and_local_loss(monkeypatch, config, setup):
+  """(FedMMD from `config`, the local objective of `setup`'s only group as FedMMD trains it:
+  with `config.models.dropout_rate` in the model's tail)."""
+  captured, make_family = {}, fedavg.make_family
 
   def capture(cfg, s, *, name, objective_for, **kwargs):  # keeps the local objective
-    nonlocal loss_fn
-    loss_fn = objective_for(s.groups[0])
+    captured["loss_fn"] = objective_for(common.with_model_dropout(cfg, s).groups[0])
     return make_family(cfg, s, name=name, objective_for=objective_for, **kwargs)
 
   monkeypatch.setattr(fedavg, "make_family", capture)
   algorithm = fedmmd.make_fedmmd(config, setup)
+  return algorithm, captured["loss_fn"]
+
+
+def test_fedmmd_global_stream_gets_no_gradient_and_equal_streams_cost_the_floor(monkeypatch):
+  setup = tiny_setup(1, TinyMLP())
+  algorithm, loss_fn = _fedmmd_and_local_loss(monkeypatch, tiny_config("fedmmd"), setup)
   data, images, labels = tiny_data(setup)
   variables = algorithm.init(jax.random.key(0), data)["server"]
   x = flat_inputs(images)[0].reshape(-1, 32, 32, 3)
@@ -132,6 +137,68 @@ def test_fedmmd_global_stream_gets_no_gradient_and_equal_streams_cost_the_floor(
   # Identical streams: MMD^2 = 0, floored at the code's 1e-4; the loss is CE + 0.1 * 1e-4.
   assert float(metrics["mmd"]) == pytest.approx(1e-4)
   assert float(value) == pytest.approx(float(metrics["ce"]) + 0.1 * 1e-4, rel=1e-6)
+
+
+def _tiny_trunk_map(p, x):
+  """TinyTrunk by hand, flattened: tanh(1x1 conv of the 8x8 mean-pooled image), (B, 32)."""
+  pooled = x.reshape(x.shape[0], 4, 8, 4, 8, 3).mean(axis=(2, 4))
+  z = jnp.tanh(pooled @ p["trunk"]["conv"]["kernel"][0, 0]
+               + p["trunk"]["conv"]["bias"][None, None, None, :])
+  return z.reshape(x.shape[0], -1)
+
+
+def test_fedmmd_trunk_outputs_are_the_flattened_trunk_maps_which_dropout_never_touches(
+    monkeypatch):
+  weight, floor = 0.7, 1e-4
+  setup = tiny_setup(1, tiny_classifier())
+  data, images, labels = tiny_data(setup)
+  x = flat_inputs(images)[0].reshape(-1, 32, 32, 3)
+  y = jnp.asarray(labels[0])
+  mask = jnp.ones(len(y), bool)
+
+  def objective(outputs, rate):
+    config = tiny_config("fedmmd", **{"fedmmd.outputs": outputs, "fedmmd.weight": weight,
+                                      "fedmmd.mmd_floor": floor})
+    config.models.dropout_rate = rate
+    validate_config(config)
+    return _fedmmd_and_local_loss(monkeypatch, config, setup)
+
+  algorithm, loss_fn = objective("trunk", 0.0)
+  global_params = algorithm.init(jax.random.key(0), data)["server"]["params"]
+  noise = iter(jax.random.split(jax.random.key(5), 8))
+  local_params = jax.tree_util.tree_map(
+      lambda v: v + 0.3 * jax.random.normal(next(noise), v.shape), global_params)
+  aux = {"global": {"params": global_params, "batch_stats": {}}, "round": jnp.int32(0)}
+
+  def hand_loss(p):
+    h = _tiny_trunk_map(p, x) @ p["tail"]["fc1"]["kernel"] + p["tail"]["fc1"]["bias"][None, :]
+    logits = h @ p["head"]["kernel"] + p["head"]["bias"][None, :]
+    penalty = _mmd(_tiny_trunk_map(global_params, x), _tiny_trunk_map(p, x), VARIANCES, floor)
+    return _ce(logits, y) + weight * penalty, penalty
+
+  def loss(fn, p, rng):
+    value, (_, metrics) = fn(p, {}, x, y, mask, rng, aux)
+    return value, metrics
+
+  (value, metrics), grads = jax.value_and_grad(lambda p: loss(loss_fn, p, None),
+                                               has_aux=True)(local_params)
+  want_value, want_penalty = hand_loss(local_params)
+  assert float(want_penalty) > 100 * floor   # the floor is not what is compared
+  np.testing.assert_allclose(float(metrics["mmd"]), float(want_penalty), rtol=1e-5)
+  np.testing.assert_allclose(float(value), float(want_value), rtol=1e-5)
+  _allclose(grads, jax.grad(lambda p: hand_loss(p)[0])(local_params), rtol=1e-4, atol=1e-6)
+  # With dropout (p = 0.5 after the tail's Dense layer) the trunk penalty is the same for any
+  # mask, while the CE (and the penalty on the dropped-out features) changes with the mask.
+  _, dropped = objective("trunk", 0.5)
+  _, features_dropped = objective("features", 0.5)
+  for seed in (1, 2):
+    rng = jax.random.key(seed)
+    _, with_dropout = loss(dropped, local_params, rng)
+    np.testing.assert_array_equal(with_dropout["mmd"], metrics["mmd"])
+    assert float(with_dropout["ce"]) != float(metrics["ce"])
+  on_features = [float(loss(features_dropped, local_params, jax.random.key(seed))[1]["mmd"])
+                 for seed in (1, 2)]
+  assert on_features[0] != on_features[1]
 
 
 def test_fedfusion_multi_starts_as_the_plain_model_and_freezes_the_global_trunk():

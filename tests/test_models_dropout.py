@@ -152,3 +152,38 @@ def test_the_methods_drop_out_in_local_training_only_and_repeat_their_masks(meth
   jax.tree_util.tree_map(np.testing.assert_array_equal, algorithm.evaluate(first, test),
                          runs[0.0][0].evaluate(first, test))
   assert setup.groups[0].model.tail.dropout_rate == 0.0  # the caller's setup is unchanged
+
+
+def test_apply_model_with_trunk_adds_the_trunk_map_of_the_same_forward_pass():
+  images = _images(4)
+  mask = jnp.array([True, True, True, False])
+  resnet = models.get_model("resnet10", 10, width=0.125)   # BatchNorm: train mode updates it
+  variables = models.init_variables(resnet, jax.random.key(0))
+  feature_map, features, logits, new = models.apply_model_with_trunk(
+      resnet, variables, images, train=True, mask=mask)
+  want_features, want_logits, want_new = models.apply_model(resnet, variables, images,
+                                                            train=True, mask=mask)
+  np.testing.assert_allclose(features, want_features, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         new["batch_stats"], want_new["batch_stats"])
+  assert feature_map.shape == (4, 4, 4, 64) and feature_map.dtype == jnp.float32
+  # Eval mode: the trunk alone on the running statistics; the variables come back unchanged.
+  eval_map, _, _, same = models.apply_model_with_trunk(resnet, variables, images, train=False)
+  trunk_alone = resnet.trunk.apply({"params": variables["params"]["trunk"],
+                                    "batch_stats": variables["batch_stats"]["trunk"]},
+                                   images, train=False)
+  np.testing.assert_allclose(eval_map, trunk_alone, rtol=1e-5, atol=1e-6)
+  assert same is variables
+  # Dropout sits in the tail: the trunk map is the same for every dropout mask.
+  cnn = models.get_model("fedavg_cifar_cnn", 10, dropout_rate=0.2)
+  cnn_variables = models.init_variables(cnn, jax.random.key(0))
+  maps = [models.apply_model_with_trunk(cnn, cnn_variables, images, train=True,
+                                        rng=jax.random.key(seed)) for seed in (1, 2)]
+  np.testing.assert_array_equal(maps[0][0], maps[1][0])
+  assert not np.array_equal(maps[0][1], maps[1][1])   # the features are dropped out
+  with pytest.raises(ValueError, match="pass `rng`"):
+    models.apply_model_with_trunk(cnn, cnn_variables, images, train=True)
+  with pytest.raises(ValueError, match="needs a model with a `trunk` submodule"):
+    models.apply_model_with_trunk(TinyTrunk(), {"params": {}, "batch_stats": {}}, images,
+                                  train=False)

@@ -248,12 +248,14 @@ def test_rows_and_settings_are_selected_by_name():
   assert tables.two_stream_variant("fedavg", "shards") == "fedavg_shards"
 
 
-def test_the_fedmmd_tables_no_dropout_rows_differ_from_their_pairs_in_dropout_alone():
+def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alone():
   for table_id in ("fedmmd_cifar10_binary", "fedmmd_mnist_shards"):
     table = tables.get_table(table_id)
     assert [r.key for r in table.settings[0].rows] == [
-        "fedavg", "fedmmd", "fedmmd_l2", "fedavg_nodropout", "fedmmd_nodropout"]
+        "fedavg", "fedmmd", "fedmmd_l2", "fedavg_nodropout", "fedmmd_nodropout",
+        "fedmmd_trunk"]
     assert any("no-dropout rows" in note for note in table.settings[0].notes)
+    assert any("conv-trunk row" in note for note in table.settings[0].notes)
     for scale in tables.SCALES:
       configs = {cell.row.key: workdir_lib.flatten_config(grid.cell_config(cell))
                  for cell in grid.plan(table, scale, [0])}
@@ -264,3 +266,7 @@ def test_the_fedmmd_tables_no_dropout_rows_differ_from_their_pairs_in_dropout_al
         differ = {k for k in with_dropout.keys() | without.keys()
                   if with_dropout.get(k) != without.get(k)}
         assert differ == {"models.dropout_rate", "name"}, (table_id, scale, method, differ)
+      mmd, trunk = configs["fedmmd"], configs["fedmmd_trunk"]
+      differ = {k for k in mmd.keys() | trunk.keys() if mmd.get(k) != trunk.get(k)}
+      assert differ == {"fedmmd.outputs", "name"}, (table_id, scale, differ)
+      assert (mmd["fedmmd.outputs"], trunk["fedmmd.outputs"]) == ("features", "trunk")

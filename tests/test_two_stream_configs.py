@@ -29,7 +29,7 @@ ALL = [(dataset, name) for dataset in CONFIGS for name in _names(dataset)]
 
 
 def test_every_paper_setting_config_validates_and_says_what_it_is():
-  assert len(ALL) == 4 * 2 * 7 + 3 * 2 * 7
+  assert len(ALL) == 4 * 2 * 8 + 3 * 2 * 8   # 8 = fedavg, fedprox, 3 fedmmd, 3 fedfusion
   for dataset, name in ALL:
     c = CONFIGS[dataset].get_config(name)
     validate_config(c)
@@ -40,6 +40,9 @@ def test_every_paper_setting_config_validates_and_says_what_it_is():
   assert (binary.scenario.partition, binary.scenario.num_clients) == ("class_split", 2)
   assert (binary.fedmmd.constraint, binary.fedmmd.outputs, binary.fedmmd.weight) == ("l2",
                                                                                     "logits", 0.01)
+  trunk = CONFIGS["cifar10"].get_config("fedmmd_binary_trunk_quick")
+  assert (trunk.fedmmd.constraint, trunk.fedmmd.outputs, trunk.fedmmd.weight) == ("mmd",
+                                                                                  "trunk", 0.1)
   shards = CONFIGS["mnist"].get_config("fedavg_shards")
   assert (shards.scenario.num_clients, shards.fedavg.clients_per_round, shards.local.batch_size,
           shards.local.epochs) == (100, 10, 10, 2)

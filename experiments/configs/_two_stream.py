@@ -6,7 +6,8 @@ A config name `<dataset>_<method>_<setting>[_<variant>][_nodropout][_quick]`
 
   method     fedavg (the baseline), fedmmd, fedfusion (also fedprox, moon, fedproc, fedrs).
   setting    cifar10: binary | iid | classes5 | classes2;  mnist: binary | shards | permuted.
-  variant    fedmmd: mmd (default, the paper) | l2 (the authors' final code);
+  variant    fedmmd: mmd (default, the paper) | l2 (the authors' final code) |
+             trunk (the MMD on the conv trunk's feature map);
              fedfusion: conv (default) | multi | single.
   nodropout  the CNN without dropout (`models.dropout_rate = 0`; see Models).
 
@@ -65,7 +66,10 @@ it). FedMMD Sec. 4.2 reports constant rates (2e-3 on CIFAR-10, 1e-4 on MNIST):
 
 FedMMD: lambda = 0.1 on the MMD of the features (19 kernels, floored at 1e-4
 as the code does); the `l2` variant puts the code's `lambda * tf.nn.l2_loss`
-on the logits with lambda = 0.01 (CIFAR-10) or 0.001 (MNIST).
+on the logits with lambda = 0.01 (CIFAR-10) or 0.001 (MNIST); the `trunk`
+variant puts the MMD (lambda = 0.1) on the conv trunk's flattened feature map,
+the output the authors' FedFusion `CifarModel` returns beside its logits,
+which no dropout touches (`fedmmd.outputs = "trunk"`).
 
 Models: the FedAvg CNNs the paper uses (`fedavg_cifar_cnn`,
 `fedavg_mnist_cnn`) with their "random dropout" after the fully connected
@@ -95,7 +99,7 @@ from fedjax_het.config import base_config
 METHODS = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
 SETTINGS = {"cifar10": ("binary", "iid", "classes5", "classes2"),
             "mnist": ("binary", "shards", "permuted")}
-VARIANTS = {"fedmmd": ("mmd", "l2"), "fedfusion": ("conv", "multi", "single")}
+VARIANTS = {"fedmmd": ("mmd", "l2", "trunk"), "fedfusion": ("conv", "multi", "single")}
 #: The name token of the CNN without dropout.
 NO_DROPOUT = "nodropout"
 #: The dropout of the FedFusion code's CNNs (`models.dropout_rate` of every setting here).
@@ -178,7 +182,9 @@ def get_config(dataset: str, arg: str) -> ml_collections.ConfigDict:
     c.local.lr_decay_rate = 0.985 if dataset == "cifar10" else 0.99
     c.local.min_lr = 1e-4
   if method == "fedmmd":
-    c.fedmmd.constraint = variant
+    c.fedmmd.constraint = "l2" if variant == "l2" else "mmd"
+    if variant == "trunk":
+      c.fedmmd.outputs = "trunk"
     if variant == "l2":
       c.fedmmd.outputs = "logits"
       c.fedmmd.weight = 0.01 if dataset == "cifar10" else 0.001

@@ -24,20 +24,28 @@ sampling, data-size weighting, `config.server`). The constraint D
     batch-mean (`"batch_mean"`).
 
 `fedmmd.outputs` picks the two streams' outputs the constraint compares:
-"features" (the penultimate layer, the zoo models' `features`) or "logits"
-(the code's L2 variant works on logits). The global stream runs in eval mode
-(running BatchNorm statistics, no dropout) and gets no gradient.
+"features" (the penultimate layer, the zoo models' `features`), "logits"
+(the code's L2 variant works on logits) or "trunk" (the convolutional trunk's
+feature map, flattened to (B, h * w * c): the output the authors' FedFusion
+`CifarModel.forward` returns beside its logits, and the features FedFusion
+fuses; before the fully connected layers and their dropout). The global
+stream runs in eval mode (running BatchNorm statistics, no dropout) and gets
+no gradient.
 
 Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
 `experiments/configs/_two_stream.py` and in `mnist_fedmmd`, the authors'
 FedFusion code's p; 0 or absent in their `_nodropout` variants) puts the
 dropout the paper's CNNs have (Sec. 4.1) after their fully connected layers,
 active in local training only, never in the frozen global stream
-(`common.with_model_dropout`, applied by `fedavg.make_family`).
+(`common.with_model_dropout`, applied by `fedavg.make_family`). So with
+dropout, "features" compares the local stream's dropped-out features with
+the global stream's full ones, and "trunk" compares two maps no dropout
+touches.
 
 Deviations: the paper does not say which layer's "outputs" MMD compares; the
 default here is the features for "mmd" as in the DAN/DSN domain-adaptation
-losses it cites (set `fedmmd.outputs="logits"` for the other reading).
+losses it cites (`fedmmd.outputs="logits"` or `"trunk"` for the other
+readings).
 Local optimiser state is fresh every round (see `fedavg.py`).
 
 Reference: X. Yao, T. Huang, C. Wu, R.-X. Zhang, L. Sun. Federated Learning
@@ -50,19 +58,19 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from fedjax_het import losses, validation
+from fedjax_het import losses, models, validation
 from fedjax_het.algorithms import common, fedavg
 from fedjax_het.engine.api import Algorithm, Setup
 
 CONSTRAINTS = ("mmd", "l2")
-OUTPUTS = ("features", "logits")
+OUTPUTS = ("features", "logits", "trunk")
 
 
 def make_objective(config: ml_collections.ConfigDict) -> fedavg.ObjectiveFor:
   """group -> FedMMD's local loss (Eq. 3-5) from `config.fedmmd`; `aux["global"]` is the stream."""
   cfg = config.fedmmd
   constraint = common.check_choice("fedmmd.constraint", cfg.constraint, CONSTRAINTS)
-  use_logits = common.check_choice("fedmmd.outputs", cfg.outputs, OUTPUTS) == "logits"
+  outputs = common.check_choice("fedmmd.outputs", cfg.outputs, OUTPUTS)
   weight, floor = float(cfg.weight), float(cfg.mmd_floor)
   reduction = common.check_choice("fedmmd.l2_reduction", cfg.l2_reduction,
                                   losses.L2_REDUCTIONS)
@@ -74,15 +82,12 @@ def make_objective(config: ml_collections.ConfigDict) -> fedavg.ObjectiveFor:
                                      reduction=reduction, mask=mask)
 
   def objective_for(group):
-    forward = common.forward_fn(group, train=True)
-    frozen = common.forward_fn(group, train=False)
+    forward = streams_fn(group, outputs, train=True)
+    frozen = streams_fn(group, outputs, train=False)
 
     def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
-      features, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-      global_features, global_logits = frozen(aux["global"]["params"],
-                                              aux["global"]["batch_stats"], images)[:2]
-      local_out, global_out = (logits, global_logits) if use_logits else (features,
-                                                                           global_features)
+      local_out, logits, new_stats = forward(params, batch_stats, images, rng, mask)
+      global_out = frozen(aux["global"]["params"], aux["global"]["batch_stats"], images)[0]
       ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
       penalty = two_stream(local_out, jax.lax.stop_gradient(global_out), mask)
       return ce + weight * penalty, (new_stats, {"ce": ce, constraint: penalty})
@@ -90,6 +95,27 @@ def make_objective(config: ml_collections.ConfigDict) -> fedavg.ObjectiveFor:
     return loss_fn
 
   return objective_for
+
+
+def streams_fn(group, outputs: str, *, train: bool):
+  """(params, batch_stats, images, rng, mask) -> (the `outputs` the constraint compares,
+  logits, new batch_stats) of one stream: "features", "logits", or "trunk" (the trunk's
+  feature map flattened to (B, h * w * c), from the same forward pass)."""
+  if outputs != "trunk":
+    forward = common.forward_fn(group, train=train)
+
+    def plain(params, batch_stats, images, rng=None, mask=None):
+      features, logits, new_stats = forward(params, batch_stats, images, rng, mask)
+      return (logits if outputs == "logits" else features), logits, new_stats
+    return plain
+
+  def with_trunk(params, batch_stats, images, rng=None, mask=None):
+    feature_map, _, logits, new_variables = models.apply_model_with_trunk(
+        group.model, {"params": params, "batch_stats": batch_stats}, images, train=train,
+        rng=rng, mask=mask)
+    return (feature_map.reshape(feature_map.shape[0], -1), logits,
+            new_variables["batch_stats"])
+  return with_trunk
 
 
 def make_fedmmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
@@ -103,7 +129,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.fedmmd = ml_collections.ConfigDict({
       "constraint": "mmd",          # "mmd" (paper, Eq. 5) | "l2" (the authors' final code)
       "weight": 0.1,                # lambda (paper: 0.1 for MMD; code's L2: 0.001 / 0.01)
-      "outputs": "features",        # the streams' outputs compared: "features" | "logits"
+      "outputs": "features",        # the streams' outputs compared: "features" | "logits" | "trunk"
       "mmd_floor": losses.MMD_CODE_FLOOR,  # the code's floor of MMD^2; 0: clip at 0
       "l2_reduction": "tf_l2_loss",  # "tf_l2_loss" (code) | "batch_mean"
   })

@@ -54,6 +54,7 @@ Functional API:
   init_variables(model, key, *, input_shape=(1, 32, 32, 3)) -> variables
   apply_model(model, variables, images, *, train, rng=None, mask=None)
       -> (features, logits, new_variables)
+  apply_model_with_trunk(...same...) -> (trunk feature map, features, logits, new_variables)
   model_summary(name, num_classes=10, *, width=1.0) -> {"params", "flops", "feature_dim", ...}
   grow_classifier(variables, *, num_new_classes, key) -> variables (GLFC)
   with_dropout(model, rate) -> the model with dropout in its tail (train mode only)
@@ -65,8 +66,8 @@ from fedjax_het.models.base import Classifier, GlobalPoolTail, MLPTail, with_dro
 from fedjax_het.models.fedfusion import (FUSION_OPERATORS, FedFusion, FusionOperator,
                                          fedfusion_local_variables, fedfusion_set_global,
                                          fedfusion_trainable_mask)
-from fedjax_het.models.functional import (apply_model, count_parameters, grow_classifier,
-                                          init_variables, model_summary)
+from fedjax_het.models.functional import (apply_model, apply_model_with_trunk, count_parameters,
+                                          grow_classifier, init_variables, model_summary)
 from fedjax_het.models.layers import (COMPUTE_DTYPES, CONV_IMPLS, Conv, batch_norm, conv2d,
                                       divisible_width, max_pool, scale_width)
 from fedjax_het.models.registry import MODEL_KWARGS, MODEL_NAMES, get_model
@@ -74,7 +75,7 @@ from fedjax_het.models.registry import MODEL_KWARGS, MODEL_NAMES, get_model
 __all__ = [
     "COMPUTE_DTYPES", "CONV_IMPLS", "FUSION_OPERATORS", "MODEL_KWARGS", "MODEL_NAMES",
     "Classifier", "Conv", "FedFusion", "FusionOperator", "GlobalPoolTail", "MLPTail",
-    "apply_model", "batch_norm", "conv2d", "count_parameters", "divisible_width",
+    "apply_model", "apply_model_with_trunk", "batch_norm", "conv2d", "count_parameters", "divisible_width",
     "fedfusion_local_variables", "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",
     "init_variables", "max_pool", "model_summary", "scale_width", "with_dropout",
 ]

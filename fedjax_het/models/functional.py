@@ -124,6 +124,49 @@ def apply_model(model: nn.Module, variables: Variables, images: jax.Array, *, tr
   return features, logits, new_variables
 
 
+def apply_model_with_trunk(model: nn.Module, variables: Variables, images: jax.Array, *,
+                           train: bool, rng: jax.Array | None = None,
+                           mask: jax.Array | None = None
+                           ) -> tuple[jax.Array, jax.Array, jax.Array, Variables]:
+  """`apply_model` that also returns the trunk's feature map (B, h, w, c), float32.
+
+  The feature map is the output of the model's `trunk` submodule (see `base`): what the
+  tail pools or flattens, before the tail's fully connected layers and their dropout. It
+  is captured from the same forward pass (Flax's `capture_intermediates`), so features,
+  logits and the BatchNorm update are those of `apply_model` with the same arguments.
+
+  Returns:
+    (feature map, features, logits, new_variables), as `apply_model`.
+
+  Raises:
+    ValueError: a model without a `trunk` submodule (the zoo's `Classifier`s have one).
+  """
+  _check_variables("apply_model_with_trunk", variables)
+  if not isinstance(getattr(model, "trunk", None), nn.Module):
+    raise ValueError(f"apply_model_with_trunk: needs a model with a `trunk` submodule (the "
+                     f"zoo's Classifier), got {type(model).__name__}.")
+  if train and rng is None and getattr(model, "needs_dropout_rng", False):
+    raise ValueError(f"apply_model_with_trunk: {type(model).__name__} uses dropout in train "
+                     f"mode; pass `rng` (a PRNG key) when train=True.")
+  rngs = {"dropout": rng} if (train and rng is not None) else {}
+  kwargs = {"mask": mask} if (train and mask is not None) else {}
+  compute_variables, images = _in_compute_dtype(model, variables, images)
+
+  def is_trunk(module, method_name):
+    return method_name == "__call__" and module.scope.path == ("trunk",)
+
+  (features, logits), updates = model.apply(
+      compute_variables, images, train=train, rngs=rngs, capture_intermediates=is_trunk,
+      mutable=["batch_stats", "intermediates"] if train else ["intermediates"], **kwargs)
+  feature_map = updates["intermediates"]["trunk"]["__call__"][0]
+  new_variables = variables
+  if train:
+    new_variables = dict(variables)
+    new_variables["batch_stats"] = dict(updates.get("batch_stats",
+                                                    variables.get("batch_stats", {})))
+  return (*_float32(feature_map, features, logits), new_variables)
+
+
 def _in_compute_dtype(model, variables, images):
   """Parameters and images cast to the model's compute dtype (BatchNorm statistics are not).
 
