@@ -229,7 +229,7 @@ def cell_config(cell: Cell, overrides: Sequence[str] = (),
     config = module.get_config(variant)
   except ValueError as error:
     raise ConfigError(f"{cell.label}: {error}") from None
-  for field, value in cell.row.overrides:
+  for field, value in cell.row.fields(cell.scale):
     node, parts = config, field.split(".")
     for part in parts[:-1]:
       node = node[part]
@@ -496,7 +496,7 @@ def _meta(cell: Cell, significant: Sequence[str], custom: bool) -> dict[str, Any
           "setting": cell.setting.key, "row": cell.row.key, "seed": cell.seed,
           "config_file": cell.row.config or cell.setting.config,
           "variant": cell.row.config_variant(cell.scale),
-          "row_fields": {k: v for k, v in cell.row.overrides}, "overrides": list(significant),
+          "row_fields": dict(cell.row.fields(cell.scale)), "overrides": list(significant),
           "custom_configure": custom}
 
 
@@ -550,7 +550,7 @@ def _copy(results_dir: pathlib.Path, copy_to: pathlib.Path, paths: Sequence[path
 
 def _recipe(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) -> tuple[Any, ...]:
   """What `cell_config` builds a cell's config from, besides the seed and the overrides."""
-  return (row.config or setting.config, row.config_variant(scale), tuple(row.overrides))
+  return (row.config or setting.config, row.config_variant(scale), row.fields(scale))
 
 
 def find_twin(cell: Cell, config: ml_collections.ConfigDict,

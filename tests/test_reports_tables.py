@@ -16,7 +16,8 @@ def test_the_issues_table_ids_are_registered():
   for table_id in ("fcclplus_digits", "fcclplus_office31", "fcclplus_office_caltech",
                    "fcclplus_office_home", "fcclplus_table15", "fcclplus_table10",
                    "fcclplus_table13", "fcclplus_table14", "fcclplus_table16",
-                   "fcclplus_table17",
+                   "fcclplus_table17", "fcclplus_table11", "fcclplus_table12",
+                   "fcclplus_table18", "fcclplus_table19",
                    "fccl_tables1_2", "fccl_table3", "glfc_table1", "glfc_tasks5",
                    "glfc_tasks20", "fedfusion_table1", "fedfusion_table2"):
     table = tables.get_table(table_id)
@@ -38,7 +39,7 @@ def test_every_cell_builds_a_valid_config_at_both_scales():
           validate_config(config)
         assert config.seed == cell.seed and config.name.endswith(f"_seed{cell.seed}")
         assert config.name.endswith(f"quick_seed{cell.seed}") == (scale == "quick")
-        for field, value in cell.row.overrides:
+        for field, value in dict(cell.row.fields(scale)).items():   # the last value wins
           node = config
           for part in field.split("."):
             node = node[part]
@@ -69,6 +70,76 @@ def test_the_fccl_rows_follow_their_papers_protocols():
   assert glfc["glfc_no_cgc"].glfc.use_gradient_compensation is False
   assert glfc["glfc_no_crd"].glfc.use_relation_distillation is False
   assert (glfc["ssil_fl"].algorithm, glfc["bic_fl"].algorithm) == ("ssil_fl", "bic_fl")
+
+
+def _configs(table_id, scale, settings=None):
+  return {c.row.key: grid.cell_config(c)
+          for c in grid.plan(tables.get_table(table_id), scale, [0], settings=settings)}
+
+
+def _same_run(a, b):
+  """Whether two configs train the same run (their flattened fields but the name agree)."""
+  a, b = workdir_lib.flatten_config(a), workdir_lib.flatten_config(b)
+  return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} <= {"name"}
+
+
+def test_fcclplus_tables_11_and_12_fccm_weight_and_tiny_imagenet_public_data():
+  lambdas = {k: (c.fcclplus.use_fccm, c.fcclplus.use_fisl, c.fcclplus.local_distillation,
+                 c.fcclplus.off_diagonal_weight)
+             for k, c in _configs("fcclplus_table11", "quick").items()}
+  assert lambdas == {key: (True, False, "dual", lam) for key, lam in (
+      ("lambda0002", 0.002), ("lambda0051", 0.0051), ("lambda001", 0.01),
+      ("lambda005", 0.05), ("lambda01", 0.1))}
+  table11 = tables.get_table("fcclplus_table11")
+  assert [s.key for s in table11.settings] == ["office31"]
+  for scale in tables.SCALES:   # the default-lambda row is Table X's FCCM cell
+    assert _same_run(_configs("fcclplus_table11", scale)["lambda0051"],
+                     _configs("fcclplus_table10", scale, ["office31"])["fccm"])
+  paper = table11.settings[0].paper
+  assert [paper["inter"][k]["AVG"] for k in lambdas] == [33.09, 33.52, 32.89, 32.41, 32.51]
+  assert [paper["intra"][k]["AVG"] for k in lambdas] == [77.54, 77.35, 77.60, 77.00, 77.53]
+  table10 = P.FCCLPLUS_TABLE10
+  assert (table10["inter"]["office31"]["fccm"][-1], table10["intra"]["office31"]["fccm"][-1]) \
+      == (33.52, 77.35)
+  table12 = _configs("fcclplus_table12", "paper")
+  assert list(table12) == ["solo", "fedmd", "fedmatch", "rhfl", "fccl", "fcclplus"]  # no FedDF
+  assert {k: c.scenario.public_name for k, c in table12.items() if k != "solo"} == dict.fromkeys(
+      ["fedmd", "fedmatch", "rhfl", "fccl", "fcclplus"], "tinyimagenet")
+  assert table12["fccl"].fccl.own_slot == "current"
+  assert _same_run(table12["solo"], _configs("fcclplus_digits", "paper")["solo"])
+  assert P.FCCLPLUS_TABLE12["inter"]["digits"]["solo"] == \
+      P.FCCLPLUS_TABLE8_9["inter"]["digits"]["solo"]
+  assert tables.get_table("fcclplus_table12").settings[0].paper["intra"]["fcclplus"] == {
+      "mnist": 91.32, "usps": 84.70, "svhn": 87.41, "syn": 98.08, "AVG": 90.37}
+
+
+def test_fcclplus_tables_18_and_19_backbones_and_local_epochs():
+  table18 = _configs("fcclplus_table18", "quick")
+  simple = ("resnet10", "resnet12", "efficientnet_b0", "simple_cnn")
+  resnet18 = ("resnet18", "resnet12", "efficientnet_b0", "mobilenet_v2")
+  assert {k: (c.algorithm, tuple(c.models.architectures)) for k, c in table18.items()} == {
+      "fedmd_simplecnn": ("fedmd", simple), "fccl_simplecnn": ("fccl", simple),
+      "fcclplus_simplecnn": ("fcclplus", simple), "fedmd_resnet18": ("fedmd", resnet18),
+      "fccl_resnet18": ("fccl", resnet18), "fcclplus_resnet18": ("fcclplus", resnet18)}
+  assert table18["fccl_resnet18"].fccl.own_slot == "current"
+  assert {c.models.width for c in table18.values()} == {0.125}   # the quick configs' width
+  assert tables.get_table("fcclplus_table18").settings[0].paper["inter"][
+      "fcclplus_resnet18"]["AVG"] == 53.96
+  for scale, epochs in (("paper", (10, 20, 30)), ("quick", (3, 5, 8))):
+    table19 = _configs("fcclplus_table19", scale)
+    assert {k: (c.fcclplus.local_distillation, c.local.epochs) for k, c in table19.items()} == {
+        **{f"ce_epochs{e}": ("none", n) for e, n in zip((10, 20, 30), epochs)},
+        **{f"fntd_epochs{e}": ("fntd", n) for e, n in zip((10, 20, 30), epochs)}}
+    # The 20-epoch FNTD row is Tables VIII/IX's FCCL+ cell at both scales.
+    assert _same_run(table19["fntd_epochs20"], _configs("fcclplus_digits", scale)["fcclplus"])
+  assert P.FCCLPLUS_TABLE19["inter"]["digits"]["fntd_epochs20"] == \
+      P.FCCLPLUS_TABLE8_9["inter"]["digits"]["fcclplus"]
+  assert tables.get_table("fcclplus_table19").kinds == ("inter",)
+  # A row's quick-only fields apply at quick scale only, after its other fields.
+  row = tables.Row(key="r", label="r", variant="v", overrides=(("a", 1), ("b", 2)),
+                   quick_overrides=(("b", 3),))
+  assert (row.fields("paper"), row.fields("quick")) == ((("a", 1), ("b", 2)),
+                                                         (("a", 1), ("b", 2), ("b", 3)))
 
 
 def test_table16_ewc_rows_and_the_fml_and_rcfl_rows_of_fccl_tables_1_to_3():
@@ -159,8 +230,9 @@ AVG_SLIPS = {
 
 
 def test_transcribed_domain_tables_agree_with_their_averages():
-  for name in ("FCCLPLUS_TABLE8_9", "FCCLPLUS_TABLE10", "FCCLPLUS_TABLE13", "FCCLPLUS_TABLE14",
-               "FCCLPLUS_TABLE15", "FCCLPLUS_TABLE17", "FCCL_TABLE1_2", "FCCL_TABLE3"):
+  for name in ("FCCLPLUS_TABLE8_9", "FCCLPLUS_TABLE10", "FCCLPLUS_TABLE12", "FCCLPLUS_TABLE13",
+               "FCCLPLUS_TABLE14", "FCCLPLUS_TABLE15", "FCCLPLUS_TABLE17", "FCCLPLUS_TABLE18",
+               "FCCLPLUS_TABLE19", "FCCL_TABLE1_2", "FCCL_TABLE3"):
     for kind, scenarios in getattr(P, name).items():
       for scenario, rows in scenarios.items():
         n = len(P.DOMAINS[scenario])
