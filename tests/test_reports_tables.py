@@ -17,7 +17,8 @@ def test_the_issues_table_ids_are_registered():
                    "fcclplus_office_home", "fcclplus_table15", "fcclplus_table10",
                    "fcclplus_table13", "fcclplus_table14", "fcclplus_table16",
                    "fcclplus_table17", "fcclplus_table11", "fcclplus_table12",
-                   "fcclplus_table18", "fcclplus_table19",
+                   "fcclplus_table18", "fcclplus_table19", "fcclplus_figure7",
+                   "fcclplus_figure9",
                    "fccl_tables1_2", "fccl_table3", "glfc_table1", "glfc_tasks5",
                    "glfc_tasks20", "fedfusion_table1", "fedfusion_table2"):
     table = tables.get_table(table_id)
@@ -142,6 +143,29 @@ def test_fcclplus_tables_18_and_19_backbones_and_local_epochs():
                                                          (("a", 1), ("b", 2), ("b", 3)))
 
 
+def test_fcclplus_figures_7_and_9_public_sets_for_fccm_and_the_fntd_teacher():
+  figure7 = _configs("fcclplus_figure7", "quick")
+  assert {k: (c.fcclplus.use_fccm, c.fcclplus.use_fisl, c.fcclplus.local_distillation,
+              c.scenario.public_name) for k, c in figure7.items()} == {
+      "fccm_cifar100": (True, False, "dual", "cifar100"),
+      "fccm_tinyimagenet": (True, False, "dual", "tinyimagenet"),
+      "fccm_fmnist": (True, False, "dual", "fmnist")}
+  figure9 = _configs("fcclplus_figure9", "quick")
+  assert {k: c.fcclplus.fntd_teacher for k, c in figure9.items()} == {
+      "after_collaborative": "after_collaborative", "fcclplus": "previous_local"}
+  for scale in tables.SCALES:   # the rows shared with Tables X and VIII/IX are their cells
+    assert _same_run(_configs("fcclplus_figure7", scale)["fccm_cifar100"],
+                     _configs("fcclplus_table10", scale, ["digits"])["fccm"])
+    assert _same_run(_configs("fcclplus_figure9", scale)["fcclplus"],
+                     _configs("fcclplus_digits", scale)["fcclplus"])
+  printed = tables.get_table("fcclplus_figure7").settings[0].paper["inter"]
+  assert {k: v["AVG"] for k, v in printed.items()} == {
+      "fccm_cifar100": 33.51, "fccm_tinyimagenet": 35.70, "fccm_fmnist": 36.82}
+  assert P.FCCLPLUS_TABLE10["inter"]["digits"]["fccm"][-1] == 33.51
+  assert P.FCCLPLUS_FIGURE9["intra"]["digits"]["fcclplus"] == \
+      P.FCCLPLUS_TABLE8_9["intra"]["digits"]["fcclplus"]
+
+
 def test_table16_ewc_rows_and_the_fml_and_rcfl_rows_of_fccl_tables_1_to_3():
   table16 = tables.get_table("fcclplus_table16")
   assert [s.key for s in table16.settings] == ["digits", "office31"]
@@ -232,7 +256,7 @@ AVG_SLIPS = {
 def test_transcribed_domain_tables_agree_with_their_averages():
   for name in ("FCCLPLUS_TABLE8_9", "FCCLPLUS_TABLE10", "FCCLPLUS_TABLE12", "FCCLPLUS_TABLE13",
                "FCCLPLUS_TABLE14", "FCCLPLUS_TABLE15", "FCCLPLUS_TABLE17", "FCCLPLUS_TABLE18",
-               "FCCLPLUS_TABLE19", "FCCL_TABLE1_2", "FCCL_TABLE3"):
+               "FCCLPLUS_TABLE19", "FCCLPLUS_FIGURE9", "FCCL_TABLE1_2", "FCCL_TABLE3"):
     for kind, scenarios in getattr(P, name).items():
       for scenario, rows in scenarios.items():
         n = len(P.DOMAINS[scenario])

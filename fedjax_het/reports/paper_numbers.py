@@ -385,6 +385,23 @@ FCCLPLUS_TABLE19: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     }},
 }
 
+# --- FCCL+ Fig. 7's table: FCCM with three public sets (Digits, inter-domain AVG only) ------
+# FCCM alone; its CIFAR-100 row (33.51) is Table X's Digits FCCM row.
+FCCLPLUS_FIGURE7: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
+    "inter": {"digits": {"fccm_cifar100": (33.51,), "fccm_tinyimagenet": (35.70,),
+                         "fccm_fmnist": (36.82,)}},
+}
+
+# --- FCCL+ Fig. 9's tables: the FNTD teacher T of Eq. 13 (Digits) ---------------------------
+# theta^{e-1} (the previous round's end-of-local model, FCCL+'s default: its Table VIII/IX
+# row) against theta^e (the model after this round's collaborative updating).
+FCCLPLUS_FIGURE9: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
+    "inter": {"digits": {"after_collaborative": (16.08, 20.25, 34.75, 45.95, 29.25),
+                         "fcclplus": (40.13, 50.53, 48.31, 63.00, 50.49)}},
+    "intra": {"digits": {"after_collaborative": (88.31, 73.11, 82.95, 95.58, 84.98),
+                         "fcclplus": (90.54, 86.92, 87.11, 97.72, 90.57)}},
+}
+
 # --- FCCL (CVPR 2022) Tables 1 (inter) and 2 (intra), CIFAR-100 public ----------------------
 # Digits (M, U, SV, SY) and Office-Home (A, C, P, R). Table 1 prints AVG, Table 2 does not.
 FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {

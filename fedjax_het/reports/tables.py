@@ -322,6 +322,16 @@ TABLE11_ROWS = tuple(
      FCCM_ALONE + ((("fcclplus.off_diagonal_weight", lam),) if lam != 0.0051 else ()))
     for key, lam in (("lambda0002", 0.002), ("lambda0051", 0.0051), ("lambda001", 0.01),
                      ("lambda005", 0.05), ("lambda01", 0.1)))
+FIGURE7_ROWS = tuple(
+    (f"fccm_{public}", f"FCCM, {name} public", FCCM_ALONE
+     + ((("scenario.public_name", public),) if public != "cifar100" else ()))
+    for public, name in (("cifar100", "CIFAR-100"), ("tinyimagenet", "Tiny-ImageNet"),
+                         ("fmnist", "Fashion-MNIST")))
+FIGURE9_ROWS = (
+    ("after_collaborative", "FNTD teacher θ^e (after this round's collaborative updating)",
+     (("fcclplus.fntd_teacher", "after_collaborative"),)),
+    ("fcclplus", "FNTD teacher θ^(e-1) (FCCL+)", ()),
+)
 TABLE13_ROWS = tuple(
     (f"{public}_{aug}", f"FISL, {name} public, {aug} augmentation",
      (("fcclplus.use_fccm", False),) + DUAL
@@ -700,6 +710,21 @@ def _build() -> dict[str, Table]:
              "the caption names Office31 too; the paper prints Digits only")))
   tables.append(_fcclplus_table18())
   tables.append(_fcclplus_table19())
+  tables.append(_fcclplus_ablation(
+      "fcclplus_figure7", "Fig. 7 (its table)", "FCCL+ Fig. 7: FCCM with three public sets",
+      numbers.FCCLPLUS_FIGURE7, FIGURE7_ROWS, ("digits",), kinds=("inter",), base=None,
+      notes=("FCCM alone (fcclplus.use_fisl=False) with the public set varied "
+             "(scenario.public_name); its CIFAR-100 row is Table X's FCCM row, in the paper "
+             "(33.51) and here (the same cells)", _DUAL_NOTE,
+             "the figure's table prints the inter-domain AVG only")))
+  tables.append(_fcclplus_ablation(
+      "fcclplus_figure9", "Fig. 9 (its tables)", "FCCL+ Fig. 9: the FNTD teacher",
+      numbers.FCCLPLUS_FIGURE9, FIGURE9_ROWS, ("digits",), kinds=("inter", "intra"),
+      base=None,
+      notes=("the teacher T of FNTD (Eq. 13): θ^(e-1), the participant's model at the end of "
+             "the previous round's local updating (FCCL+'s default, its Tables VIII/IX cell), "
+             "or θ^e, its model after this round's collaborative updating "
+             "(fcclplus.fntd_teacher=after_collaborative)",)))
   tables.append(_fccl_tables1_2())
   tables.append(_fccl_table3())
   tables.append(Table(
