@@ -8,6 +8,7 @@ from fedjax_het import grid
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError
+from fedjax_het.reports import document
 from fedjax_het.reports import paper_numbers as P
 from fedjax_het.reports import tables
 
@@ -141,6 +142,10 @@ def test_fcclplus_tables_18_and_19_backbones_and_local_epochs():
                    quick_overrides=(("b", 3),))
   assert (row.fields("paper"), row.fields("quick")) == ((("a", 1), ("b", 2)),
                                                          (("a", 1), ("b", 2), ("b", 3)))
+  # The rendered table names each field once, with the value the scale's config has.
+  setting = tables.get_table("fcclplus_table19").settings[0]
+  assert document._variant_text(setting, setting.rows[0], "quick") == (
+      "`digits.py:fcclplus_quick` with fcclplus.local_distillation='none', local.epochs=3")
 
 
 def test_fcclplus_figures_7_and_9_public_sets_for_fccm_and_the_fntd_teacher():

@@ -158,7 +158,7 @@ def runs_line(cells: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _variant_text(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) -> str:
-  fields = ", ".join(f"{k}={v!r}" for k, v in row.fields(scale))
+  fields = ", ".join(f"{k}={v!r}" for k, v in dict(row.fields(scale)).items())  # last wins
   if not (row.config or setting.config):
     return f"`{row.config_variant(scale)}`"
   return (f"`{pathlib.PurePath(row.config or setting.config).name}:{row.config_variant(scale)}`"
