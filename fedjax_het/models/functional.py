@@ -110,18 +110,7 @@ def apply_model(model: nn.Module, variables: Variables, images: jax.Array, *, tr
     In eval mode `new_variables` is `variables` itself; in train mode it is a
     new dict with the updated "batch_stats" (same pytree structure).
   """
-  _check_variables("apply_model", variables)
-  if not train:
-    features, logits = _maybe_jit(_apply_eval_jit, _apply_eval, model, variables, images)
-    return features, logits, variables
-  if rng is None and getattr(model, "needs_dropout_rng", False):
-    raise ValueError(f"apply_model: {type(model).__name__} uses dropout in train mode; pass "
-                     f"`rng` (a PRNG key) when train=True.")
-  features, logits, batch_stats = _maybe_jit(_apply_train_jit, _apply_train, model, variables,
-                                             images, rng, mask)
-  new_variables = dict(variables)
-  new_variables["batch_stats"] = batch_stats
-  return features, logits, new_variables
+  return _apply("apply_model", model, variables, images, train, rng, mask, with_trunk=False)
 
 
 def apply_model_with_trunk(model: nn.Module, variables: Variables, images: jax.Array, *,
@@ -141,30 +130,31 @@ def apply_model_with_trunk(model: nn.Module, variables: Variables, images: jax.A
   Raises:
     ValueError: a model without a `trunk` submodule (the zoo's `Classifier`s have one).
   """
-  _check_variables("apply_model_with_trunk", variables)
   if not isinstance(getattr(model, "trunk", None), nn.Module):
     raise ValueError(f"apply_model_with_trunk: needs a model with a `trunk` submodule (the "
                      f"zoo's Classifier), got {type(model).__name__}.")
-  if train and rng is None and getattr(model, "needs_dropout_rng", False):
-    raise ValueError(f"apply_model_with_trunk: {type(model).__name__} uses dropout in train "
-                     f"mode; pass `rng` (a PRNG key) when train=True.")
-  rngs = {"dropout": rng} if (train and rng is not None) else {}
-  kwargs = {"mask": mask} if (train and mask is not None) else {}
-  compute_variables, images = _in_compute_dtype(model, variables, images)
+  features, logits, new_variables, feature_map = _apply(
+      "apply_model_with_trunk", model, variables, images, train, rng, mask, with_trunk=True)
+  return feature_map, features, logits, new_variables
 
-  def is_trunk(module, method_name):
-    return method_name == "__call__" and module.scope.path == ("trunk",)
 
-  (features, logits), updates = model.apply(
-      compute_variables, images, train=train, rngs=rngs, capture_intermediates=is_trunk,
-      mutable=["batch_stats", "intermediates"] if train else ["intermediates"], **kwargs)
-  feature_map = updates["intermediates"]["trunk"]["__call__"][0]
-  new_variables = variables
-  if train:
-    new_variables = dict(variables)
-    new_variables["batch_stats"] = dict(updates.get("batch_stats",
-                                                    variables.get("batch_stats", {})))
-  return (*_float32(feature_map, features, logits), new_variables)
+def _apply(fn: str, model: nn.Module, variables: Variables, images: jax.Array, train: bool,
+           rng: jax.Array | None, mask: jax.Array | None, *, with_trunk: bool) -> tuple:
+  """(features, logits, new_variables[, trunk feature map]) of `apply_model` and
+  `apply_model_with_trunk`, the jitted pass of the mode (cached per model)."""
+  _check_variables(fn, variables)
+  if not train:
+    features, logits, *trunk = _maybe_jit(_apply_eval_jit, _apply_eval, model, variables,
+                                          images, with_trunk)
+    return (features, logits, variables, *trunk)
+  if rng is None and getattr(model, "needs_dropout_rng", False):
+    raise ValueError(f"{fn}: {type(model).__name__} uses dropout in train mode; pass "
+                     f"`rng` (a PRNG key) when train=True.")
+  features, logits, batch_stats, *trunk = _maybe_jit(_apply_train_jit, _apply_train, model,
+                                                     variables, images, rng, mask, with_trunk)
+  new_variables = dict(variables)
+  new_variables["batch_stats"] = batch_stats
+  return (features, logits, new_variables, *trunk)
 
 
 def _in_compute_dtype(model, variables, images):
@@ -185,25 +175,46 @@ def _float32(*arrays):
   return tuple(a.astype(jnp.float32) for a in arrays)
 
 
-def _apply_eval(model, variables, images):
+def _is_trunk(module: nn.Module, method_name: str) -> bool:
+  """Flax `capture_intermediates` filter: the call of the model's `trunk` submodule."""
+  return method_name == "__call__" and module.scope.path == ("trunk",)
+
+
+def _trunk_capture(with_trunk: bool) -> tuple[list[str], dict[str, Any]]:
+  """(extra mutable collections, extra `apply` keywords) that capture the trunk's output."""
+  return (["intermediates"], {"capture_intermediates": _is_trunk}) if with_trunk else ([], {})
+
+
+def _trunk_output(updates: Any) -> tuple[jax.Array]:
+  return _float32(updates["intermediates"]["trunk"]["__call__"][0])
+
+
+def _apply_eval(model, variables, images, with_trunk=False):
   variables, images = _in_compute_dtype(model, variables, images)
-  return _float32(*model.apply(variables, images, train=False))
+  if not with_trunk:
+    return _float32(*model.apply(variables, images, train=False))
+  mutable, capture = _trunk_capture(with_trunk)
+  outputs, updates = model.apply(variables, images, train=False, mutable=mutable, **capture)
+  return _float32(*outputs) + _trunk_output(updates)
 
 
-def _apply_train(model, variables, images, rng, mask):
+def _apply_train(model, variables, images, rng, mask, with_trunk=False):
   rngs = {} if rng is None else {"dropout": rng}
   kwargs = {} if mask is None else {"mask": mask}
   compute_variables, images = _in_compute_dtype(model, variables, images)
+  mutable, capture = _trunk_capture(with_trunk)
   (features, logits), updates = model.apply(compute_variables, images, train=True, rngs=rngs,
-                                            mutable=["batch_stats"], **kwargs)
+                                            mutable=["batch_stats", *mutable], **capture,
+                                            **kwargs)
   features, logits = _float32(features, logits)
-  return features, logits, dict(updates.get("batch_stats", variables.get("batch_stats", {})))
+  batch_stats = dict(updates.get("batch_stats", variables.get("batch_stats", {})))
+  return (features, logits, batch_stats) + (_trunk_output(updates) if with_trunk else ())
 
 
-# Jitted once per model (modules hash by their fields): fast eager calls; a
+# Jitted once per model and trunk flag (modules hash by their fields): fast eager calls; a
 # no-op wrapper when called inside the caller's own jit/vmap/scan.
-_apply_eval_jit = jax.jit(_apply_eval, static_argnums=0)
-_apply_train_jit = jax.jit(_apply_train, static_argnums=0)
+_apply_eval_jit = jax.jit(_apply_eval, static_argnums=(0, 3))
+_apply_train_jit = jax.jit(_apply_train, static_argnums=(0, 5))
 
 
 def _maybe_jit(jitted, plain, model, *args):
