@@ -308,15 +308,16 @@ _DUAL_NOTE = ("rows without FNTD train locally with the conference version's obj
               "privately pretrained model; fcclplus.local_distillation=dual), as FCCL+ Sec. "
               "4.3 states")
 
+#: FCCM alone with the conference version's local objective (Table X's FCCM row).
+FCCM_ALONE = (("fcclplus.use_fisl", False),) + DUAL
+
 TABLE10_ROWS = (
     ("solo", "BASE (solo)", ()),
-    ("fccm", "FCCM", (("fcclplus.use_fisl", False),) + DUAL),
+    ("fccm", "FCCM", FCCM_ALONE),
     ("fisl", "FISL", (("fcclplus.use_fccm", False),) + DUAL),
     ("fccm_fisl", "FCCM + FISL", DUAL),
     ("fcclplus", "FCCM + FISL + FNTD (FCCL+)", ()),
 )
-#: FCCM alone with the conference version's local objective (Table X's FCCM row).
-FCCM_ALONE = (("fcclplus.use_fisl", False),) + DUAL
 TABLE11_ROWS = tuple(
     (key, f"FCCM, λ = {lam}" + (" (default)" if lam == 0.0051 else ""),
      FCCM_ALONE + ((("fcclplus.off_diagonal_weight", lam),) if lam != 0.0051 else ()))
