@@ -79,10 +79,15 @@ def _configs(table_id, scale, settings=None):
           for c in grid.plan(tables.get_table(table_id), scale, [0], settings=settings)}
 
 
+def _differing_fields(a, b):
+  """The dotted fields whose values differ between two flattened configs."""
+  return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
 def _same_run(a, b):
   """Whether two configs train the same run (their flattened fields but the name agree)."""
-  a, b = workdir_lib.flatten_config(a), workdir_lib.flatten_config(b)
-  return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} <= {"name"}
+  return _differing_fields(workdir_lib.flatten_config(a),
+                           workdir_lib.flatten_config(b)) <= {"name"}
 
 
 def test_fcclplus_tables_11_and_12_fccm_weight_and_tiny_imagenet_public_data():
@@ -364,10 +369,9 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
         with_dropout, without = configs[method], configs[f"{method}_nodropout"]
         assert with_dropout["models.dropout_rate"] == 0.2, (table_id, scale, method)
         assert without["models.dropout_rate"] == 0.0, (table_id, scale, method)
-        differ = {k for k in with_dropout.keys() | without.keys()
-                  if with_dropout.get(k) != without.get(k)}
+        differ = _differing_fields(with_dropout, without)
         assert differ == {"models.dropout_rate", "name"}, (table_id, scale, method, differ)
       mmd, trunk = configs["fedmmd"], configs["fedmmd_trunk"]
-      differ = {k for k in mmd.keys() | trunk.keys() if mmd.get(k) != trunk.get(k)}
+      differ = _differing_fields(mmd, trunk)
       assert differ == {"fedmmd.outputs", "name"}, (table_id, scale, differ)
       assert (mmd["fedmmd.outputs"], trunk["fedmmd.outputs"]) == ("features", "trunk")
