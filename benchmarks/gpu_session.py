@@ -33,7 +33,8 @@ than one 9-minute call holds: pick what fits). On one H200 the full config's
 cold and warm processes take about 375 s and the two torch loops about 110 s
 and 160 s (`--rounds 2`), over a 9-minute call: `--plan env,full,pytorch,table
 --full-skip-warm --torch-rounds 1` fits the engine's cold process and one
-steady round of each torch loop in one call. `--set` passes config
+steady round of each torch loop in one call; `--torch-flavours tuned,authors`
+times the tuned loop first, so a call cut short keeps the ratio the goal names. `--set` passes config
 overrides to the first-round and torch steps; the data come from `--data-dir`
 (`FEDJAX_HET_DATA_DIR`: digits.npz and public_cifar100_5000.npz; what is
 missing falls back to synthetic data, as in every run). The library's GPU
@@ -152,6 +153,9 @@ def main() -> None:
                       help="the full step runs the cold process only (no warm second one)")
   parser.add_argument("--torch-rounds", type=int, default=None,
                       help="steady rounds the pytorch step times per loop (default: --rounds)")
+  parser.add_argument("--torch-flavours", default="",
+                      help="comma-separated torch loops the pytorch step times, in this order "
+                           "(default: pytorch_reference.py's, authors then tuned)")
   parser.add_argument("--width", type=float, default=1.0, help="backbone width of the step rows")
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
   parser.add_argument("--step-rows", default="efficientnet_b0:gemm_taps,efficientnet_b0:xla,"
@@ -224,6 +228,7 @@ def main() -> None:
     torch_rounds = args.rounds if args.torch_rounds is None else args.torch_rounds
     session.run("pytorch", [python, str(HERE / "pytorch_reference.py"), "--config", args.config,
                             "--rounds", str(torch_rounds), "--skip-engine",
+                            *(["--flavours", args.torch_flavours] if args.torch_flavours else []),
                             "--out", str(out / "pytorch.json"), *overrides],
                 limit=LIMITS["pytorch"], env=env)
   if "table" in plan:

@@ -55,6 +55,11 @@ def test_the_one_call_speed_plan_passes_its_options_to_the_steps(tmp_path):
   full, torch = steps["full"]["command"], steps["pytorch"]["command"]
   assert "--skip-warm" in full and full[full.index("--rounds") + 1] == "2"
   assert torch[torch.index("--rounds") + 1] == "1"
+  assert "--flavours" not in torch  # pytorch_reference.py's own order unless asked
+  done = _run(tmp_path, "--plan", "pytorch", "--deadline-secs", "0",
+              "--torch-flavours", "tuned,authors")
+  command = json.loads((tmp_path / "session.json").read_text())["steps"]["pytorch"]["command"]
+  assert command[command.index("--flavours") + 1] == "tuned,authors"
   done = _run(tmp_path, "--plan", "full,pytorch", "--deadline-secs", "0", "--rounds", "3")
   assert done.returncode == 0, done.stderr
   steps = json.loads((tmp_path / "session.json").read_text())["steps"]
