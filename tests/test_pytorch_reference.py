@@ -107,6 +107,14 @@ def test_tiny_round_runs(flavour):
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), prev.parameters()))
 
 
+def test_each_flavour_sets_cudnn_search_for_itself():
+  sizes = ref.sizes_from_config(ref.load_config("digits_fcclplus_quick", TINY))
+  ref.TorchFCCLPlus(sizes, torch.device("cpu"), "tuned")
+  assert torch.backends.cudnn.benchmark
+  ref.TorchFCCLPlus(sizes, torch.device("cpu"), "authors")  # timed after tuned in one process
+  assert not torch.backends.cudnn.benchmark
+
+
 def test_runner_writes_json(tmp_path):
   out = tmp_path / "ref.json"
   report = ref.main(["--config=digits_fcclplus_quick", *[f"--set={s}" for s in TINY],
