@@ -34,8 +34,9 @@ cold and warm processes take about 375 s and the two torch loops about 110 s
 and 160 s (`--rounds 2`), over a 9-minute call: `--plan env,full,pytorch,table
 --full-skip-warm --torch-rounds 1` fits the engine's cold process and one
 steady round of each torch loop in one call; `--torch-flavours tuned,authors`
-times the tuned loop first, so a call cut short keeps the ratio the goal names. `--set` passes config
-overrides to the first-round and torch steps; the data come from `--data-dir`
+times the tuned loop first, so a call cut short keeps the ratio the goal names.
+`--set` passes config overrides to the first-round and torch steps; the data
+come from `--data-dir`
 (`FEDJAX_HET_DATA_DIR`: digits.npz and public_cifar100_5000.npz; what is
 missing falls back to synthetic data, as in every run). The library's GPU
 defaults apply (convolutions "gemm_taps", `config.xla_gpu_triton_gemm` off);

@@ -58,6 +58,7 @@ def test_the_one_call_speed_plan_passes_its_options_to_the_steps(tmp_path):
   assert "--flavours" not in torch  # pytorch_reference.py's own order unless asked
   done = _run(tmp_path, "--plan", "pytorch", "--deadline-secs", "0",
               "--torch-flavours", "tuned,authors")
+  assert done.returncode == 0, done.stderr
   command = json.loads((tmp_path / "session.json").read_text())["steps"]["pytorch"]["command"]
   assert command[command.index("--flavours") + 1] == "tuned,authors"
   done = _run(tmp_path, "--plan", "full,pytorch", "--deadline-secs", "0", "--rounds", "3")
