@@ -57,9 +57,10 @@ def test_markdown_layout_rows_run_and_not_run_with_the_papers_numbers():
   summary = ds.summarize(CELLS)
   paper = {"solo": {"a": 15.0, "b": 25.0, "AVG": 20.0}, "fedmd": {"a": 1.0, "AVG": 30.0},
            "fcclplus": {"a": 40.0, "b": 50.0, "AVG": 45.0}}
+  printed_delta = {"fedmd": 10.0, "fcclplus": 25.0}   # the paper's Δ column, as printed
   text = ds.markdown_table(summary, "inter", rows=[ROWS[0], ("fedmd", "FedMD"), ROWS[1]],
                            paper=paper, base="solo", domains=("a", "b"), show_diff=False,
-                           row_sources={"fedmd": "elsewhere"})
+                           row_sources={"fedmd": "elsewhere"}, paper_delta=printed_delta)
   assert text.splitlines() == [
       "| method | n | a | b | AVG | Δ vs BASE | paper's row |",
       "|---|---|---|---|---|---|---|",
@@ -70,13 +71,17 @@ def test_markdown_layout_rows_run_and_not_run_with_the_papers_numbers():
       "26.00 ± 1.41 (paper 45.00) | +9.50 (paper +25.00) |  |"]
   # In the paper's setting: AVG − paper; a subset of the paper's domains: no paper AVG.
   shown = ds.markdown_table(summary, "inter", rows=ROWS, paper=paper, base="solo",
-                            domains=("a", "b"), show_diff=True)
+                            domains=("a", "b"), show_diff=True, paper_delta=printed_delta)
   assert shown.splitlines()[0] == "| method | n | a | b | AVG | Δ vs BASE | AVG − paper |"
   assert shown.splitlines()[3].endswith("| +9.50 (paper +25.00) | -19.00 |")  # 26 - 45
   subset = ds.markdown_table(summary, "inter", rows=ROWS, paper=paper, base="solo",
-                             domains=("a", "b", "c"), show_diff=True)
+                             domains=("a", "b", "c"), show_diff=True, paper_delta=printed_delta)
   assert "(paper 20.00)" not in subset and "(paper 15.00)" in subset
   assert "(paper +" not in subset
+  # No printed Δ: ours alone, never one computed from the paper's AVGs.
+  alone = ds.markdown_table(summary, "inter", rows=ROWS, paper=paper, base="solo",
+                            domains=("a", "b"), show_diff=False)
+  assert alone.splitlines()[3].endswith("| 26.00 ± 1.41 (paper 45.00) | +9.50 |")
 
 
 def test_one_seed_shows_the_mean_and_no_base_no_delta():

@@ -10,7 +10,9 @@ standard deviation (ddof=1) over the seeds that finished (the mean alone with
 one seed), and Δ vs BASE: a row's AVG (mean over seeds) minus the base row's
 (BASE = solo in the papers). `render_setting` lays a setting out as the papers
 do: rows = methods, columns = participants, AVG, Δ vs BASE, with the paper's
-number beside each cell, and, in the paper's setting, AVG minus the paper's AVG.
+number beside each cell (beside our Δ, the Δ the paper prints, never one
+computed from its AVGs; none where it prints none), and, in the paper's
+setting, AVG minus the paper's AVG.
 Nothing here trains or reads files.
 """
 
@@ -82,7 +84,8 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
 def markdown_table(summary: Mapping[str, Any], kind: str, *, rows: Sequence[tuple[str, str]],
                    paper: Mapping[str, Mapping[str, float]], base: str | None,
                    domains: Sequence[str], show_diff: bool,
-                   row_sources: Mapping[str, str] | None = None) -> str:
+                   row_sources: Mapping[str, str] | None = None,
+                   paper_delta: Mapping[str, float] | None = None) -> str:
   """One kind's table.
 
   Args:
@@ -95,6 +98,8 @@ def markdown_table(summary: Mapping[str, Any], kind: str, *, rows: Sequence[tupl
       columns are exactly these.
     show_diff: add "AVG − paper" (the runs are in the paper's setting).
     row_sources: {row: text} where a row's paper numbers have their own source.
+    paper_delta: {row: the Δ vs BASE the paper prints} for this kind; a row
+      without one (or None: the paper prints no Δ) shows our Δ alone.
 
   Returns:
     The markdown table: row, n, participants, AVG, [Δ vs BASE], [AVG − paper],
@@ -108,7 +113,7 @@ def markdown_table(summary: Mapping[str, Any], kind: str, *, rows: Sequence[tupl
   header = ["method", "n", *columns] + (["Δ vs BASE"] if with_delta else []) + (
       ["AVG − paper"] if show_diff else []) + (["paper's row"] if sources else [])
   lines = [common.markdown_row(header), common.markdown_rule(len(header))]
-  paper_base = paper.get(base, {}) if base else {}
+  paper_delta = paper_delta or {}
   for key, label in rows:
     numbers = summary["rows"].get(key, {}).get(kind, {})
     printed = paper.get(key, {})
@@ -122,14 +127,13 @@ def markdown_table(summary: Mapping[str, Any], kind: str, *, rows: Sequence[tupl
       else:
         cells.append("–" if reference is None else f"– (paper {reference:.2f})")
     if with_delta:
-      paper_delta = (printed["AVG"] - paper_base["AVG"]
-                     if full and "AVG" in printed and "AVG" in paper_base else None)
+      printed_delta = paper_delta.get(key) if full else None
       if key == base:
         cells.append("-")
       elif kind in summary["delta"].get(key, {}):
-        cells.append(common.format_delta(summary["delta"][key][kind], paper_delta))
+        cells.append(common.format_delta(summary["delta"][key][kind], printed_delta))
       else:
-        cells.append("–" if paper_delta is None else f"– (paper {paper_delta:+.2f})")
+        cells.append("–" if printed_delta is None else f"– (paper {printed_delta:+.2f})")
     if show_diff:
       ours = numbers.get("AVG")
       cells.append(f"{ours['mean'] - printed['AVG']:+.2f}"
@@ -151,7 +155,8 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
     show_diff: the runs are in the paper's setting (adds AVG − paper).
 
   Returns:
-    (markdown, {"summary", "paper"}).
+    (markdown, {"summary", "paper"[, "paper_delta"]}): "paper_delta" is the
+    setting's printed Δ vs BASE, {kind: {row: Δ}}, where the paper prints one.
   """
   domains = paper_numbers.DOMAINS.get(setting.scenario, ())
   results = {r.key: {s: c["results"] for s, c in cells.get(r.key, {}).items()}
@@ -164,9 +169,12 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
               markdown_table(summary, kind, rows=[(r.key, r.label) for r in setting.rows],
                              paper=setting.paper.get(kind, {}), base=table.base,
                              domains=domains, show_diff=show_diff,
-                             row_sources={r.key: r.source for r in setting.rows}), ""]
-  return "\n".join(parts).rstrip() + "\n", {"summary": summary,
-                                             "paper": dict(setting.paper)}
+                             row_sources={r.key: r.source for r in setting.rows},
+                             paper_delta=setting.paper_delta.get(kind, {})), ""]
+  numbers: dict[str, Any] = {"summary": summary, "paper": dict(setting.paper)}
+  if setting.paper_delta:
+    numbers["paper_delta"] = {kind: dict(rows) for kind, rows in setting.paper_delta.items()}
+  return "\n".join(parts).rstrip() + "\n", numbers
 
 
 def figure(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Mapping[str, Any]]],

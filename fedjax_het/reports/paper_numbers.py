@@ -35,9 +35,7 @@ DOMAINS = {
 # Public data CIFAR-100, mean accuracy (%) of the last three communication rounds. A printed
 # AVG within 0.01 of its row's mean is the paper's usual truncation, not noted. Each row:
 # the domains of DOMAINS in order, then AVG, as printed. Every number of the four scenarios x
-# seven methods could be read. The printed Δ column is not stored: the Δ shown is AVG - BASE
-# AVG, which equals the printed Δ except for FCCL inter on Office-Caltech (printed -3.07, the
-# AVGs give -2.06) and on Office-Home (printed +7.49, the AVGs give +7.57). Printed AVGs that
+# seven methods could be read. The printed Δ column is FCCLPLUS_TABLE8_9_DELTA. Printed AVGs that
 # differ from the mean of their row's domains by more than rounding are kept: Digits intra
 # FedDF 83.38 (domains: 82.89), FedMatch 82.69 (82.51), FCCL 85.69 (85.76); Office31 inter
 # FedDF 28.96 (28.95). The Digits and Office-Home rows of BASE, FedMD, FedDF, FedMatch and
@@ -121,6 +119,33 @@ FCCLPLUS_TABLE8_9: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     },
 }
 
+#: FCCL+ Tables VIII/IX's printed Δ column ("Δ", the row's AVG minus BASE's): {kind: {scenario:
+#: {row: Δ}}}, the rows after BASE (printed "-") in the table's order, as printed. Each equals
+#: AVG - BASE AVG of FCCLPLUS_TABLE8_9 except FCCL inter on Office-Caltech (printed -3.07, the
+#: AVGs give -2.06) and on Office-Home (printed +7.49, the AVGs give +7.57).
+FCCLPLUS_TABLE8_9_DELTA: dict[str, dict[str, dict[str, float]]] = {
+    "inter": {  # Table VIII
+        "digits": {"fedmd": 0.70, "feddf": 4.75, "fedmatch": 0.90, "rhfl": 8.38,
+                   "fccl": 7.83, "fcclplus": 24.81},
+        "office_caltech": {"fedmd": 0.03, "feddf": -4.29, "fedmatch": -5.12, "rhfl": -5.36,
+                           "fccl": -3.07, "fcclplus": 3.33},
+        "office31": {"fedmd": 5.35, "feddf": 1.24, "fedmatch": 3.73, "rhfl": -1.91,
+                     "fccl": 5.80, "fcclplus": 9.49},
+        "office_home": {"fedmd": 3.13, "feddf": 1.51, "fedmatch": 4.03, "rhfl": 0.80,
+                        "fccl": 7.49, "fcclplus": 7.62},
+    },
+    "intra": {  # Table IX
+        "digits": {"fedmd": 7.56, "feddf": 10.24, "fedmatch": 9.55, "rhfl": 15.21,
+                   "fccl": 12.55, "fcclplus": 17.43},
+        "office_caltech": {"fedmd": -4.82, "feddf": -8.10, "fedmatch": -3.29, "rhfl": -2.82,
+                           "fccl": -1.22, "fcclplus": -0.63},
+        "office31": {"fedmd": -1.12, "feddf": -1.35, "fedmatch": -1.03, "rhfl": -2.46,
+                     "fccl": 0.31, "fcclplus": 0.55},
+        "office_home": {"fedmd": 1.25, "feddf": 0.87, "fedmatch": 9.26, "rhfl": 3.91,
+                        "fccl": 9.30, "fcclplus": 9.17},
+    },
+}
+
 # --- FCCL+ Table X: ablation of FCCM, FISL and FNTD (Digits, Office31; CIFAR-100 public) ----
 # The extracted text lost the table's check marks; the rows are, in order (FCCL+ Sec. 4.3 and
 # the numbers themselves): none (BASE), FCCM, FISL, FCCM + FISL, FCCM + FISL + FNTD. The FISL
@@ -128,8 +153,10 @@ FCCLPLUS_TABLE8_9: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
 # the FCCM row equals Table VIII's FCCL row. Printed as is: the Digits BASE AVG reads 26.68
 # (its domains give 25.685, Table VIII prints 25.68) and the printed Δs are taken from 26.68;
 # the Office31 FCCM + FISL + FNTD row (30.95 32.77 45.38 36.36) is not Table VIII's FCCL+ row
-# (31.87 35.16 44.62 37.21). Printed Δ per row in FCCLPLUS_TABLE10_DELTA; each equals AVG -
-# BASE AVG except Office31 intra FCCM + FISL + FNTD, printed +0.51 where the AVGs give +0.55.
+# (31.87 35.16 44.62 37.21). The printed Δ column is FCCLPLUS_TABLE10_DELTA ({kind: {scenario:
+# {row: Δ}}}, the rows after BASE, printed "-"); each equals AVG - BASE AVG except Office31
+# intra FCCM + FISL + FNTD, printed +0.51 where the AVGs give +0.55 (Table IX prints +0.55 for
+# the same AVGs).
 FCCLPLUS_TABLE10: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {
         "digits": {
@@ -212,10 +239,11 @@ FCCLPLUS_TABLE14: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
 }
 
 # --- FCCL+ Table XV: model homogeneity (ResNet12 for every participant) ----------------------
-# Rows as printed; MOON has two rows, labelled tau = 5 and tau = 1. Printed Δ per row in
-# FCCLPLUS_TABLE15_DELTA; each equals AVG - BASE AVG except Digits intra MOON (tau = 1),
-# printed +1.35 where the AVGs give +0.35. Printed AVGs are the mean of their row's domains
-# to within 0.01 (most are truncated, not rounded) except Office31 inter FCCL+ 66.69 (its
+# Rows as printed; MOON has two rows, labelled tau = 5 and tau = 1. The printed Δ column is
+# FCCLPLUS_TABLE15_DELTA ({kind: {scenario: {row: Δ}}}, the rows after BASE, printed "-"); each
+# equals AVG - BASE AVG except Digits intra MOON (tau = 1), printed +1.35 where the AVGs give
+# +0.35 (FedProc Office31 inter is printed "+ 16.00"). Printed AVGs are the mean of their row's
+# domains to within 0.01 (most are truncated, not rounded) except Office31 inter FCCL+ 66.69 (its
 # domains give 66.29; its printed Δ +36.47 follows 66.69).
 FCCLPLUS_TABLE15: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {
@@ -326,7 +354,7 @@ FCCLPLUS_TABLE11: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
 
 # --- FCCL+ Table XII: Digits with Tiny-ImageNet as the public data ---------------------------
 # M, U, SV, SY, AVG as printed. FedDF is printed as "/" (an optimisation dilemma): no row. The
-# BASE row is Table VIII/IX's (BASE uses no public data).
+# BASE row is Table VIII/IX's (BASE uses no public data). The table prints no Δ column.
 FCCLPLUS_TABLE12: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {"digits": {
         "solo": (15.29, 13.91, 39.24, 34.30, 25.68),
@@ -403,7 +431,8 @@ FCCLPLUS_FIGURE9: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
 }
 
 # --- FCCL (CVPR 2022) Tables 1 (inter) and 2 (intra), CIFAR-100 public ----------------------
-# Digits (M, U, SV, SY) and Office-Home (A, C, P, R). Table 1 prints AVG, Table 2 does not.
+# Digits (M, U, SV, SY) and Office-Home (A, C, P, R). Table 1 prints AVG, Table 2 does not;
+# neither prints a Δ column.
 FCCL_TABLE1_2: dict[str, dict[str, dict[str, tuple[float, ...]]]] = {
     "inter": {  # Table 1: domains, AVG
         "digits": {
