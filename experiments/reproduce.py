@@ -1,7 +1,7 @@
 """Reproduces a paper's table: every cell (row x seed x setting) one resumable run.
 
   python experiments/reproduce.py --list [--table=<id>]
-  python experiments/reproduce.py --table=<id> [--scale=quick|paper] [--seeds=0,1,2] \\
+  python experiments/reproduce.py --table=<id> [--scale=quick|mid|paper] [--seeds=0,1,2] \\
       [--methods=<row>,...] [--settings=<setting>,...] [--set field=value ...] \\
       [--results-dir=results] [--dry-run]
   python experiments/reproduce.py --table=<id> [--scale=...] --report
@@ -19,7 +19,9 @@ layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20). The registry is
 Each cell trains into results/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
 <setting>__ in front in a table of several settings) through the ordinary trainers, with
 the row's config at the scale (--scale=quick: the `_quick` configs, minutes on a CPU;
-paper: the paper's configs), config.seed = s and the --set overrides. A rerun skips
+mid: the `_mid` configs of the FCCL+ tables, the authors' code protocol on width-1/8
+backbones for 40 rounds, about an hour a cell on a 2-core CPU; paper: the paper's
+configs), config.seed = s and the --set overrides. A rerun skips
 finished cells and resumes an interrupted one from its checkpoints. A cell that is the same
 run as a finished cell of another table (the same config and seed: the BASE rows shared by
 FCCL's and FCCL+'s tables, GLFC's quick cells at T = 5 / 20) is copied from it, its
@@ -72,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--table", default=None, help="table id(s), comma-separated")
   parser.add_argument("--queue", default=None,
                       help=f"a prepared order of cells: {', '.join(tables_lib.QUEUES)}")
-  parser.add_argument("--scale", default="quick", help="quick (default) or paper")
+  parser.add_argument("--scale", default="quick",
+                      help="quick (default), mid (the FCCL+ tables) or paper")
   parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
   parser.add_argument("--methods", default=None, help="the rows to run (default: all)")
   parser.add_argument("--settings", default=None,
@@ -128,8 +131,9 @@ def _cells(args: argparse.Namespace) -> list[grid.Cell]:
 
 def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
                 results_dir: pathlib.Path, echo: Callable[[str], None]) -> None:
-  """Every table id, its rows' configs and each cell's status at both scales ("- (a copy is
-  ready)": another table holds the same run finished, so training the cell copies it)."""
+  """Every table id, its rows' configs and each cell's status at each scale ("- (a copy is
+  ready)": another table holds the same run finished, so training the cell copies it; "n/a":
+  the table has no configs at that scale)."""
   for table in tables:
     echo(f"{table.id}: {table.title} [{table.family}]")
     echo(f"  paper: {table.paper}, {table.source}")
@@ -137,7 +141,7 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
     for setting in table.settings:
       for row in setting.rows:
         found = set()
-        for scale in tables_lib.SCALES:
+        for scale in table.scales:
           probe = tables_lib.cell_dir(results_dir, table, setting, row, 0, scale)
           prefix = probe.name.rsplit("seed", 1)[0] + "seed"
           if probe.parent.is_dir():
@@ -146,6 +150,9 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
         for seed in sorted(set(seeds) | found):
           statuses = []
           for scale in tables_lib.SCALES:
+            if scale not in table.scales:
+              statuses.append("n/a")
+              continue
             cell = grid.Cell(table, setting, row, seed, scale)
             path, config = cell.directory(results_dir), grid.cell_config(cell)
             status = grid.cell_status(path, config) if path.exists() else "-"
@@ -156,9 +163,9 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
               " +" + ",".join(f"{k}={v!r}" for k, v in row.overrides) if row.overrides else "")
           rows.append((tables_lib.cell_name(table, setting, row, seed), *statuses, config))
     width = max(len(r[0]) for r in rows)
-    echo(f"  {'cell':<{width}}  {'quick':<24}  {'paper':<24}  config (paper scale)")
-    for name, quick, paper, config in rows:
-      echo(f"  {name:<{width}}  {quick:<24}  {paper:<24}  {config}")
+    echo(f"  {'cell':<{width}}  {'quick':<24}  {'mid':<24}  {'paper':<24}  config (paper scale)")
+    for name, quick, mid, paper, config in rows:
+      echo(f"  {name:<{width}}  {quick:<24}  {mid:<24}  {paper:<24}  {config}")
 
 
 def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,

@@ -21,7 +21,7 @@ import ml_collections
 
 from fedjax_het import algorithms, trace_cache, validation
 from fedjax_het.cil import stream as cil_stream
-from fedjax_het.data.scenarios import OFFICE_TESTS
+from fedjax_het.data.scenarios import OFFICE_TESTS, PUBLIC_NORMALIZATIONS
 from fedjax_het.engine import programs, xla_cpu, xla_gpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
@@ -116,6 +116,9 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   c.scenario.test_size = 0               # 0 -> full test sets
   c.scenario.public_name = "cifar100"
   c.scenario.public_size = 5000
+  # The public images' normalisation: "library" (CIFAR-100's statistics; Fashion-MNIST ImageNet's)
+  # or "fcclplus_code" (the FCCL+ code's: CIFAR-100 with Tiny-ImageNet's statistics).
+  c.scenario.public_normalization = "library"
   # scenario.office_test ("held_out" | "whole_domain"): declared by the Office configs
   # (experiments/configs/office.py) only, so other runs' configs stay as they were.
   # scenario.name="partitioned": one labelled dataset split over many clients.
@@ -220,6 +223,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check(config, "scenario.test_size", int_at_least(0), "an integer >= 0 (0: full test sets)")
   check(config, "scenario.public_name", choice(PUBLIC_SETS), f"one of {PUBLIC_SETS}")
   check(config, "scenario.public_size", int_at_least(0), "an integer >= 0")
+  check(config, "scenario.public_normalization", choice(PUBLIC_NORMALIZATIONS),
+        f"one of {PUBLIC_NORMALIZATIONS}")
   for domain in config.scenario.get("private_sizes", {}):
     check(config, f"scenario.private_sizes.{domain}", int_at_least(1),
           "an integer >= 1 (every participant trains on private data)")

@@ -63,7 +63,8 @@ def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
       synthetic_fallback=bool(sc.synthetic_fallback),
       private_sizes=dict(sc.private_sizes) or None, test_size=int(sc.test_size) or None,
       public_name=sc.public_name, public_size=int(sc.public_size), seed=int(config.seed),
-      domains=tuple(sc.domains) or None, office_test=sc.get("office_test", "held_out"))
+      domains=tuple(sc.domains) or None, office_test=sc.get("office_test", "held_out"),
+      public_normalization=sc.public_normalization)
 
 
 def _size_field(config: ml_collections.ConfigDict, domain: str) -> str:

@@ -103,9 +103,9 @@ def plan(table: tables_lib.Table, scale: str, seeds: Sequence[int],
          ) -> list[Cell]:
   """The table's cells in training order: seeds, then settings, then rows (a complete
   table for the first seed before the next seed's cells)."""
-  if scale not in tables_lib.SCALES:
-    raise ConfigError(f"--scale={scale!r} is not allowed; allowed scales: "
-                      f"{', '.join(tables_lib.SCALES)}.")
+  if scale not in table.scales:
+    raise ConfigError(f"--scale={scale!r} is not allowed for table {table.id}; allowed scales: "
+                      f"{', '.join(table.scales)}.")
   known = [s.key for s in table.settings]
   unknown = [s for s in settings or () if s not in known]
   if unknown:

@@ -100,6 +100,11 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     # the CIFAR stem at 32 px), the values of the recorded CIFAR-100 runs.
     "scenario.image_size": (0, 32),
     "models.stem": ("auto", "cifar"),
+    # The FCCL+ code protocol's switches, at the library's behaviour of the recorded runs.
+    "scenario.public_normalization": ("library",),
+    "fcclplus.fccm_eps": (1e-6,),
+    "fcclplus.feature_pass": ("shared",),
+    "fccl.fccm_eps": (1e-6,),
 }
 
 

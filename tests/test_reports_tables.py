@@ -29,18 +29,17 @@ def test_the_issues_table_ids_are_registered():
     tables.get_table("nope")
 
 
-def test_every_cell_builds_a_valid_config_at_both_scales():
+def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
   for table in tables.TABLES.values():
-    for scale in tables.SCALES:
+    assert set(table.scales) <= set(tables.SCALES) and {"quick", "paper"} <= set(table.scales)
+    for scale in table.scales:
       names = set()
       for cell in grid.plan(table, scale, [0, 1]):
         config = grid.cell_config(cell)
-        if table.family == "class_incremental":
-          validate_config(config)
-        else:
-          validate_config(config)
+        validate_config(config)
         assert config.seed == cell.seed and config.name.endswith(f"_seed{cell.seed}")
         assert config.name.endswith(f"quick_seed{cell.seed}") == (scale == "quick")
+        assert config.name.endswith(f"mid_seed{cell.seed}") == (scale == "mid")
         for field, value in dict(cell.row.fields(scale)).items():   # the last value wins
           node = config
           for part in field.split("."):
@@ -356,9 +355,12 @@ def test_rows_and_settings_are_selected_by_name():
                                       "fcclplus_table15/quick/office31__fedavg__seed0"]
   with pytest.raises(ConfigError, match="--settings: unknown setting"):
     grid.plan(table, "quick", [0], settings=["home"])
-  with pytest.raises(ConfigError, match="--scale='full' is not allowed; allowed scales: "
-                     "quick, paper"):
+  with pytest.raises(ConfigError, match="--scale='full' is not allowed for table "
+                     "fcclplus_table15; allowed scales: quick, mid, paper"):
     grid.plan(table, "full", [0])
+  with pytest.raises(ConfigError, match="--scale='mid' is not allowed for table "
+                     "fedmmd_mnist_shards; allowed scales: quick, paper"):
+    grid.plan(tables.get_table("fedmmd_mnist_shards"), "mid", [0])
   assert tables.two_stream_variant("fedfusion_conv", "permuted", quick=True) == \
       "fedfusion_permuted_conv_quick"
   assert tables.two_stream_variant("fedavg", "shards") == "fedavg_shards"
@@ -372,7 +374,7 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
         "fedmmd_trunk"]
     assert any("no-dropout rows" in note for note in table.settings[0].notes)
     assert any("conv-trunk row" in note for note in table.settings[0].notes)
-    for scale in tables.SCALES:
+    for scale in table.scales:
       configs = {cell.row.key: workdir_lib.flatten_config(grid.cell_config(cell))
                  for cell in grid.plan(table, scale, [0])}
       for method in ("fedavg", "fedmmd"):

@@ -184,20 +184,20 @@ def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
   block = lines[start:start + 12]
   assert block[1] == "  paper: FCCL+ (Huang et al., TPAMI 2023), Tables VIII (inter →) and IX " \
                      "(intra ↩)"
-  assert block[2].split() == ["cell", "quick", "paper", "config", "(paper", "scale)"]
-  assert block[3].split() == ["solo__seed0", "finished", "-", "digits.py:solo"]
-  assert block[4].split() == ["solo__seed1", "finished", "-", "digits.py:solo"]
+  assert block[2].split() == ["cell", "quick", "mid", "paper", "config", "(paper", "scale)"]
+  assert block[3].split() == ["solo__seed0", "finished", "-", "-", "digits.py:solo"]
+  assert block[4].split() == ["solo__seed1", "finished", "-", "-", "digits.py:solo"]
   assert block[5].split()[:6] == ["fedmd__seed0", "partial", "(round", "2", "of", "5)"]
   assert "fccl__seed0" in block[9] and "+fccl.own_slot='current'" in block[9]
   assert reproduce.main(["--list", "--table=fedfusion_table1", f"--results-dir={tmp_path}"]) == 0
   out = capsys.readouterr().out
-  assert out.splitlines()[3].split() == ["mnist_permuted__fedavg__seed0", "-", "-",
+  assert out.splitlines()[3].split() == ["mnist_permuted__fedavg__seed0", "-", "n/a", "-",
                                          "mnist.py:fedavg_permuted"]
   # FCCL Tables 1/2's BASE on Digits is the finished FCCL+ BASE cell: a copy is ready.
   assert reproduce.main(["--list", "--table=fccl_tables1_2", f"--results-dir={tmp_path}"]) == 0
   rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
   assert rows[0][:6] == ["digits__solo__seed0", "-", "(a", "copy", "is", "ready)"]
-  assert rows[1][:3] == ["digits__fedmd__seed0", "-", "-"]
+  assert rows[1][:4] == ["digits__fedmd__seed0", "-", "n/a", "-"]
 
 
 def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
@@ -205,7 +205,10 @@ def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
   for argv, message in [
       (["--table=nope"], "error: --table='nope' is not allowed; allowed tables: "),
       (["--table=fcclplus_digits", "--scale=full"], "error: --scale='full' is not allowed; "
-                                                    "allowed scales: quick, paper."),
+                                                    "allowed scales: quick, mid, paper."),
+      (["--table=fedmmd_mnist_shards", "--scale=mid"],
+       "error: --scale='mid' is not allowed for table fedmmd_mnist_shards; allowed scales: "
+       "quick, paper."),
       (["--table=fcclplus_digits", "--seeds=0,x"], "error: --seeds must be comma-separated "
                                                    "integers (e.g. 0,1,2), got '0,x'."),
       (["--table=fcclplus_digits", "--methods=solo,fedavg"],

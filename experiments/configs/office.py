@@ -15,7 +15,8 @@ office_caltech10.npz, see "Data"):
       --config.scenario.sources.real_world="folder:/data/OfficeHome/Real World"
   python experiments/train.py --config=experiments/configs/office.py:office31_fedavg_quick
 
-Variants (the part after "office.py:" or "office_"): <scenario>_<method>[_homogeneous][_quick]
+Variants (the part after "office.py:" or "office_"):
+<scenario>_<method>[_homogeneous][_code|_mid|_quick]
   scenario    caltech (Office-Caltech-10, 10 classes), office31 (31 classes),
               home (Office-Home, 65 classes)
   method      the methods of experiments/configs/digits.py, set up the same way:
@@ -30,6 +31,11 @@ Variants (the part after "office.py:" or "office_"): <scenario>_<method>[_homoge
               per participant, 2 public epochs per round, constant Adam 1e-3 without weight
               decay (the code's Office-Home arguments; its backbones there are ResNet18 for
               all four, the scenario's Table VI backbones are kept here)
+  _code       the FCCL+ authors' code protocol (digits.py `code_protocol_settings`: the code's
+              batches, epochs and omega per scenario, whole-domain test sets, public CIFAR-100
+              with Tiny-ImageNet's statistics, FCCM without epsilon, a second feature pass)
+  _mid        the mid scale (digits.py `mid_settings`): the code protocol on width-1/8
+              backbones, 40 rounds; office31 fcclplus mid: about 97 s a round on a 2-core CPU
   _quick      narrow backbones (width 1/8), 5 rounds of 5 local epochs, public set 1024,
               test sets capped at 300 images per domain (Office-Home: private sets of a
               quarter of Table V). office31 fcclplus quick: 4 min 8 s on a 2-core CPU
@@ -137,9 +143,11 @@ def get_config(arg: str = "office31_fcclplus") -> ml_collections.ConfigDict:
   prefix, method, flags = parts[0], parts[1] if len(parts) > 1 else "", set(parts[2:])
   cvpr = arg == "home_fccl_cvpr"
   if (prefix not in SCENARIOS or method not in METHODS
-      or not (flags <= {"homogeneous", "quick"} or cvpr)):
-    raise ValueError(f"office config: expected <scenario>_<method>[_homogeneous][_quick] with "
-                     f"scenario in {tuple(SCENARIOS)} and method in {METHODS}, got {arg!r}.")
+      or not ((flags <= {"homogeneous", "quick", "mid", "code"}
+               and len(flags & {"quick", "mid", "code"}) <= 1) or cvpr)):
+    raise ValueError(f"office config: expected <scenario>_<method>[_homogeneous]"
+                     f"[_code|_mid|_quick] with scenario in {tuple(SCENARIOS)} and method in "
+                     f"{METHODS}, got {arg!r}.")
   scenario = SCENARIOS[prefix]
   c = base_config(method)
   c.name = f"office_{arg}"
@@ -158,6 +166,10 @@ def get_config(arg: str = "office31_fcclplus") -> ml_collections.ConfigDict:
   digits.method_settings(c, method, flags, num_participants=k)
   if cvpr:
     digits.fccl_cvpr_settings(c, private_epochs=CVPR_PRIVATE_EPOCHS, public_epochs=2)
+  if "code" in flags:
+    digits.code_protocol_settings(c, method, scenario)
+  if "mid" in flags:
+    digits.mid_settings(c, method, scenario)
   if "quick" in flags:
     digits.quick_settings(c, method)
     if "collaborative" in c:

@@ -43,6 +43,8 @@ the pretraining batch is `fccl.pretrain_batch_size` (0: `local.batch_size`).
 The conference protocol (the CVPR code: batch 512 in both phases, constant
 Adam 1e-3 without weight decay, 40 constant-rate pretraining epochs in batches
 of 256) is the `_cvpr` variant of `experiments/configs/digits.py` / `office.py`.
+`fccl.fccm_eps` is the epsilon on FCCM's column variances (default 1e-6, the
+library's guard against a constant column; the authors' code has none: 0).
 
 Reference: W. Huang, M. Ye, B. Du. Learn from Others and Be Yourself in
 Heterogeneous Federated Learning. CVPR 2022.
@@ -86,6 +88,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """FCCL's phases from `config.fccl`, `config.collaborative`, `config.local`."""
   cfg, col, loc = config.fccl, config.collaborative, config.local
   lam = float(cfg.off_diagonal_weight)
+  fccm_eps = float(cfg.fccm_eps)
   own_slot = common.check_choice("fccl.own_slot", cfg.own_slot, OWN_SLOTS)
   tau = float(cfg.distill_temperature)
   weight = float(cfg.local_distill_weight)
@@ -150,7 +153,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
         else:
           targets = jnp.broadcast_to(mean_current[None], z.shape)
         col_loss = jax.vmap(lambda zi, ti: losses.cross_correlation_loss(
-            logits=zi, target_logits=ti, off_diagonal_weight=lam))(z, targets)
+            logits=zi, target_logits=ti, off_diagonal_weight=lam, eps=fccm_eps))(z, targets)
         total = total + jnp.sum(jnp.where(active[group.name], col_loss, 0.0))
         metrics[group.name] = {"col": col_loss}
       return total, (metrics, stats)
@@ -254,6 +257,7 @@ def default_config() -> ml_collections.ConfigDict:
       "local": local.default_config(),
       "fccl": {
           "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda_Col, Eq. 2
+          "fccm_eps": losses.FCCM_EPS,   # on FCCM's column variances; the code's: 0
           "own_slot": "previous",
           "distill_temperature": 1.0,                              # tau, Eq. 4-5
           "local_distill_weight": 1.0,                             # lambda_Loc, Eq. 7
@@ -275,6 +279,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   validation.require_section(config, "fccl")
   v = validation
   v.check(config, "fccl.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fccl.fccm_eps", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fccl.own_slot", v.choice(OWN_SLOTS), f"one of {OWN_SLOTS}")
   v.check(config, "fccl.distill_temperature", v.positive, "a number > 0")
   v.check(config, "fccl.local_distill_weight", lambda x: x >= 0, "a number >= 0")

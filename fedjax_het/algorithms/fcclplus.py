@@ -24,8 +24,17 @@ Defaults follow the authors' code; every deviation is a config field:
   * both learning rates decay linearly: round r uses lr0 (1 - 0.9 max(r-1,0)/E).
   * the FNTD teacher runs in train mode (batch statistics) as in the code
     (`fcclplus.teacher_train_mode`).
-  * deviation: one forward pass yields features and logits (the code runs a
-    second forward for the features, updating BatchNorm statistics twice).
+  * `fcclplus.feature_pass`: "shared" (default; a deviation) takes the FISL features and
+    the FCCM logits from one train-mode forward pass; "separate" (the FCCL+ code's
+    `col_update`: `net(images)`, then `net.features(images)`) takes the features from a
+    second train-mode pass on the same batch, which starts from the BatchNorm statistics
+    the first pass updated (so they are updated twice per public batch) and draws its own
+    dropout mask (EfficientNet-B0's dropout on the pooled feature). Both passes carry
+    gradients; without dropout the second pass's features equal the first's, so the
+    gradient is the same and only the running statistics differ.
+  * `fcclplus.fccm_eps`: the epsilon added to each logit column's variance in FCCM's
+    standardisation (default 1e-6, the library's guard against a constant column); the
+    FCCL+ code has none (0).
   * ablations: `fcclplus.use_fisl=False` (FCCM only), `fcclplus.use_fccm=False` (FISL
     only; FCCL+ Table X's rows without FCCM), `fcclplus.local_distillation`
     in {"fntd", "kd" (CE + tau^2 KD, Eq. 10), "kd_then_fntd", "none", "dual", "ewc"};
@@ -103,6 +112,10 @@ from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_s
 from fedjax_het.losses import ewc as ewc_lib
 
 LOCAL_DISTILLATIONS = ("fntd", "kd", "kd_then_fntd", "none", "dual", "ewc")
+#: Where FISL's features come from: the FCCM forward pass, or a second pass (the code's).
+FEATURE_PASSES = ("shared", "separate")
+#: Folded into a public batch's key for the second ("separate") pass's dropout masks.
+FEATURE_PASS_KEY_STREAM = 0xFEA
 #: The teacher T of the local objective (FCCL+ Eq. 13-14, Fig. 9): theta^{e-1}, the model at
 #: the end of the previous round's local updating, or theta^e, the model after this round's
 #: collaborative updating.
@@ -132,6 +145,9 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   """FCCL+'s phases from `config.fcclplus`, `config.collaborative`, `config.local`."""
   cfg, col, loc = config.fcclplus, config.collaborative, config.local
   lam = float(cfg.off_diagonal_weight)
+  fccm_eps = float(cfg.fccm_eps)
+  separate_features = common.check_choice("fcclplus.feature_pass", cfg.feature_pass,
+                                          FEATURE_PASSES) == "separate"
   omega = float(cfg.fisl_weight)
   mu = float(cfg.fisl_temperature)
   tau = float(cfg.fntd_temperature)
@@ -194,6 +210,12 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
     def total_loss(params):
       features, logits, stats = common.public_forward(setup, state, params, images, key, ids)
+      if separate_features:  # the code's second train-mode pass: features, statistics again
+        updated = {"groups": {name: {"variables": {"batch_stats": s}}
+                              for name, s in stats.items()}}
+        features, _, stats = common.public_forward(
+            setup, updated, params, images, jax.random.fold_in(key, FEATURE_PASS_KEY_STREAM),
+            ids)
       similarity = jax.vmap(lambda h: losses.instance_similarity_matrix(features=h,
                                                                          temperature=mu))
       similarities = {name: similarity(h) for name, h in features.items()} if use_fisl else {}
@@ -203,7 +225,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       total, metrics = 0.0, {}
       for group in setup.groups:
         fccm = jax.vmap(lambda z: losses.cross_correlation_loss(
-            logits=z, target_logits=logits_target, off_diagonal_weight=lam))(logits[group.name])
+            logits=z, target_logits=logits_target, off_diagonal_weight=lam,
+            eps=fccm_eps))(logits[group.name])
         if use_fisl:
           fisl = jax.vmap(lambda s: losses.instance_similarity_loss(
               similarity=s, target_similarity=similarity_target))(similarities[group.name])
@@ -401,6 +424,8 @@ def default_config() -> ml_collections.ConfigDict:
       "local": local.default_config(),
       "fcclplus": {
           "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda, Eq. 2
+          "fccm_eps": losses.FCCM_EPS,   # on FCCM's column variances; the code's: 0
+          "feature_pass": "shared",      # FISL's features: "shared" | "separate" (the code's)
           "fisl_weight": 3.0,                                      # omega, Eq. 6
           "fisl_temperature": losses.FISL_TEMPERATURE,             # mu, Eq. 3
           "fntd_temperature": 3.0,                                 # tau: 3 Digits/Office31
@@ -435,6 +460,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   validation.require_section(config, "fcclplus")
   v = validation
   v.check(config, "fcclplus.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fcclplus.fccm_eps", lambda x: x >= 0, "a number >= 0")
+  v.check(config, "fcclplus.feature_pass", v.choice(FEATURE_PASSES), f"one of {FEATURE_PASSES}")
   v.check(config, "fcclplus.fisl_weight", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fcclplus.fisl_temperature", v.positive, "a number > 0")
   v.check(config, "fcclplus.fntd_temperature", v.positive, "a number > 0")

@@ -39,6 +39,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 #: The CIFAR-100 statistics of the FCCL code's public-data transforms.
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+#: Tiny-ImageNet's statistics, as the FCCL+ code writes them (its public CIFAR-100 uses them).
+TINYIMAGENET_MEAN = (0.4802, 0.4480, 0.3975)
+TINYIMAGENET_STD = (0.2770, 0.2691, 0.2821)
 
 _GREY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision / PIL
 

@@ -135,10 +135,17 @@ OFFICE_TESTS = ("held_out", "whole_domain")
 
 _TFDS_DOMAINS = {"mnist": "mnist", "svhn": "svhn_cropped"}
 _PUBLIC_NPZ = tuple(npz.PUBLIC_FILES)
-#: Public set -> normalisation statistics (as the FCCL code): CIFAR-100's for
+#: Public set -> normalisation statistics, `public_normalization="library"`: CIFAR-100's for
 #: CIFAR-100, Tiny-ImageNet and everything else; ImageNet's for Fashion-MNIST.
 _PUBLIC_STATS = {"fmnist": (augment.IMAGENET_MEAN, augment.IMAGENET_STD),
                  "tfds:fashion_mnist": (augment.IMAGENET_MEAN, augment.IMAGENET_STD)}
+#: `public_normalization="fcclplus_code"`: the FCCL+ code's statistics where they differ from
+#: the library's. Its `datasets/cifar100.py` normalises the public CIFAR-100 images with
+#: Tiny-ImageNet's mean and std (0.4802, 0.4480, 0.3975) / (0.2770, 0.2691, 0.2821); its
+#: Tiny-ImageNet (CIFAR-100's statistics) and Fashion-MNIST (ImageNet's) match the library's.
+_FCCLPLUS_CODE_PUBLIC_STATS = {"cifar100": (augment.TINYIMAGENET_MEAN, augment.TINYIMAGENET_STD)}
+#: How the public images are normalised (`build_scenario(public_normalization=...)`).
+PUBLIC_NORMALIZATIONS = ("library", "fcclplus_code")
 
 
 # ----------------------------------------------------------------------------
@@ -433,8 +440,14 @@ def _office_unavailable(name: str, spec: _Spec, failures: Sequence[tuple[str, st
 # ----------------------------------------------------------------------------
 
 
-def _public_stats(name: str) -> tuple[Stats, Stats]:
-  mean, std = _PUBLIC_STATS.get(name, (augment.CIFAR100_MEAN, augment.CIFAR100_STD))
+def _public_stats(name: str, normalization: str = "library") -> tuple[Stats, Stats]:
+  if normalization not in PUBLIC_NORMALIZATIONS:
+    raise ValueError(f"public_normalization={normalization!r}; allowed: "
+                     f"{PUBLIC_NORMALIZATIONS}.")
+  table = dict(_PUBLIC_STATS)
+  if normalization == "fcclplus_code":
+    table.update(_FCCLPLUS_CODE_PUBLIC_STATS)
+  mean, std = table.get(name, (augment.CIFAR100_MEAN, augment.CIFAR100_STD))
   return tuple(mean), tuple(std)
 
 
@@ -482,7 +495,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
                    domains: Sequence[str] | None = None,
                    homogeneous: bool = False,
                    tfds_data_dir: str | os.PathLike | None = None,
-                   office_test: str = "held_out") -> Scenario:
+                   office_test: str = "held_out",
+                   public_normalization: str = "library") -> Scenario:
   """Builds a domain-shift scenario of FCCL / FCCL+ (one client per domain by default).
 
   Scenarios, their domains and default sources (every default requests the
@@ -534,8 +548,11 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   "folder:<path>"; `public_size` images are drawn without replacement
   (public_size=0 gives an empty public set).
 
-  Normalisation: ImageNet statistics for private data; public data with the
-  CIFAR-100 statistics, except Fashion-MNIST (ImageNet), as the FCCL code.
+  Normalisation: ImageNet statistics for private data. Public data
+  (`public_normalization`): "library" (default) normalises every public set
+  with CIFAR-100's statistics, except Fashion-MNIST (ImageNet's); "fcclplus_code"
+  normalises CIFAR-100 with Tiny-ImageNet's statistics, as the FCCL+ code's
+  `datasets/cifar100.py` does (its other public sets match "library").
 
   Unavailable sources: by default a DataUnavailableError lists every missing
   domain and how to provide it. With `synthetic_fallback=True`, an
@@ -567,6 +584,7 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
     office_test: "held_out" or "whole_domain", see "Splits" (Office
       scenarios; Digits accepts "held_out" only). Recorded in
       `Scenario.office_test`.
+    public_normalization: "library" or "fcclplus_code", see "Normalisation".
 
   Returns:
     Scenario.
@@ -725,7 +743,7 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
       sources_used["public"] = f"synthetic(seed={seed}; substituted for {public_name!r})"
       substituted.append("public")
       public_stats_name = "synthetic"
-  public_mean, public_std = _public_stats(public_stats_name)
+  public_mean, public_std = _public_stats(public_stats_name, public_normalization)
   return Scenario(
       name=name + ("_homogeneous" if homogeneous else ""), num_classes=spec.num_classes,
       domains=client_domains, train=tuple(train), test=test, public=public,

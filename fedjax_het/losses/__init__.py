@@ -32,7 +32,7 @@ from fedjax_het.losses.baselines import (consensus_l1_loss, ensemble_distillatio
                                          prototype_contrastive_objective, proximal_term,
                                          restricted_softmax_logits, symmetric_cross_entropy)
 from fedjax_het.losses.common import sigmoid_binary_cross_entropy, softmax_cross_entropy
-from fedjax_het.losses.fccl import (FCCM_OFF_DIAGONAL_WEIGHT, FISL_TEMPERATURE,
+from fedjax_het.losses.fccl import (FCCM_EPS, FCCM_OFF_DIAGONAL_WEIGHT, FISL_TEMPERATURE,
                                     cross_correlation_loss, cross_correlation_matrix,
                                     dual_domain_distillation_loss, instance_similarity_loss,
                                     instance_similarity_matrix, knowledge_distillation_loss,
@@ -48,7 +48,7 @@ from fedjax_het.losses.mmd import (L2_REDUCTIONS, MMD_BANDWIDTHS, MMD_CODE_FLOOR
                                    two_stream_l2_loss)
 
 __all__ = [
-    "FCCM_OFF_DIAGONAL_WEIGHT", "FISL_TEMPERATURE", "L2_REDUCTIONS", "MMD_BANDWIDTHS",
+    "FCCM_EPS", "FCCM_OFF_DIAGONAL_WEIGHT", "FISL_TEMPERATURE", "L2_REDUCTIONS", "MMD_BANDWIDTHS",
     "MMD_CODE_FLOOR", "PROTOTYPE_NOISE_SCALE", "TASK_TRANSITION_THRESHOLD",
     "class_aware_gradient_compensation_loss", "class_semantic_relation_distillation_loss",
     "consensus_l1_loss", "cross_correlation_loss", "cross_correlation_matrix",

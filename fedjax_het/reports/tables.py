@@ -23,7 +23,11 @@ from fedjax_het.errors import ConfigError
 from fedjax_het.reports import paper_numbers as numbers
 
 FAMILIES = ("domain_shift", "partitioned", "class_incremental")
-SCALES = ("quick", "paper")
+#: quick: the `_quick` configs (narrow models, few rounds: minutes on a CPU); mid: the `_mid`
+#: configs (the code protocol's rounds, public steps and local epochs on width-1/8 backbones:
+#: about an hour a cell on a 2-core CPU; the tables whose configs have it, `Table.scales`);
+#: paper: the paper's configs.
+SCALES = ("quick", "mid", "paper")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,8 @@ class Row:
   def config_variant(self, scale: str) -> str:
     if scale == "quick":
       return self.quick_variant or f"{self.variant}_quick"
+    if scale == "mid":
+      return f"{self.variant}_mid"
     return self.variant
 
   def fields(self, scale: str) -> tuple[tuple[str, Any], ...]:
@@ -112,6 +118,7 @@ class Table:
     notes: what a reader needs about the whole table.
     kind_sources: domain shift: the paper's table of each kind, when the kinds
       come from different tables ({"inter": "Table VIII", ...}).
+    scales: the scales of `SCALES` whose configs the rows have.
   """
   id: str
   title: str
@@ -124,6 +131,7 @@ class Table:
   base: str | None = None
   notes: tuple[str, ...] = ()
   kind_sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  scales: tuple[str, ...] = ("quick", "paper")
 
   def setting(self, key: str) -> Setting:
     for setting in self.settings:
@@ -263,7 +271,7 @@ def _fcclplus_table8_9(scenario: str) -> Table:
       settings=(_ds_setting(scenario, rows,
                             _paper(numbers.FCCLPLUS_TABLE8_9, scenario, FCCLPLUS_METHODS),
                             deltas=numbers.FCCLPLUS_TABLE8_9_DELTA),),
-      notes=tuple(notes))
+      notes=tuple(notes), scales=SCALES)
 
 
 #: FCCL+ Table XV's rows: (key, method, homogeneous flag, overrides).
@@ -320,7 +328,8 @@ def _fcclplus_table15() -> Table:
              "the benchmark code does (fccl+/models/fccl.py, loc_update: "
              "copy_nets2_prevnets then aggregate_nets)",
              "the paper's Δ beside ours is the printed one: Digits intra MOON (τ = 1) prints "
-             "+1.35 where the printed AVGs give +0.35"))
+             "+1.35 where the printed AVGs give +0.35"),
+      scales=SCALES)
 
 
 def _fcclplus_ablation(table_id: str, source: str, title: str,
@@ -337,7 +346,7 @@ def _fcclplus_ablation(table_id: str, source: str, title: str,
                                 deltas=deltas))
   return Table(id=table_id, title=title, paper=FCCLPLUS, source=source,
                protocol=FCCLPLUS_PROTOCOL, family="domain_shift", settings=tuple(settings),
-               kinds=kinds, base=base, notes=tuple(notes))
+               kinds=kinds, base=base, notes=tuple(notes), scales=SCALES)
 
 
 #: The conference version's local objective (FCCL+ Eq. 19) for the rows without FNTD.
