@@ -125,7 +125,7 @@ def test_the_mid_scale_is_the_code_protocol_on_narrow_backbones_for_40_rounds():
   base = office.get_config("office31_solo_mid")  # each method's local schedule, alone
   assert (base.num_rounds, base.local.epochs, base.local.lr_decay) == (40, 20, 0.9)
   assert dict(digits.get_config("solo_mid").scenario.private_sizes) == {
-      "mnist": 138, "usps": 94, "svhn": 600, "syn": 400}
+      "mnist": 138, "usps": 94, "svhn": 384, "syn": 256}
 
 
 # --- the fields reach the run --------------------------------------------------------------------

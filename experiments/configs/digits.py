@@ -52,7 +52,7 @@ Variants (the part after "digits.py:" or "digits_"):
   <any of the above>_mid                the mid scale (`mid_settings`): the code protocol on
                                         width-1/8 backbones, 40 rounds of 20 local epochs, 20
                                         public steps of 256 a round, SVHN / SYN private sets
-                                        600 / 400, test sets of 1000; BASE 40 rounds of the same
+                                        384 / 256, test sets of 500; BASE 40 rounds of the same
                                         20 epochs: about an hour a cell on a 2-core CPU
   <any of the above>_quick              narrow backbones (width 1/8), 5 rounds, 5 local epochs
                                         (SOLO included: the same local budget), private
@@ -266,12 +266,13 @@ def code_protocol_settings(c: ml_collections.ConfigDict, method: str, scenario: 
 
 
 #: The mid scale's Digits private sizes: the code's MNIST and USPS sizes; SVHN and SYN (the
-#: embedded synthetic stand-ins when their data is absent) cut so that a 40-round cell of 20
-#: local epochs fits about an hour on a 2-core CPU (their local epochs cost 2.5 ms an image
-#: at width 1/8 there, the public phase about 35 s a round).
-MID_DIGITS_PRIVATE_SIZES = {"mnist": 138, "usps": 94, "svhn": 600, "syn": 400}
+#: embedded synthetic stand-ins when their data is absent) cut to 3 and 2 local batches of 128
+#: so that a 40-round cell of 20 local epochs fits about an hour on a 2-core CPU (their local
+#: steps cost about 2.5 ms an image at width 1/8 there; with 600 / 400 images and test sets
+#: of 1000 a round took 123 s).
+MID_DIGITS_PRIVATE_SIZES = {"mnist": 138, "usps": 94, "svhn": 384, "syn": 256}
 #: The mid scale's test sets per domain (0: whole): Digits' are capped, evaluated every round.
-MID_TEST_SIZE = {"digits": 1000}
+MID_TEST_SIZE = {"digits": 500}
 
 
 def mid_settings(c: ml_collections.ConfigDict, method: str, scenario: str) -> None:
