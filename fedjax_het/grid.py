@@ -38,6 +38,7 @@ import dataclasses
 import datetime
 import difflib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -341,6 +342,30 @@ def git_commit() -> tuple[str | None, bool]:
     return None, False
 
 
+#: The file beside a cell trained from a working tree with uncommitted changes: `git diff HEAD`
+#: of the tracked files outside results/, so the cell's commit plus this patch pins its code.
+PATCH_FILE = "patch.diff"
+
+
+def code_state(cell_dirs: Sequence[pathlib.Path]) -> dict[str, Any]:
+  """{"commit", "dirty"} of the code about to train, and with uncommitted changes the patch:
+  written as PATCH_FILE into every one of `cell_dirs`, its SHA-256 as "patch_sha256"."""
+  commit, dirty = git_commit()
+  state: dict[str, Any] = {"commit": commit, "dirty": dirty}
+  if not dirty:
+    return state
+  try:
+    patch = subprocess.run(["git", "diff", "--binary", "HEAD", "--", ".", ":(exclude)results"],
+                           cwd=REPO, capture_output=True, timeout=60, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return state
+  for cell_dir in cell_dirs:
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    workdir_lib.write_atomic(cell_dir / PATCH_FILE, patch.decode("utf-8", "surrogateescape"))
+  state["patch_sha256"] = hashlib.sha256(patch).hexdigest()
+  return state
+
+
 def _cpu_name() -> str | None:
   try:
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
@@ -372,7 +397,9 @@ def update_cell_record(cell_dir: pathlib.Path, meta: Mapping[str, Any], *, statu
                        extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """Writes cell.json: `meta` (table, cell, row, ...), the status, and this invocation's
   entry (added with `new_invocation`, else the last one updated) with its seconds; the
-  cell's "seconds" are the sum over its invocations."""
+  cell's "seconds" are the sum over its invocations. The top-level "commit", "dirty" and
+  "patch_sha256" are the last invocation's; "stacked_seeds" is set once any invocation
+  trained the cell's seed inside a vmapped program of several seeds."""
   record = _read_json(cell_dir / CELL_FILE) or {}
   record.update(meta)
   invocations = list(record.get("invocations", []))
@@ -388,9 +415,12 @@ def update_cell_record(cell_dir: pathlib.Path, meta: Mapping[str, Any], *, statu
   record["status"] = status
   timed = [i["seconds"] for i in invocations if i.get("seconds") is not None]
   record["seconds"] = round(sum(timed), 3) if timed else None
-  for key in ("device_kind", "backend", "device_count", "commit", "dirty"):
+  for key in ("device_kind", "backend", "device_count", "commit", "dirty", "patch_sha256",
+              "stacked_seeds"):
     if key in entry:
       record[key] = entry[key]
+  if "commit" in entry and "patch_sha256" not in entry:  # the last invocation's code was clean
+    record.pop("patch_sha256", None)
   cell_dir.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_atomic(cell_dir / CELL_FILE,
                            json.dumps(record, indent=2, ensure_ascii=False) + "\n")
@@ -403,10 +433,9 @@ def train_recorded(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
                    ) -> str:
   """Trains one cell and keeps its cell.json: "running" while it trains, then "finished"
   (or "stopped" when the trainer returned before the last round). Returns the status."""
-  commit, dirty = git_commit()
   tick = time.perf_counter()
   update_cell_record(cell_dir, meta, status="running", new_invocation=True,
-                     extra={"commit": commit, "dirty": dirty})
+                     extra=code_state([cell_dir]))
   try:
     (train or train_cell)(config, cell_dir)
   except BaseException as error:
@@ -642,7 +671,7 @@ def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
   seeds = ", ".join(str(c.seed) for c in group)
   echo(f"{label}: training seeds {seeds} of {group[0].row.key} as one program "
        f"({expected_rounds(configs[group[0]])} rounds each)")
-  commit, dirty = git_commit()
+  code = code_state(dirs)
   started, tick = _now(), time.perf_counter()
   try:
     train_lanes([configs[c] for c in group], dirs, leaner_convs_for_seeds=False)
@@ -659,14 +688,13 @@ def _train_stacked(group: Sequence[Cell], configs: Mapping[Cell, Any],
     for cell_dir, meta in zip(dirs, metas):
       if cell_dir.exists():
         update_cell_record(cell_dir, meta, seconds=time.perf_counter() - tick, status="failed",
-                           new_invocation=True,
-                           extra={"start": started, "commit": commit, "dirty": dirty})
+                           new_invocation=True, extra={"start": started, **code})
     raise
   seconds = time.perf_counter() - tick
   for cell, cell_dir, meta in zip(group, dirs, metas):
     update_cell_record(cell_dir, meta, status="running", new_invocation=True,
-                       extra={"start": started, "commit": commit, "dirty": dirty,
-                              **device_info(), "stacked_seeds": [c.seed for c in group]})
+                       extra={"start": started, **code, **device_info(),
+                              "stacked_seeds": [c.seed for c in group]})
     status = "finished" if is_finished(cell_dir, configs[cell]) else "stopped"
     update_cell_record(cell_dir, meta, status=status, seconds=seconds)
     statuses[cell.label] = "trained"

@@ -1,9 +1,11 @@
 """experiments/reproduce.py, the resumable grid (fedjax_het.grid) and the table documents
 (fedjax_het.reports.document), with hand-made cells where no training is needed."""
 
+import hashlib
 import json
 import math
 import pathlib
+import subprocess
 
 import numpy as np
 import pytest
@@ -79,8 +81,8 @@ def test_the_document_shows_mean_std_n_paper_delta_and_provenance(tmp_path):
          "svhn 30, syn 30; public 1024" in lines
   assert ("- the paper's setting: no (quick scale): the paper's numbers are shown for "
           "reference, not compared") in lines
-  assert ("- runs: device cpu (test) (3 cells); code revision abc1234def (3 cells); wall time "
-          "30.0 s in all (3 cells)") in lines
+  assert ("- runs: device cpu (test) (3 cells); code revision abc1234def (3 cells); trained its "
+          "seed alone (3 cells); wall time 30.0 s in all (3 cells)") in lines
   # BASE: seeds 10 and 12 on mnist -> 11 ± sqrt(2); AVG 11.5, 13.5 -> 12.5 ± 1.41.
   base = next(line for line in lines if line.startswith("| BASE (solo) | 2 | 11.00 ± 1.41"))
   assert "| 12.50 ± 1.41 (paper 25.68) | - |" in base
@@ -306,7 +308,8 @@ def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path)
              train=_stand_in(calls), echo=lines.append)
 
 
-def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path):
+def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path, monkeypatch):
+  monkeypatch.setattr(grid, "git_commit", lambda: ("0" * 40, False))  # a clean tree: no patch
   calls, lines = [], []
   base = [_cell("fcclplus_digits", "solo", 0), _cell("fcclplus_digits", "solo", 1)]
   grid.run(base, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
@@ -618,3 +621,57 @@ def test_the_gpu_commands_deadline_stops_records_and_resumes(tmp_path, monkeypat
   assert [[c["status"] for c in i["cells"]] for i in invocations] == [
       ["interrupted", "not started"], [second["statuses"][cells[0].label], "trained"],
       ["skipped", "skipped"]]
+
+
+def _git(repo, *args):
+  subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                 check=True, capture_output=True)
+
+
+def test_a_cell_trained_from_uncommitted_changes_keeps_their_patch(tmp_path, monkeypatch):
+  repo = tmp_path / "repo"
+  (repo / "fedjax_het").mkdir(parents=True)
+  (repo / "results").mkdir()
+  (repo / "fedjax_het" / "m.py").write_text("x = 1\n")
+  (repo / "results" / "r.json").write_text("{}\n")
+  _git(repo, "init", "-q")
+  _git(repo, "add", ".")
+  _git(repo, "commit", "-q", "-m", "c")
+  monkeypatch.setattr(grid, "REPO", repo)
+  cells = [tmp_path / "cells" / "a", tmp_path / "cells" / "b"]
+  clean = grid.code_state(cells)
+  assert clean["dirty"] is False and "patch_sha256" not in clean
+  assert not any((c / grid.PATCH_FILE).exists() for c in cells)
+  # A change to the code and one to results/: the patch holds the code's alone.
+  (repo / "fedjax_het" / "m.py").write_text("x = 2\n")
+  (repo / "results" / "r.json").write_text("{\"changed\": 1}\n")
+  state = grid.code_state(cells)
+  assert state["dirty"] is True and state["commit"] == clean["commit"]
+  for cell in cells:
+    patch = (cell / grid.PATCH_FILE).read_bytes()
+    assert b"-x = 1" in patch and b"+x = 2" in patch and b"r.json" not in patch
+    assert hashlib.sha256(patch).hexdigest() == state["patch_sha256"]
+  # The patch applied to the commit gives the code that trained.
+  _git(repo, "stash", "-q")
+  _git(repo, "apply", str(cells[0] / grid.PATCH_FILE))
+  assert (repo / "fedjax_het" / "m.py").read_text() == "x = 2\n"
+  # cell.json records it, and a later clean invocation is the last word.
+  record = grid.update_cell_record(cells[0], {"cell": "a"}, status="running",
+                                   new_invocation=True, extra=state)
+  assert record["patch_sha256"] == state["patch_sha256"] and record["dirty"] is True
+  record = grid.update_cell_record(cells[0], {"cell": "a"}, status="running",
+                                   new_invocation=True, extra=clean)
+  assert "patch_sha256" not in record and record["dirty"] is False
+  assert record["invocations"][0]["patch_sha256"] == state["patch_sha256"]
+
+
+def test_the_runs_line_says_whether_each_seed_trained_alone_or_stacked():
+  cells = [{"cell": {"commit": "a" * 40, "device_kind": "cpu", "seconds": 1.0}},
+           {"cell": {"commit": "a" * 40, "device_kind": "cpu", "seconds": 1.0,
+                     "invocations": [{"stacked_seeds": [0, 1]}]}},
+           {"cell": {"commit": "b" * 40, "dirty": True, "patch_sha256": "f" * 64,
+                     "device_kind": "cpu", "seconds": 1.0, "stacked_seeds": [0, 1]}}]
+  assert document.runs_line(cells) == (
+      "device cpu (3 cells); code revision aaaaaaaaaa (2 cells), bbbbbbbbbb with local changes "
+      "(their patch beside the cell) (1 cell); trained its seed alone (1 cell), its seed in a "
+      "program of several stacked seeds (2 cells); wall time 3.0 s in all (3 cells)")

@@ -141,6 +141,13 @@ def _counted(values: Sequence[str]) -> str:
   return ", ".join(f"{v} ({n} cell{'s' if n != 1 else ''})" for v, n in counts.items())
 
 
+def ran_stacked(record: Mapping[str, Any]) -> bool:
+  """Whether a cell.json's seed trained (in any invocation) inside one vmapped program of
+  several seeds, whose numbers are near, not equal to, the seed trained alone."""
+  return bool(record.get("stacked_seeds")) or any(
+      i.get("stacked_seeds") for i in record.get("invocations", []))
+
+
 def runs_line(cells: Sequence[Mapping[str, Any]]) -> str:
   """Devices, code revisions (git commits) and wall time of the runs that trained the cells
   (their cell.json)."""
@@ -148,13 +155,18 @@ def runs_line(cells: Sequence[Mapping[str, Any]]) -> str:
     return "no finished cell"
   devices = [c["cell"].get("device_kind") or "unknown" for c in cells]
   commits = [(c["cell"].get("commit") or "unknown")[:10]
-             + (" with local changes" if c["cell"].get("dirty") else "") for c in cells]
+             + ((" with local changes (their patch beside the cell)"
+                 if c["cell"].get("patch_sha256") else " with local changes")
+                if c["cell"].get("dirty") else "") for c in cells]
+  modes = ["its seed in a program of several stacked seeds" if ran_stacked(c["cell"])
+           else "its seed alone" for c in cells]
   seconds = [c["cell"].get("seconds") for c in cells]
   known = [s for s in seconds if s is not None]
   wall = (f"{sum(known):.1f} s in all ({len(known)} cell{'s' if len(known) != 1 else ''}"
           + (f"; {len(seconds) - len(known)} unknown" if len(known) < len(seconds) else "")
           + ")")
-  return f"device {_counted(devices)}; code revision {_counted(commits)}; wall time {wall}"
+  return (f"device {_counted(devices)}; code revision {_counted(commits)}; trained "
+          f"{_counted(modes)}; wall time {wall}")
 
 
 def _variant_text(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) -> str:
