@@ -47,6 +47,7 @@ status 1 (the traceback with --verbose or FEDJAX_HET_TRACEBACK=1).
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
@@ -70,13 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
       prog="experiments/reproduce.py",
       description="Reproduces a paper's table: one resumable run per cell (row x seed).")
   parser.add_argument("--list", action="store_true",
-                      help="print the table ids, their cells and which are finished")
+                      help="print one line per table: its id, title and finished cells per "
+                      "scale (with --cells: every cell, its status and config)")
+  parser.add_argument("--cells", action="store_true",
+                      help="with --list: every cell of the tables, its status at each scale "
+                      "and its config")
   parser.add_argument("--table", default=None, help="table id(s), comma-separated")
   parser.add_argument("--queue", default=None,
                       help=f"a prepared order of cells: {', '.join(tables_lib.QUEUES)}")
   parser.add_argument("--scale", default="quick",
                       help="quick (default), mid (the FCCL+ tables) or paper")
-  parser.add_argument("--seeds", default="0", help="comma-separated integers, default: 0")
+  parser.add_argument("--seeds", default=None,
+                      help="comma-separated integers, default: 0 (--list: 0,1,2)")
   parser.add_argument("--methods", default=None, help="the rows to run (default: all)")
   parser.add_argument("--settings", default=None,
                       help="the settings to run, in a table of several (default: all)")
@@ -112,7 +118,7 @@ def _tables(args: argparse.Namespace) -> list[tables_lib.Table]:
 
 
 def _cells(args: argparse.Namespace) -> list[grid.Cell]:
-  seeds = grid.parse_seeds(args.seeds)
+  seeds = grid.parse_seeds(args.seeds or "0")
   if args.queue and args.table:
     raise ConfigError("--queue and --table exclude each other: pass one.")
   if args.queue:
@@ -127,6 +133,39 @@ def _cells(args: argparse.Namespace) -> list[grid.Cell]:
   settings = grid.parse_list(args.settings, "settings") if args.settings else None
   return [c for table in _tables(args)
           for c in grid.plan(table, args.scale, seeds, methods, settings)]
+
+
+#: The seeds `--list` counts a table's cells over (the tables' three seeds) unless --seeds.
+SUMMARY_SEEDS = (0, 1, 2)
+
+
+def _recorded_status(cell_dir: pathlib.Path) -> str | None:
+  """The status a cell's cell.json records (None without a readable one)."""
+  try:
+    return json.loads((cell_dir / grid.CELL_FILE).read_text()).get("status")
+  except (OSError, ValueError):
+    return None
+
+
+def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
+                     results_dir: pathlib.Path, echo: Callable[[str], None]) -> None:
+  """One line per table: its id, title and, per scale it has, the cells whose cell.json says
+  finished out of its cells at `seeds` (read from the records alone: `--list --cells`
+  also checks each finished cell's config against the current one)."""
+  width = max(len(t.id) for t in tables)
+  echo(f"{'table':<{width}}  finished cells (of seeds {', '.join(map(str, seeds))}) per "
+       f"scale; title")
+  for table in tables:
+    counts = []
+    for scale in tables_lib.SCALES:
+      if scale not in table.scales:
+        counts.append(f"{scale} -")
+        continue
+      cells = grid.plan(table, scale, seeds)
+      done = sum(_recorded_status(c.directory(results_dir)) == "finished" for c in cells)
+      counts.append(f"{scale} {done}/{len(cells)}")
+    echo(f"{table.id:<{width}}  {'  '.join(f'{c:<11}' for c in counts)}  {table.title}")
+  echo("`--list --cells [--table=<id>]` lists every cell with its status and config.")
 
 
 def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
@@ -204,7 +243,11 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     raise ConfigError(f"--scale={args.scale!r} is not allowed; allowed scales: "
                       f"{', '.join(tables_lib.SCALES)}.")
   if args.list:
-    list_tables(_tables(args), grid.parse_seeds(args.seeds), results_dir, echo)
+    if args.cells:
+      list_tables(_tables(args), grid.parse_seeds(args.seeds or "0"), results_dir, echo)
+    else:
+      seeds = grid.parse_seeds(args.seeds) if args.seeds else SUMMARY_SEEDS
+      summarize_tables(_tables(args), seeds, results_dir, echo)
     return
   if args.report:
     if not args.table:

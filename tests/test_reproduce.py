@@ -173,11 +173,29 @@ def test_docs_results_md_equals_what_results_holds():
                      f"--table=<id> --scale=<scale> --report for {stale}")
 
 
+def test_list_prints_one_line_per_table_with_its_finished_cells_per_scale(tmp_path, capsys):
+  _digits_results(tmp_path)  # solo seeds 0 and 1, fcclplus seed 0 finished
+  write_cell(tmp_path, _cell("fcclplus_digits", "fedmd", 0), _numbers(50.0), rounds=2,
+             status="interrupted")
+  assert reproduce.main(["--list", f"--results-dir={tmp_path}"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].split()[:6] == ["table", "finished", "cells", "(of", "seeds", "0,"]
+  assert len(lines) == len(tables.TABLES) + 2
+  digits = next(line for line in lines if line.startswith("fcclplus_digits "))
+  assert digits.split()[1:7] == ["quick", "3/21", "mid", "0/21", "paper", "0/21"]
+  shards = next(line for line in lines if line.startswith("fedmmd_mnist_shards "))
+  assert shards.split()[3:5] == ["mid", "-"]  # a table without mid-scale configs
+  assert reproduce.main(["--list", "--seeds=0", "--table=fcclplus_digits",
+                         f"--results-dir={tmp_path}"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1].split()[1:3] == ["quick", "2/7"]
+
+
 def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
   _digits_results(tmp_path)
   write_cell(tmp_path, _cell("fcclplus_digits", "fedmd", 0), _numbers(50.0), rounds=2,
              status="interrupted")
-  assert reproduce.main(["--list", f"--results-dir={tmp_path}"]) == 0
+  assert reproduce.main(["--list", "--cells", f"--results-dir={tmp_path}"]) == 0
   out = capsys.readouterr().out
   for table_id in tables.TABLES:
     assert f"\n{table_id}: " in "\n" + out
@@ -191,12 +209,14 @@ def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
   assert block[4].split() == ["solo__seed1", "finished", "-", "-", "digits.py:solo"]
   assert block[5].split()[:6] == ["fedmd__seed0", "partial", "(round", "2", "of", "5)"]
   assert "fccl__seed0" in block[9] and "+fccl.own_slot='current'" in block[9]
-  assert reproduce.main(["--list", "--table=fedfusion_table1", f"--results-dir={tmp_path}"]) == 0
+  assert reproduce.main(["--list", "--cells", "--table=fedfusion_table1",
+                         f"--results-dir={tmp_path}"]) == 0
   out = capsys.readouterr().out
   assert out.splitlines()[3].split() == ["mnist_permuted__fedavg__seed0", "-", "n/a", "-",
                                          "mnist.py:fedavg_permuted"]
   # FCCL Tables 1/2's BASE on Digits is the finished FCCL+ BASE cell: a copy is ready.
-  assert reproduce.main(["--list", "--table=fccl_tables1_2", f"--results-dir={tmp_path}"]) == 0
+  assert reproduce.main(["--list", "--cells", "--table=fccl_tables1_2",
+                         f"--results-dir={tmp_path}"]) == 0
   rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
   assert rows[0][:6] == ["digits__solo__seed0", "-", "(a", "copy", "is", "ready)"]
   assert rows[1][:4] == ["digits__fedmd__seed0", "-", "n/a", "-"]
