@@ -101,8 +101,8 @@ DEFAULT_DIAGNOSTIC_ROWS = 512
 FORWARD_BATCH = 256
 HEATMAP_CAPTION = (
     "M_i[u, v]: correlation over the images of participant i's logit u with the mean logit v "
-    "of all participants (FCCL Eq. 1).\nAligned participants: diagonal near 1 (red), "
-    "off-diagonal near 0 (white).")
+    "of all participants (FCCL Eq. 1).\nFCCM's loss (FCCL+ Eq. 2) pulls the diagonal to 1 "
+    "(red) and, with weight λ = 0.0051, the off-diagonal entries toward -1 (blue).")
 
 
 class FigureError(UserError, ValueError):

@@ -95,7 +95,8 @@ def test_cross_correlation_figure_labels_axes_ticks_colour_bar_and_caption(tmp_p
   (bar_axes,) = [a for a in fig.axes if not a.get_images()]
   assert "cross-correlation" in bar_axes.get_ylabel()
   assert "rounds 1, 5" in fig.get_suptitle()
-  assert any("diagonal near 1" in t.get_text() for t in fig.texts)
+  assert any("pulls the diagonal to 1 (red)" in t.get_text() and "toward -1 (blue)" in t.get_text()
+             for t in fig.texts)
   plt.close(fig)
   assert plots.plot_cross_correlation(matrices, names, tmp_path / "cc.png")
   assert (tmp_path / "cc.png").stat().st_size > 0

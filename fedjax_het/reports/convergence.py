@@ -156,6 +156,7 @@ def figure(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.
   plt = plots._pyplot()  # pylint: disable=protected-access
   if plt is None:
     return False
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   panels = []
   for table in tables:
     cells = document.collect(table, scale, pathlib.Path(results_dir))
@@ -184,6 +185,7 @@ def figure(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.
                      label=f"{labels.get(row, row)}, the paper")
       ax.set_title(f"{label}: {kind}-domain AVG accuracy")
       ax.set_xlabel("communication round")
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
       ax.set_ylabel("test accuracy (%)")
       ax.grid(alpha=0.3)
       ax.legend(title="mean ± std over seeds", fontsize=8)
