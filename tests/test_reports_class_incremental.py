@@ -104,3 +104,23 @@ def test_render_setting_of_glfc_table1_without_runs_shows_the_paper():
           "| 50.3 | 50.0 | 66.9 | – |") in text
   assert "| FedAvg (fine-tuning) | 0 |" in text
   assert numbers["summary"]["rows_done"] == []
+
+
+def test_seed_by_seed_against_glfc_in_percentage_points():
+  table = tables.get_table("glfc_table1")
+  cells = {row: {seed: {"results": numbers} for seed, numbers in per_seed.items()}
+           for row, per_seed in RESULTS.items()}
+  text, numbers = ci.render_setting(table, table.settings[0], cells, show_diff=False)
+  # Avg.: FedAvg 60.0, 55.0 against GLFC 80.0, 75.0; forgetting 50, 30 against 10, 20.
+  assert ("| FedAvg (fine-tuning) | 0, 1 | -20.00, -20.00 | below GLFC on every seed | "
+          "+40.00, +10.00 | above GLFC on every seed |") in text
+  assert "| iCaRL + FL | – | – | 0 seeds | – | 0 seeds |" in text
+  assert "GLFC (Ours) |" not in text.split("Seed by seed against GLFC")[1]
+  comparison = numbers["seed_by_seed"]
+  assert comparison["reference"] == "glfc"
+  assert comparison["rows"]["fedavg_cil"]["avg"]["per_seed"] == {
+      0: pytest.approx(-20.0), 1: pytest.approx(-20.0)}
+  # Without a GLFC run there is nothing to pair with.
+  alone = {"fedavg_cil": cells["fedavg_cil"]}
+  text, numbers = ci.render_setting(table, table.settings[0], alone, show_diff=False)
+  assert "Seed by seed" not in text and "seed_by_seed" not in numbers

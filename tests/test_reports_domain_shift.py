@@ -125,6 +125,13 @@ def test_render_setting_of_a_registered_table_shows_table_viii_and_ix():
   base = next(line for line in text.splitlines() if line.startswith("| BASE"))
   assert base.endswith("| = FCCL (CVPR 2022) Tables 1/2: the conference protocol |")
   assert numbers["summary"]["delta"]["fcclplus"]["inter"] == pytest.approx(20.0)
+  # Seed by seed: FCCL+ is 20 above BASE on both seeds, inter and intra; the rows without a
+  # finished cell pair no seed.
+  assert ("| FCCL+ | 0, 1 | +20.00, +20.00 | above BASE on every seed | +20.00, +20.00 | "
+          "above BASE on every seed |") in text
+  assert "| FedMD | – | – | 0 seeds | – | 0 seeds |" in text
+  assert numbers["seed_by_seed"]["rows"]["fcclplus"]["intra"]["verdict"] == "above"
+  assert "solo" not in numbers["seed_by_seed"]["rows"]
 
 
 def test_provenance_line_names_real_and_synthetic_domains_once_over_seeds():
@@ -184,3 +191,67 @@ def test_figure_has_both_panels_a_line_per_row_and_chance():
   legend = [t.get_text() for t in axes[1].get_legend().get_texts()]
   assert legend == ["BASE (solo)", "FCCL+", "chance (1/C = 10%)"]
   plt.close(fig)
+
+
+@pytest.mark.parametrize("differences, verdict", [
+    ([1.5, 0.2, 3.0], "above"),
+    ([-1.5, -0.2, -3.0], "below"),
+    ([1.5, -0.2, 3.0], "changes"),
+    # A tie (exactly 0.0) has no sign: no sign change, and no "on every seed" either.
+    ([1.5, 0.0, 3.0], "above_or_equal"),
+    ([-1.5, 0.0], "below_or_equal"),
+    ([1.5, 0.0, -3.0], "changes"),
+    ([0.0, 0.0], "equal"),
+    ([-1e-7, 2.0], "changes"),  # any non-zero difference counts, however small
+    ([4.0], "too_few"),
+    ([], "too_few"),
+])
+def test_seed_verdict_by_hand(differences, verdict):
+  assert common.seed_verdict(differences) == verdict
+  assert common.seed_verdict(dict(enumerate(differences))) == verdict
+
+
+def test_verdict_words_and_differences_in_seed_order():
+  assert common.verdict_text("above", "BASE", 3) == "above BASE on every seed"
+  assert common.verdict_text("below", "FedAvg", 3) == "below FedAvg on every seed"
+  assert common.verdict_text("changes", "BASE", 3) == "changes sign"
+  assert common.verdict_text("above_or_equal", "BASE", 3) == \
+      "above or equal to BASE on every seed"
+  assert common.verdict_text("too_few", "BASE", 1) == "1 seed"
+  assert common.verdict_text("too_few", "BASE", 0) == "0 seeds"
+  # Only the seeds both rows finished pair up, in seed order.
+  assert common.paired_differences({2: 5.0, 0: 1.0, 1: 4.0}, {0: 2.0, 2: 1.0}) == \
+      {0: -1.0, 2: 4.0}
+  assert common.format_differences({0: -1.0, 1: 0.0, 2: 4.256}) == "-1.00, 0.00, +4.26"
+  assert common.format_differences({}) == "–"
+
+
+def test_seed_by_seed_pairs_each_row_with_base_on_the_seeds_both_finished():
+  cells = {
+      "solo": {0: _cell({"inter": (10.0, 20.0), "intra": (50.0, 60.0)}),
+               1: _cell({"inter": (12.0, 24.0), "intra": (52.0, 62.0)}),
+               2: _cell({"inter": (11.0, 21.0), "intra": (51.0, 61.0)})},
+      # inter AVG 15, 18, 16 vs solo's 15, 18, 16 -> ties; intra +5 then -1.
+      "fedmd": {0: _cell({"inter": (10.0, 20.0), "intra": (55.0, 65.0)}),
+                1: _cell({"inter": (12.0, 24.0), "intra": (51.0, 61.0)})},
+      "fcclplus": {2: _cell({"inter": (13.0, 23.0), "intra": (53.0, 63.0)})},
+  }
+  summary = ds.summarize(cells)
+  comparison = ds.seed_by_seed(summary, ["solo", "fedmd", "fcclplus"], "solo")
+  assert list(comparison["rows"]) == ["fedmd", "fcclplus"]
+  fedmd = comparison["rows"]["fedmd"]
+  assert fedmd["inter"] == {"seeds": [0, 1], "per_seed": {0: 0.0, 1: 0.0}, "verdict": "equal"}
+  assert fedmd["intra"]["per_seed"] == {0: pytest.approx(5.0), 1: pytest.approx(-1.0)}
+  assert fedmd["intra"]["verdict"] == "changes"
+  assert comparison["rows"]["fcclplus"]["inter"] == {
+      "seeds": [2], "per_seed": {2: pytest.approx(2.0)}, "verdict": "too_few"}
+  assert ds.seed_by_seed(summary, ["solo", "fedmd"], None) is None
+  assert ds.seed_by_seed(ds.summarize({"fedmd": cells["fedmd"]}), ["solo", "fedmd"],
+                         "solo") is None
+  lines = common.seed_table(comparison, {"fedmd": "FedMD", "fcclplus": "FCCL+"},
+                            kind_labels=ds.KIND_LABELS, reference_label="BASE").splitlines()
+  assert lines == [
+      "| method | seeds | inter → Δ per seed | verdict | intra ↩ Δ per seed | verdict |",
+      "|---|---|---|---|---|---|",
+      "| FedMD | 0, 1 | 0.00, 0.00 | equal to BASE on every seed | +5.00, -1.00 | changes sign |",
+      "| FCCL+ | 2 | +2.00 | 1 seed | +2.00 | 1 seed |"]

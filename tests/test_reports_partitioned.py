@@ -140,6 +140,33 @@ def test_render_setting_of_fedfusion_table2_with_the_papers_numbers():
   alone, _ = pt.render_setting(table, setting, {"fedfusion_conv": cells["fedfusion_conv"]},
                                show_diff=False)
   assert "| FedFusion+Conv | 1 | 4.0 (paper 34.0) | – (paper 66.0%) |" in alone
+  # Seed by seed against FedAvg: one paired seed, no verdict; without FedAvg no section.
+  assert "| FedFusion+Conv | 0 | +1.50 | 1 seed |" in text
+  assert numbers["seed_by_seed"]["rows"]["fedfusion_conv"]["final"]["verdict"] == "too_few"
+  assert "seed by seed" not in alone
+
+
+def test_final_accuracy_seed_by_seed_against_fedavg():
+  table = tables.get_table("fedfusion_table2")
+  setting = table.settings[0]
+  cells = {"fedavg": {0: _run(10, final=90.0), 1: _run(10, final=92.0), 2: _run(10, final=91.0)},
+           "fedfusion_single": {0: _run(10, final=91.0), 1: _run(10, final=93.5),
+                                2: _run(10, final=91.25)},
+           "fedfusion_multi": {0: _run(10, final=89.0), 2: _run(10, final=91.0)},
+           "fedfusion_conv": {0: _run(10, final=89.0), 1: _run(10, final=93.0)}}
+  text, numbers = pt.render_setting(table, setting, cells, show_diff=False)
+  assert ("Final accuracy seed by seed against FedAvg (each seed draws the same data for every "
+          "method)") in text
+  assert "| method | seeds | final accuracy Δ per seed | verdict |" in text
+  assert "| FedFusion+Single | 0, 1, 2 | +1.00, +1.50, +0.25 | above FedAvg on every seed |" \
+      in text
+  # Multi: -1 on seed 0, a tie on seed 2 (no sign).
+  assert "| FedFusion+Multi | 0, 2 | -1.00, 0.00 | below or equal to FedAvg on every seed |" \
+      in text
+  assert "| FedFusion+Conv | 0, 1 | -1.00, +1.00 | changes sign |" in text
+  rows = numbers["seed_by_seed"]["rows"]
+  assert rows["fedfusion_multi"]["final"]["per_seed"] == {0: -1.0, 2: 0.0}
+  assert [rows[r]["final"]["verdict"] for r in rows] == ["above", "below_or_equal", "changes"]
 
 
 def test_figure_has_a_line_per_row_and_the_targets():

@@ -11,8 +11,11 @@ as GLFC does.
 One run: `run_table` is results.md's GLFC Table 1 row (from the task-end
 records' per-class counts). Over seeds: `summarize` gives mean ± sample std
 (ddof=1) of every column over the seeds that finished, and `render_setting`
-lays the rows out with the paper's row beneath each. Nothing here trains or
-reads files.
+lays the rows out with the paper's row beneath each, then pairs every row with
+GLFC seed by seed (`seed_by_seed`: each seed draws the same stream for every
+method): its Avg. and forgetting minus GLFC's on each seed and the verdict,
+above or below GLFC on every seed or changing sign (`common.seed_verdict`).
+Nothing here trains or reads files.
 """
 
 from __future__ import annotations
@@ -195,6 +198,36 @@ def markdown_table(summary: Mapping[str, Any], rows: Sequence[tuple[str, str]],
   return "\n".join(lines)
 
 
+#: The row the others are read against seed by seed when the table names no base: GLFC, the
+#: paper's method.
+REFERENCE = "glfc"
+#: The quantities compared seed by seed (percent of `seed_values`).
+SEED_KIND_LABELS = {"avg": "Avg.", "forgetting": "Forgetting"}
+
+
+def seed_values(summary: Mapping[str, Any]) -> dict[str, dict[str, dict[int, float]]]:
+  """{row: {"avg": {seed: Avg.}, "forgetting": {seed: forgetting}}} in percent, of
+  `summarize`'s output (no "forgetting" for a row without it)."""
+  out: dict[str, dict[str, dict[int, float]]] = {}
+  for row, numbers in summary["rows"].items():
+    out[row] = {"avg": {s: 100 * v for s, v in
+                        numbers["average_incremental_accuracy"]["per_seed"].items()}}
+    if numbers["forgetting"] is not None:
+      out[row]["forgetting"] = {s: 100 * v for s, v in numbers["forgetting"]["per_seed"].items()}
+  return out
+
+
+def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str],
+                 reference: str = REFERENCE) -> dict[str, Any] | None:
+  """Every row's Avg. and forgetting minus the reference row's on each seed both finished
+  (percentage points), with their verdicts (`common.seed_comparison`); None without a
+  reference row with a finished seed. Each seed draws the same class order, clients and
+  stream for every method, so the pairing is meaningful."""
+  if reference not in summary["rows"]:
+    return None
+  return common.seed_comparison(seed_values(summary), reference, rows, tuple(SEED_KIND_LABELS))
+
+
 def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Mapping[str, Any]]],
                    *, show_diff: bool) -> tuple[str, dict[str, Any]]:
   """A setting's Table 1 and its numbers.
@@ -222,7 +255,20 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
   source = f"paper ({table.paper.split(' (')[0]} {table.source})"
   body = markdown_table(summary, [(r.key, r.label) for r in setting.rows], setting.paper,
                         show_diff=show_diff, source=source)
-  return f"{text}\n\n{body}\n", {"summary": summary, "paper": dict(setting.paper)}
+  numbers: dict[str, Any] = {"summary": summary, "paper": dict(setting.paper)}
+  comparison = seed_by_seed(summary, [r.key for r in setting.rows], table.base or REFERENCE)
+  if comparison is not None:
+    labels = {r.key: r.label for r in setting.rows}
+    reference = common.short_label(labels.get(comparison["reference"],
+                                              comparison["reference"]))
+    body += (f"\n\nSeed by seed against {reference} (each seed draws the same stream for every "
+             f"method): Avg. and forgetting minus {reference}'s on each seed both rows "
+             "finished, in percentage points; a tie (0.00) has no sign, and fewer than 2 "
+             "paired seeds give no verdict\n\n"
+             + common.seed_table(comparison, labels, kind_labels=SEED_KIND_LABELS,
+                                 reference_label=reference))
+    numbers["seed_by_seed"] = comparison
+  return f"{text}\n\n{body}\n", numbers
 
 
 def plot_seen_accuracy(curves: Any, path: Any, title: str) -> bool:

@@ -50,6 +50,130 @@ def std_line(num_seeds: int) -> str:
   return "one seed: the mean alone, no standard deviation"
 
 
+# --- seed by seed ----------------------------------------------------------------------------
+#
+# Every method of a table draws the same data (the same stream, partition and private sets) on
+# a given seed, so two rows pair up seed by seed: the verdicts below say whether a row is above
+# or below a reference row on every seed both finished, or whether the difference changes sign.
+
+#: The verdicts of `seed_verdict`.
+VERDICTS = ("above", "below", "changes", "above_or_equal", "below_or_equal", "equal",
+            "too_few")
+
+
+def paired_differences(values: Mapping[int, float], reference: Mapping[int, float]
+                       ) -> dict[int, float]:
+  """{seed: values[seed] - reference[seed]} over the seeds both have, in seed order."""
+  return {int(s): float(values[s]) - float(reference[s])
+          for s in sorted(set(values) & set(reference), key=int)}
+
+
+def seed_verdict(differences: Mapping[int, float] | Sequence[float]) -> str:
+  """The verdict of a row's per-seed differences from a reference row.
+
+  Args:
+    differences: {seed: row - reference} (or the differences alone), the
+      seeds both rows finished.
+
+  Returns:
+    "above" (every difference > 0), "below" (every one < 0), "changes" (at
+    least one > 0 and one < 0); with a tie (a difference of exactly 0.0):
+    "above_or_equal" / "below_or_equal" (the other differences share a sign)
+    or "equal" (all ties); "too_few" with fewer than 2 paired seeds, where no
+    verdict is drawn. A tie has no sign: it is no sign change (+, 0, + is
+    "above_or_equal", not "changes"), and it breaks "on every seed" (so not
+    "above"); +, 0, - still changes sign.
+  """
+  values = list(differences.values()) if isinstance(differences, Mapping) else list(differences)
+  if len(values) < 2:
+    return "too_few"
+  up, down = any(v > 0 for v in values), any(v < 0 for v in values)
+  ties = any(v == 0 for v in values)
+  if up and down:
+    return "changes"
+  if up:
+    return "above_or_equal" if ties else "above"
+  if down:
+    return "below_or_equal" if ties else "below"
+  return "equal"
+
+
+def verdict_text(verdict: str, reference: str, seeds: int) -> str:
+  """A verdict in words: "above BASE on every seed", "changes sign", "1 seed" (too few)."""
+  return {"above": f"above {reference} on every seed",
+          "below": f"below {reference} on every seed",
+          "changes": "changes sign",
+          "above_or_equal": f"above or equal to {reference} on every seed",
+          "below_or_equal": f"below or equal to {reference} on every seed",
+          "equal": f"equal to {reference} on every seed",
+          }.get(verdict, f"{seeds} seed{'' if seeds == 1 else 's'}")
+
+
+def format_differences(differences: Mapping[int, float], *, digits: int = 2) -> str:
+  """"+1.20, -0.45, 0.00": the differences in seed order, a tie (exactly 0) unsigned; "–"
+  without any."""
+  if not differences:
+    return "–"
+  return ", ".join(f"{0.0:.{digits}f}" if v == 0 else f"{v:+.{digits}f}"
+                   for v in differences.values())
+
+
+def seed_comparison(values: Mapping[str, Mapping[str, Mapping[int, float]]], reference: str,
+                    rows: Sequence[str], kinds: Sequence[str]) -> dict[str, Any]:
+  """Each row's per-seed differences from the reference row and their verdicts.
+
+  Args:
+    values: {row: {kind: {seed: value}}} of the finished cells.
+    reference: the row the others are read against (BASE, FedAvg, GLFC).
+    rows: the rows in table order (the reference among them or not).
+    kinds: the quantities compared (inter / intra, final accuracy, Avg.).
+
+  Returns:
+    {"reference": reference, "kinds": [...], "rows": {row: {kind: {"seeds":
+     [paired seeds], "per_seed": {seed: row - reference}, "verdict":
+     `seed_verdict`'s}}}} for every row but the reference.
+  """
+  out: dict[str, Any] = {}
+  base = values.get(reference, {})
+  for row in rows:
+    if row == reference:
+      continue
+    out[row] = {}
+    for kind in kinds:
+      differences = paired_differences(values.get(row, {}).get(kind, {}), base.get(kind, {}))
+      out[row][kind] = {"seeds": list(differences), "per_seed": differences,
+                        "verdict": seed_verdict(differences)}
+  return {"reference": reference, "kinds": list(kinds), "rows": out}
+
+
+def seed_table(comparison: Mapping[str, Any], labels: Mapping[str, str], *,
+               kind_labels: Mapping[str, str], reference_label: str, digits: int = 2) -> str:
+  """`seed_comparison` as a markdown table: method, seeds, then per kind the differences in
+  seed order and the verdict (a kind whose paired seeds differ from the row's first kind's
+  names each seed)."""
+  kinds = comparison["kinds"]
+  header = ["method", "seeds"]
+  for kind in kinds:
+    header += [f"{kind_labels.get(kind, kind)} Δ per seed", "verdict"]
+  lines = [markdown_row(header), markdown_rule(len(header))]
+  for row, per_kind in comparison["rows"].items():
+    seeds = per_kind[kinds[0]]["seeds"]
+    cells = [labels.get(row, row), ", ".join(map(str, seeds)) or "–"]
+    for kind in kinds:
+      entry = per_kind[kind]
+      text = format_differences(entry["per_seed"], digits=digits)
+      if entry["seeds"] and entry["seeds"] != seeds:
+        text = ", ".join(f"seed {s} {t}" for s, t in zip(entry["seeds"], text.split(", ")))
+      cells += [text, verdict_text(entry["verdict"], reference_label, len(entry["seeds"]))]
+    lines.append(markdown_row(cells))
+  return "\n".join(lines)
+
+
+def short_label(label: str) -> str:
+  """A row label without its parenthesis: "BASE (solo)" -> "BASE"."""
+  return label.split(" (")[0]
+
+
 # --- formats ------------------------------------------------------------------------------
 
 

@@ -12,7 +12,10 @@ one seed), and Δ vs BASE: a row's AVG (mean over seeds) minus the base row's
 do: rows = methods, columns = participants, AVG, Δ vs BASE, with the paper's
 number beside each cell (beside our Δ, the Δ the paper prints, never one
 computed from its AVGs; none where it prints none), and, in the paper's
-setting, AVG minus the paper's AVG.
+setting, AVG minus the paper's AVG. Below the tables, `seed_by_seed` pairs every
+row with BASE seed by seed (each seed draws the same data for every method):
+its AVG minus BASE's on each seed and the verdict, above or below BASE on
+every seed or changing sign (`common.seed_verdict`).
 Nothing here trains or reads files.
 """
 
@@ -79,6 +82,27 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   return {"columns": columns, "rows_done": rows_done,
           "seeds": {r: sorted(int(s) for s in cells[r]) for r in rows_done},
           "rows": rows, "delta": delta}
+
+
+def seed_values(summary: Mapping[str, Any], kinds: Sequence[str] = KINDS
+                ) -> dict[str, dict[str, dict[int, float]]]:
+  """{row: {kind: {seed: AVG}}} of `summarize`'s output: each finished seed's AVG."""
+  return {row: {kind: dict(per_kind[kind]["AVG"]["per_seed"]) for kind in kinds
+                if "AVG" in per_kind.get(kind, {})}
+          for row, per_kind in summary["rows"].items()}
+
+
+def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str], base: str | None,
+                 kinds: Sequence[str] = KINDS) -> dict[str, Any] | None:
+  """Every row's AVG minus the base row's on each seed both finished, per kind, with its
+  verdict (`common.seed_comparison`); None without a base row with a finished seed.
+
+  Each seed draws the same private and public data for every method, so the pairing is
+  meaningful: "above BASE on every seed" is a statement about the runs, not about the means.
+  """
+  if base is None or base not in summary["rows"]:
+    return None
+  return common.seed_comparison(seed_values(summary, kinds), base, rows, kinds)
 
 
 def markdown_table(summary: Mapping[str, Any], kind: str, *, rows: Sequence[tuple[str, str]],
@@ -155,8 +179,11 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
     show_diff: the runs are in the paper's setting (adds AVG − paper).
 
   Returns:
-    (markdown, {"summary", "paper"[, "paper_delta"]}): "paper_delta" is the
-    setting's printed Δ vs BASE, {kind: {row: Δ}}, where the paper prints one.
+    (markdown, {"summary", "paper"[, "seed_by_seed"][, "paper_delta"]}):
+    "seed_by_seed" is `seed_by_seed`'s comparison with BASE (the markdown's
+    last section), where the table has a BASE row with a finished seed;
+    "paper_delta" is the setting's printed Δ vs BASE, {kind: {row: Δ}}, where
+    the paper prints one.
   """
   domains = paper_numbers.DOMAINS.get(setting.scenario, ())
   results = {r.key: {s: c["results"] for s, c in cells.get(r.key, {}).items()}
@@ -172,6 +199,16 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
                              row_sources={r.key: r.source for r in setting.rows},
                              paper_delta=setting.paper_delta.get(kind, {})), ""]
   numbers: dict[str, Any] = {"summary": summary, "paper": dict(setting.paper)}
+  comparison = seed_by_seed(summary, [r.key for r in setting.rows], table.base, table.kinds)
+  if comparison is not None:
+    labels = {r.key: r.label for r in setting.rows}
+    reference = common.short_label(labels[table.base])
+    parts += [f"Seed by seed against {reference} (each seed draws the same data for every "
+              f"method): AVG minus {reference}'s AVG on each seed both rows finished; a tie "
+              "(0.00) has no sign, and fewer than 2 paired seeds give no verdict", "",
+              common.seed_table(comparison, labels, kind_labels=KIND_LABELS,
+                                reference_label=reference), ""]
+    numbers["seed_by_seed"] = comparison
   if setting.paper_delta:
     numbers["paper_delta"] = {kind: dict(rows) for kind, rows in setting.paper_delta.items()}
   return "\n".join(parts).rstrip() + "\n", numbers

@@ -25,6 +25,10 @@ Over seeds (`summarize`, from each cell's results.json and metrics.jsonl):
     the whole cohort) and the bytes up to each target (the sum over the rounds
     up to the round that reached it), with the same censoring and reduction vs
     FedAvg; MB = 10^6 bytes.
+  * seed by seed (`seed_by_seed`): each row's final accuracy minus FedAvg's on
+    each seed both finished (each seed draws the same data for every method)
+    and the verdict, above or below FedAvg on every seed or changing sign
+    (`common.seed_verdict`).
 Nothing here trains or reads files.
 """
 
@@ -323,9 +327,26 @@ def cell_targets(cells: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> list[f
   return sorted(found)
 
 
+def seed_values(summary: Mapping[str, Any]) -> dict[str, dict[str, dict[int, float]]]:
+  """{row: {"final": {seed: final accuracy}}} of `summarize`'s output."""
+  return {row: {"final": dict(stat["per_seed"])} for row, stat in summary["final"].items()}
+
+
+def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str]) -> dict[str, Any] | None:
+  """Every row's final accuracy minus the reference row's (FedAvg) on each seed both
+  finished, with its verdict (`common.seed_comparison`, kind "final"); None without a
+  reference row with a finished seed. Each seed draws the same partition and data for
+  every method, so the pairing is meaningful."""
+  reference = summary["reference"]
+  if reference is None or reference not in summary["final"]:
+    return None
+  return common.seed_comparison(seed_values(summary), reference, rows, ("final",))
+
+
 def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Mapping[str, Any]]],
                    *, show_diff: bool) -> tuple[str, dict[str, Any]]:
-  """A setting's three tables (final accuracy, rounds to each target, bytes) and numbers.
+  """A setting's tables (final accuracy and, seed by seed, its difference from FedAvg; rounds
+  to each target; bytes) and numbers ({"summary", "paper"[, "seed_by_seed"]}).
 
   Args:
     table: the `tables.Table`.
@@ -351,13 +372,26 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
            "both are (each has a seed that never reached the target).",
            "", f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})", "",
            final_table(summary, rows, paper, show_diff=show_diff), ""]
+  comparison = seed_by_seed(summary, [r.key for r in setting.rows])
+  numbers: dict[str, Any] = {"summary": summary, "paper": dict(paper)}
+  if comparison is not None:
+    labels = dict(rows)
+    reference = common.short_label(labels.get(comparison["reference"],
+                                              comparison["reference"]))
+    parts += [f"Final accuracy seed by seed against {reference} (each seed draws the same "
+              f"data for every method): the row's minus {reference}'s on each seed both rows "
+              "finished; a tie (0.00) has no sign, and fewer than 2 paired seeds give no "
+              "verdict", "",
+              common.seed_table(comparison, labels, kind_labels={"final": "final accuracy"},
+                                reference_label=reference), ""]
+    numbers["seed_by_seed"] = comparison
   if keys:
     parts += ["Rounds to reach the target accuracy (FedFusion Table 2 layout)", "",
               rounds_table(summary, rows, paper, targets=keys), ""]
   if summary["rows_done"]:
     parts += [f"Communication ({BYTES_UNIT_NAME} = 10^6 bytes, up + down, whole cohort)", "",
               bytes_table(summary, rows), ""]
-  return "\n".join(parts).rstrip() + "\n", {"summary": summary, "paper": dict(paper)}
+  return "\n".join(parts).rstrip() + "\n", numbers
 
 
 def figure(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Mapping[str, Any]]],
