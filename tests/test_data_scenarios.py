@@ -116,9 +116,18 @@ def test_opt_in_fallback_substitutes_logs_and_records(tfds_dir, caplog):
   assert s.sources["public"] == "synthetic(seed=0; substituted for 'cifar100')"
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
               and "SYNTHETIC SUBSTITUTION" in r.getMessage()]
-  assert len(warnings) == 5
-  assert all("python -m fedjax_het.data.download --data_dir <dir> " in w for w in warnings)
-  assert "download --data_dir <dir> svhn and set scenario.sources.svhn=real" in warnings[2]
+  # One warning for the five substitutions, each named with its source, each reason once,
+  # and one download command (SYN's, which needs its archive, beside it).
+  assert len(warnings) == 1
+  (warning,) = warnings
+  assert warning.startswith("SYNTHETIC SUBSTITUTION in scenario 'digits': mnist (source 'real'), "
+                            "usps (source 'real'), svhn (source 'tfds'), syn (source 'real'), "
+                            "the public set 'cifar100' are unavailable")
+  assert warning.count("No data directory is configured, so digits.npz") == 1
+  assert warning.endswith("Real data: python -m fedjax_het.data.download --data_dir <dir> mnist "
+                          "usps svhn cifar100; python -m fedjax_het.data.download --data_dir <dir> "
+                          "syn --from <SYN archive> and set scenario.sources.svhn=real "
+                          "(docs/data.md).")
   # Same data as asking for the synthetic domains directly.
   direct = _synthetic_digits()
   np.testing.assert_array_equal(s.train[2].images, direct.train[2].images)

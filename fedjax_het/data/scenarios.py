@@ -359,26 +359,62 @@ def is_synthetic_stand_in(domain: str, source: str, *, data_dir: str | os.PathLi
   return True if synthetic_fallback else None
 
 
-def _download_hint(name: str, source: str = "real") -> str:
-  """How to get `name`'s real data into the data directory, as a sentence.
+def _download_parts(name: str, source: str) -> tuple[str, str] | None:
+  """(the download command's argument, the config switch to set after it, "" for none) that
+  brings `name`'s real data, or None when no download does.
 
-  `name` is a digit domain, or (source "public") a `public_name`; `source` is
-  the domain's requested source. The command writes the bundle, which the
-  "real" source (and a bundle public set) reads.
+  `name` is a digit domain, or (source "public") a `public_name`; `source` is the domain's
+  requested source. The command writes the bundle, which the "real" source (and a bundle
+  public set) reads.
   """
-  command = " Real data: python -m fedjax_het.data.download --data_dir <dir>"
   if source == "public":
     if name in _PUBLIC_NPZ:
-      return f"{command} {_DOWNLOADABLE[name]} (docs/data.md)."
+      return _DOWNLOADABLE[name], ""
     bundle = _TFDS_PUBLIC.get(name)
     if bundle is not None:
-      return f"{command} {bundle} and set scenario.public_name={bundle} (docs/data.md)."
-    return (f"{command} cifar100 (or fmnist, tinyimagenet) and set scenario.public_name to "
-            "that name (docs/data.md).")
+      return bundle, f"scenario.public_name={bundle}"
+    return "cifar100 (or fmnist, tinyimagenet)", "scenario.public_name to that name"
   if name not in _DOWNLOADABLE:
+    return None
+  return _DOWNLOADABLE[name], "" if source == "real" else f"scenario.sources.{name}=real"
+
+
+def _download_sentence(parts: Sequence[tuple[str, str]]) -> str:
+  """" Real data: <the download commands> [and set <switches>] (docs/data.md)." for the
+  (argument, switch) pairs of `_download_parts` ("" without any)."""
+  if not parts:
     return ""
-  switch = "" if source == "real" else f" and set scenario.sources.{name}=real"
-  return f"{command} {_DOWNLOADABLE[name]}{switch} (docs/data.md)."
+  download = "python -m fedjax_het.data.download --data_dir <dir>"
+  names = list(dict.fromkeys(n for n, _ in parts))
+  plain = [n for n in names if " " not in n]  # "syn --from ..." and alternatives run alone
+  commands = [f"{download} {' '.join(plain)}"] * bool(plain) + [
+      f"{download} {n}" for n in names if " " in n]
+  switches = list(dict.fromkeys(w for _, w in parts if w))
+  return (" Real data: " + "; ".join(commands)
+          + (" and set " + ", ".join(switches) if switches else "") + " (docs/data.md).")
+
+
+def _substitution_warning(scenario: str,
+                          substitutions: Sequence[tuple[str, str, str, str]]) -> str:
+  """One warning for every synthetic substitution of a scenario: what, why (each distinct
+  reason's first sentence once) and the download commands that bring the real data."""
+  what = ", ".join(w for w, _, _, _ in substitutions)
+  reasons = list(dict.fromkeys(why.split(". ")[0].rstrip(".") + "."
+                               for _, why, _, _ in substitutions))
+  parts = [p for p in (_download_parts(item, source) for _, _, item, source in substitutions)
+           if p is not None]
+  many = len(substitutions) > 1
+  return (f"SYNTHETIC SUBSTITUTION in scenario {scenario!r}: {what} {'are' if many else 'is'} "
+          f"unavailable, so the embedded synthetic data stands in for {'them' if many else 'it'}"
+          f" (synthetic_fallback=True; results are not comparable with real-data runs). "
+          + " ".join(reasons) + _download_sentence(parts))
+
+
+def _download_hint(name: str, source: str = "real") -> str:
+  """How to get `name`'s real data into the data directory, as a sentence ("" when no
+  download brings it; `_download_parts`)."""
+  parts = _download_parts(name, source)
+  return _download_sentence([parts] if parts else [])
 
 
 def _how_to(domain: str, source: str, spec: _Spec, scenario: str) -> str:
@@ -640,6 +676,8 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
   # Open every domain's pool; collect unavailable ones.
   pools: dict[str, _Pool] = {}
   substituted: list[str] = []
+  # (what, why, name, requested source) of each synthetic substitution, warned about once.
+  substitutions: list[tuple[str, str, str, str]] = []
   failures: list[str] = []
   office_failures: list[tuple[str, str, str]] = []
   synthetic_test = synthetic.DEFAULT_SYNTHETIC_TEST_SIZE if test_size is None else test_size
@@ -657,11 +695,7 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
     except DataUnavailableError as e:
       office_failures.append((d, source, str(e)))
       if synthetic_fallback and d in synthetic.DIGIT_DOMAINS:
-        logger.warning(
-            "SYNTHETIC SUBSTITUTION in scenario %r: domain %r requested source %r, which is "
-            "unavailable (%s). Using the synthetic %s domain instead because "
-            "synthetic_fallback=True; results are not comparable with real-data runs.%s",
-            name, d, source, str(e).splitlines()[0], d, _download_hint(d, source))
+        substitutions.append((f"{d} (source {source!r})", str(e).splitlines()[0], d, source))
         pools[d] = _SyntheticPool(d, needed[d], synthetic_test, seed,
                                   f"synthetic(seed={seed}; substituted for {source!r})")
         substituted.append(d)
@@ -735,14 +769,14 @@ def build_scenario(name: str, *, data_dir: str | os.PathLike | None = None,
             f"${DATA_DIR_ENV}), or pass public_name='synthetic', or synthetic_fallback=True."
             f"{_download_hint(public_name, 'public')}"
         ) from e
-      logger.warning(
-          "SYNTHETIC SUBSTITUTION in scenario %r: public set %r is unavailable (%s). Using the "
-          "synthetic public set instead because synthetic_fallback=True.%s", name, public_name,
-          str(e).splitlines()[0], _download_hint(public_name, "public"))
+      substitutions.append((f"the public set {public_name!r}", str(e).splitlines()[0],
+                            public_name, "public"))
       public = synthetic.synthetic_public(public_size, seed=int(seed), cache=True)
       sources_used["public"] = f"synthetic(seed={seed}; substituted for {public_name!r})"
       substituted.append("public")
       public_stats_name = "synthetic"
+  if substitutions:
+    logger.warning(_substitution_warning(name, substitutions))
   public_mean, public_std = _public_stats(public_stats_name, public_normalization)
   return Scenario(
       name=name + ("_homogeneous" if homogeneous else ""), num_classes=spec.num_classes,
