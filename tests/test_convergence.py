@@ -110,3 +110,20 @@ def test_docs_results_md_holds_the_study_of_what_results_holds():
       [tables.get_table(t) for t in ("fcclplus_office31", "fcclplus_digits")], "mid",
       REPO / "results")
   assert content == rendered
+
+
+def test_base_after_the_papers_50_epochs_is_set_beside_the_method_at_the_last_round(results):
+  # BASE at mid scale trains 20 local epochs a round: the paper's 50 epochs end in round 3.
+  for seed in range(3):
+    cell = grid.plan(tables.get_table("fcclplus_office31"), "mid", [seed], ["solo"])[0]
+    (cell.directory(results) / "run.json").write_text(json.dumps(
+        {"config": {"local.epochs": 20}}))
+  text, numbers = convergence.render(tables.get_table("fcclplus_office31"), "mid", results)
+  inter = numbers["settings"]["office31"]["inter"]
+  assert inter["base_at_paper_budget"]["round"] == 3
+  gaps = [_base("inter", 40, s) + _gap("inter", 40, s) - _base("inter", 3, s) for s in range(3)]
+  assert inter["base_at_paper_budget"]["gap"]["mean"] == pytest.approx(np.mean(gaps))
+  line = next(x for x in text.splitlines() if x.startswith("- BASE (solo) after the paper's"))
+  assert line.startswith("- BASE (solo) after the paper's 50 private epochs (round 3 here): inter "
+                         f"{np.mean([_base('inter', 3, s) for s in range(3)]):.2f} ± 1.00, FCCL+ "
+                         f"at round 40 minus it +{np.mean(gaps):.2f} ± {np.std(gaps, ddof=1):.2f}")

@@ -14,6 +14,7 @@ Nothing here trains.
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
 KINDS = ("inter", "intra")
+#: The paper's BASE: "models are optimized on private data for 50 epochs" (FCCL+ Sec. 4.1).
+PAPER_BASE_EPOCHS = 50
 #: The rounds the markdown table shows (those the runs evaluated); the figure shows every round.
 ROUNDS_SHOWN = (1, 2, 3, 5, 10, 15, 20, 25, 30, 35, 40)
 
@@ -93,10 +96,35 @@ def _cell(stat: Mapping[str, Any] | None, *, signed: bool = False) -> str:
   return text if stat["std"] is None else f"{text} ± {stat['std']:.2f}"
 
 
+def base_budget_round(base_cells: Mapping[int, Mapping[str, Any]]) -> int | None:
+  """The first round by whose end BASE has trained the paper's 50 private epochs
+  (ceil(50 / local.epochs) of its recorded config); None without a readable config."""
+  epochs = set()
+  for cell in base_cells.values():
+    record = _read_json(pathlib.Path(cell.get("path", "")) / "run.json") or {}
+    value = record.get("config", {}).get("local.epochs")
+    if isinstance(value, int) and value > 0:
+      epochs.add(value)
+  if len(epochs) != 1:
+    return None
+  return -(-PAPER_BASE_EPOCHS // epochs.pop())
+
+
+def _read_json(path: pathlib.Path) -> Any:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
 def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path, *,
            method: str = "fcclplus", base: str = "solo") -> tuple[str, dict[str, Any]]:
   """(markdown, numbers) of the study over every setting of `table` at `scale`."""
   cells = document.collect(table, scale, pathlib.Path(results_dir))
+  for per_row in cells.values():
+    for per_seed in per_row.values():
+      for cell in per_seed.values():
+        cell["path"] = str(pathlib.Path(results_dir) / cell["workdir"])
   labels = {r.key: r.label for s in table.settings for r in s.rows}
   parts = [f"### {table.id} ({scale} scale): {labels.get(method, method)} against "
            f"{labels.get(base, base)}, round by round"]
@@ -132,6 +160,23 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path, *,
                f"{r['opens']} to round {last}" if r["opens"] is not None else
                f"not above zero on every paired seed at round {last}")
       lines.append(f"- {kind}: the gap is {opens}{paper_text}")
+    budget = base_budget_round(found.get(base, {}))
+    rounds = result["inter"]["rounds"]
+    if budget is not None and budget in rounds:
+      compared = []
+      for kind in KINDS:
+        base_curves = per_seed_curves(found.get(base, {}), kind)
+        method_curves = per_seed_curves(found.get(method, {}), kind)
+        paired = [method_curves[s][rounds[-1]] - base_curves[s][budget]
+                  for s in sorted(set(base_curves) & set(method_curves))]
+        compared.append(f"{kind} {_cell(result[kind]['base'][budget])}, "
+                        f"{labels.get(method, method)} at round {rounds[-1]} minus it "
+                        f"{_cell(_stat(paired), signed=True)}")
+        result[kind]["base_at_paper_budget"] = {"round": budget, "gap": _stat(paired)}
+      lines.append(f"- {labels.get(base, base)} after the paper's {PAPER_BASE_EPOCHS} private "
+                   f"epochs (round {budget} here): {'; '.join(compared)} (the paper sets "
+                   f"{labels.get(method, method)} after 40 rounds beside BASE after "
+                   f"{PAPER_BASE_EPOCHS} epochs)")
     shown = [x for x in ROUNDS_SHOWN if x in result["inter"]["rounds"]]
     last = result["inter"]["rounds"][-1] if result["inter"]["rounds"] else None
     if last is not None and last not in shown:
