@@ -268,8 +268,9 @@ def code_protocol_settings(c: ml_collections.ConfigDict, method: str, scenario: 
 #: The mid scale's Digits private sizes: the code's MNIST and USPS sizes; SVHN and SYN (the
 #: embedded synthetic stand-ins when their data is absent) cut to 3 and 2 local batches of 128
 #: so that a 40-round cell of 20 local epochs fits about an hour on a 2-core CPU (their local
-#: steps cost about 2.5 ms an image at width 1/8 there; with 600 / 400 images and test sets
-#: of 1000 a round took 123 s).
+#: steps cost about 2.5 ms an image at width 1/8 there, `benchmarks/results/fcclplus_phases__
+#: digits_fcclplus_quick-mid_batches__cpu2.json`; with 600 / 400 images and test sets of 1000 a
+#: round took 118 s, `mid_round__digits_fcclplus_mid-svhn600_syn400_test1000__cpu2.json`).
 MID_DIGITS_PRIVATE_SIZES = {"mnist": 138, "usps": 94, "svhn": 384, "syn": 256}
 #: The mid scale's test sets per domain (0: whole): Digits' are capped, evaluated every round.
 MID_TEST_SIZE = {"digits": 500}
@@ -279,8 +280,10 @@ def mid_settings(c: ml_collections.ConfigDict, method: str, scenario: str) -> No
   """The mid scale (the `_mid` variants): the code protocol's rounds, public steps, local
   epochs and batches on width-1/8 backbones, about an hour a cell on a 2-core CPU.
 
-  What differs from the code protocol (`code_protocol_settings`): backbones at width 1/8
-  (width 1/4 costs 2.6x a public step, `benchmarks/results/mid_scale__*`); BASE (SOLO) trains
+  What differs from the code protocol (`code_protocol_settings`): backbones at width 1/8 (the
+  quick configs' width; at it an Office31 FCCL+ round takes 91 s on a 2-core CPU,
+  `benchmarks/results/mid_round__office_office31_fcclplus_mid__cpu2.json`, so 40 rounds about
+  an hour; its phases: `fcclplus_phases__office_office31_fcclplus_quick-mid_batches-*`); BASE (SOLO) trains
   40 rounds of the methods' local epochs with their learning-rate decay, i.e. each method's
   local schedule without collaboration (the paper's BASE is 50 private epochs: rounds 2-3 of
   its curve); Digits' SVHN and SYN private sets (`MID_DIGITS_PRIVATE_SIZES`) and test sets

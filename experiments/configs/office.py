@@ -35,7 +35,7 @@ Variants (the part after "office.py:" or "office_"):
               batches, epochs and omega per scenario, whole-domain test sets, public CIFAR-100
               with Tiny-ImageNet's statistics, FCCM without epsilon, a second feature pass)
   _mid        the mid scale (digits.py `mid_settings`): the code protocol on width-1/8
-              backbones, 40 rounds; office31 fcclplus mid: about 97 s a round on a 2-core CPU
+              backbones, 40 rounds; office31 fcclplus mid: 91 s a round on a 2-core CPU
   _quick      narrow backbones (width 1/8), 5 rounds of 5 local epochs, public set 1024,
               test sets capped at 300 images per domain (Office-Home: private sets of a
               quarter of Table V). office31 fcclplus quick: 4 min 8 s on a 2-core CPU
