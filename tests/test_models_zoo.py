@@ -130,6 +130,12 @@ def fedavg_cifar_cnn_params(num_classes=10, w=1.0):
           + linear(f1, f2) + linear(f2, num_classes))
 
 
+def htfl_cnn_params(num_classes=10, w=1.0):
+  c1, c2, f = _c(32, w), _c(64, w), _c(512, w)
+  return (conv(5, 3, c1, bias=True) + conv(5, c1, c2, bias=True) + linear(25 * c2, f)
+          + linear(f, num_classes))
+
+
 def lenet_params(num_classes=10, w=1.0):
   c = _c(12, w)
   return (conv(5, 3, c, bias=True) + 2 * conv(5, c, c, bias=True)
@@ -149,6 +155,7 @@ HAND_COUNTS = {
     "fedavg_mnist_cnn": fedavg_mnist_cnn_params,
     "fedavg_cifar_cnn": fedavg_cifar_cnn_params,
     "lenet_encoder": lenet_params,
+    "htfl_cnn": htfl_cnn_params,
     # FedFusion(fedavg_cifar_cnn, multi): the base + the frozen trunk copy + gamma (C,).
     "fedfusion": lambda nc, w: (fedavg_cifar_cnn_params(nc, w) + conv(5, 3, _c(64, w), True)
                                 + conv(5, _c(64, w), _c(64, w), True) + _c(64, w)),
@@ -170,6 +177,7 @@ EXPECTED_PARAMS = {
     "fedavg_mnist_cnn": 2_156_490,  # 2432 + 51264 + 2097664 + 5130
     "fedavg_cifar_cnn": 1_756_426,  # 4864 + 102464 + 1573248 + 73920 + 1930
     "lenet_encoder": 15_826,  # 912 + 3612 + 3612 + 7690
+    "htfl_cnn": 878_538,  # 2432 + 51264 + 819712 + 5130 (HtFLlib's FedAvgCNN, dim 1600)
     "fedfusion": 1_863_818,  # 1756426 + 4864 + 102464 + 64
 }
 
@@ -177,6 +185,7 @@ EXPECTED_FEATURE_DIM = {
     "resnet10": 512, "resnet12": 512, "resnet18": 512, "resnet34": 512, "glfc_resnet18": 512,
     "efficientnet_b0": 320, "mobilenet_v2": 1280, "googlenet": 1024, "simple_cnn": 256,
     "fedavg_mnist_cnn": 512, "fedavg_cifar_cnn": 192, "lenet_encoder": 768, "fedfusion": 192,
+    "htfl_cnn": 512,
 }
 
 

@@ -1,5 +1,6 @@
-"""Client partitioners: IID, Dirichlet label skew, shards, binary and contiguous class
-splits, permuted pixels, and GLFC class-incremental task streams.
+"""Client partitioners: IID, Dirichlet label skew, shards, PFLlib's pathological split,
+binary and contiguous class splits, permuted pixels, per-client train/test splits, and GLFC
+class-incremental task streams.
 
 All are NumPy functions seeded by an explicit `np.random.Generator` (or seed),
 returning integer index arrays into the dataset, one per client (use
@@ -14,6 +15,9 @@ References:
   [FedMMD] X. Yao et al. Federated Learning with Additional Mechanisms on
     Clients to Reduce Communication Costs (binary split, permuted MNIST).
   [GLFC] J. Dong et al. Federated Class-Incremental Learning. CVPR 2022.
+  [PFLlib] J. Zhang et al. PFLlib: A Beginner-Friendly and Comprehensive Personalized
+    Federated Learning Library and Benchmark. JMLR 2025 (dataset/utils/dataset_utils.py:
+    the "pat" partition and the per-client 75/25 split that HtFLlib's data use).
 """
 
 from __future__ import annotations
@@ -144,6 +148,85 @@ def shard_partition(labels: np.ndarray, num_clients: int, *, shards_per_client: 
   shards = ordered.reshape(num_shards, shard_size)
   assignment = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
   return [np.concatenate([shards[s] for s in row]) for row in assignment]
+
+
+def pathological_partition(labels: np.ndarray, num_clients: int, *, classes_per_client: int,
+                           rng: np.random.Generator, balance: bool = False,
+                           min_size: int = 40) -> list[np.ndarray]:
+  """PFLlib's "pathological" label skew (`separate_data(partition="pat")`, HtFLlib's data).
+
+  Classes are handed out in label order: class c goes to the first
+  ceil(K / C * classes_per_client) clients (in client order) that still have
+  room for another class, each client taking at most `classes_per_client`
+  classes, so with K = 20, C = 10 and 2 classes per client clients 0-3 hold
+  classes {0, 1}, clients 4-7 {2, 3}, and so on. The examples of a class are
+  split among its clients in a random order of the class: with `balance` in
+  equal parts (the last client takes the remainder); without (PFLlib's
+  default, "-" on its command line) the first clients take
+  randint(max(n_c / m / 10, min_size / C), n_c / m) examples each (n_c the
+  class size, m its clients) and the last client the rest.
+
+  Args:
+    labels: (N,) integer labels; the classes are 0 .. max(labels).
+    num_clients: K >= 1.
+    classes_per_client: classes a client holds (PFLlib's `class_per_client`: 2 for
+      CIFAR-10, 10 for CIFAR-100 in FedTGP's pathological setting).
+    rng: random generator.
+    balance: equal shares of a class (PFLlib's "balance").
+    min_size: PFLlib's `least_samples`, min(batch / (1 - train_ratio), N / K / 2) there
+      (40 for CIFAR-10's 60000 images); only the lower bound of the unbalanced draw.
+
+  Returns:
+    K disjoint int64 index arrays (a client that receives no class is empty; with
+    K * classes_per_client >= C every class is assigned and their union is range(N)).
+
+  Raises:
+    ValueError: a bad argument (naming it and the allowed values).
+  """
+  labels = _check_labels(labels)
+  k = _check_positive_int("num_clients", num_clients)
+  per_client = _check_positive_int("classes_per_client", classes_per_client)
+  _check_positive_int("min_size", min_size, 0)
+  num_classes = int(labels.max()) + 1 if labels.size else 0
+  room = [per_client] * k
+  parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+  takers = int(np.ceil(k / max(num_classes, 1) * per_client))
+  for c in range(num_classes):
+    chosen = [client for client in range(k) if room[client] > 0][:takers]
+    if not chosen:
+      break
+    idx = rng.permutation(np.nonzero(labels == c)[0])
+    share = len(idx) / len(chosen)
+    if balance:
+      sizes = [int(share)] * (len(chosen) - 1)
+    else:
+      low = max(share / 10, min_size / num_classes)
+      sizes = [int(rng.integers(int(low), max(int(share), int(low) + 1)))
+               for _ in range(len(chosen) - 1)]
+    sizes.append(len(idx) - sum(sizes))
+    start = 0
+    for client, size in zip(chosen, sizes):
+      parts[client].append(idx[start:start + size])
+      start += size
+      room[client] -= 1
+  return [rng.permutation(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64)
+          for p in parts]
+
+
+def train_test_split_indices(num_examples: int, train_fraction: float,
+                             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """(train, test) index arrays of a shuffled split of range(num_examples).
+
+  The train part takes floor(train_fraction * n) examples and the test part the rest,
+  as scikit-learn's `train_test_split(train_size=train_fraction, shuffle=True)`, which
+  PFLlib's `split_data` applies to every client (train_fraction 0.75).
+  """
+  n = _check_positive_int("num_examples", num_examples, 0)
+  if not 0 < float(train_fraction) < 1:
+    raise ValueError(f"`train_fraction` must be a number in (0, 1), got {train_fraction!r}.")
+  order = rng.permutation(n)
+  cut = int(np.floor(float(train_fraction) * n))
+  return order[:cut].astype(np.int64), order[cut:].astype(np.int64)
 
 
 def binary_class_split(labels: np.ndarray, *, num_classes: int = 10,

@@ -56,6 +56,24 @@ optionally subsamples it (stratified), and splits the training pool over
     `permuted_test="full"` gives every client the whole test set under its
     permutation (K copies: K * N_test * 3 KiB of memory).
 
+PFLlib's data (`dataset` = f"{name}_pfllib", name one of PARTITION_DATASETS; the
+data of HtFLlib, FedTGP and FedKTL, prepared by PFLlib's dataset/utils/dataset_utils.py):
+the (subsampled) training and test splits are pooled into one set (PFLlib merges
+CIFAR's official train and test splits), the pool is partitioned over the clients, and
+every client's share is split 75/25 into its own training and test set
+(`partition.train_test_split_indices`, scikit-learn's shuffled split). The partitions:
+
+  * "dirichlet": PFLlib's "dir", the Dirichlet(dirichlet_alpha) split above with its
+    minimum client size least_samples = min(10 / 0.25, N / K / 2) (40 on CIFAR-10), the
+    FedTGP / FedKTL "practical" setting with alpha = 0.1;
+  * "shards": PFLlib's "pat" (`partition.pathological_partition`): `shards_per_client`
+    classes per client, handed out in label order, unbalanced shares (PFLlib's default),
+    the "pathological" setting (2 classes per client on CIFAR-10, 10 on CIFAR-100);
+  * "iid": PFLlib's IID data, "pat" with every class per client and balanced shares.
+
+Each client is its own domain, f"{name}_client{k}", whose test set is its own 25%; the
+normalisation is PFLlib's (mean 0.5, std 0.5 per channel, its `transforms.Normalize`).
+
 The returned `Scenario` (see `scenarios.Scenario`):
 
   * name f"{dataset}_{partition}", num_classes of the dataset (10 for a
@@ -121,6 +139,15 @@ PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "p
 PARTITION_DATASETS = ("mnist", "cifar10", "usps", "cifar100", "svhn", "fashion_mnist")
 #: How a permuted scenario's per-client test sets are made (see the module docstring).
 PERMUTED_TEST_MODES = ("split", "full")
+#: PFLlib's data of each dataset (module docstring): f"{name}_pfllib".
+PFLLIB_SUFFIX = "_pfllib"
+PFLLIB_DATASETS = tuple(f"{name}{PFLLIB_SUFFIX}" for name in PARTITION_DATASETS)
+#: The partitions of PFLlib's data and PFLlib's name of each.
+PFLLIB_PARTITIONS = {"dirichlet": "dir", "shards": "pat", "iid": "pat (IID)"}
+#: PFLlib's per-client train fraction (`train_ratio`) and batch size (`least_samples`).
+PFLLIB_TRAIN_FRACTION, PFLLIB_BATCH_SIZE = 0.75, 10
+#: PFLlib's normalisation (`transforms.Normalize((0.5,) * 3, (0.5,) * 3)`).
+PFLLIB_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 #: Training-pool size of the synthetic digits when `train_size` is None.
 DEFAULT_SYNTHETIC_POOL_SIZE = 10000
 
@@ -182,7 +209,7 @@ _TFDS_OK = ("mnist", "cifar10", "cifar100", "svhn", "fashion_mnist")
 
 # Random-stream codes (SeedSequence([seed, _STREAM, code])).
 _STREAM = 4099
-_TRAIN_SUBSAMPLE, _TEST_SUBSAMPLE, _PARTITION, _ORDER, _TEST_SPLIT = range(5)
+_TRAIN_SUBSAMPLE, _TEST_SUBSAMPLE, _PARTITION, _ORDER, _TEST_SPLIT, _CLIENT_SPLIT = range(6)
 
 
 def _rng(seed: int, code: int) -> np.random.Generator:
@@ -406,8 +433,15 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
       is False (the message says how to provide it).
     DataError: the data is present but invalid.
   """
+  if dataset in PFLLIB_DATASETS:
+    return _build_pfllib_scenario(
+        dataset, num_clients=num_clients, partition=partition, dirichlet_alpha=dirichlet_alpha,
+        shards_per_client=shards_per_client, source=source, data_dir=data_dir,
+        synthetic_fallback=synthetic_fallback, train_size=train_size, test_size=test_size,
+        seed=seed)
   if dataset not in PARTITION_DATASETS:
-    raise ValueError(f"`dataset` must be one of {PARTITION_DATASETS}, got {dataset!r}.")
+    raise ValueError(f"`dataset` must be one of {PARTITION_DATASETS + PFLLIB_DATASETS}, got "
+                     f"{dataset!r}.")
   if partition not in PARTITIONS:
     raise ValueError(f"`partition` must be one of {PARTITIONS}, got {partition!r}.")
   num_clients = _check_int("num_clients", num_clients, 1)
@@ -490,3 +524,82 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
       sources={dataset: provenance, "public": "none"}, substituted=substituted,
       private_mean=tuple(mean), private_std=tuple(std), public_mean=tuple(mean),
       public_std=tuple(std), class_names=tuple(class_names))
+
+
+def _build_pfllib_scenario(dataset: str, *, num_clients: int, partition: str,
+                           dirichlet_alpha: float, shards_per_client: int, source: str,
+                           data_dir: str | os.PathLike | None, synthetic_fallback: bool,
+                           train_size: int | None, test_size: int | None,
+                           seed: int) -> Scenario:
+  """PFLlib's data of `dataset` = f"{name}_pfllib" (module docstring)."""
+  name = dataset[:-len(PFLLIB_SUFFIX)]
+  if partition not in PFLLIB_PARTITIONS:
+    raise ValueError(f"`partition` must be one of {tuple(PFLLIB_PARTITIONS)} for dataset "
+                     f"{dataset!r} (PFLlib's {tuple(PFLLIB_PARTITIONS.values())}), got "
+                     f"{partition!r}.")
+  k = _check_int("num_clients", num_clients, 1)
+  source = _check_source(name, source)
+  if not isinstance(synthetic_fallback, (bool, np.bool_)):
+    raise ValueError(f"`synthetic_fallback` must be True or False, got {synthetic_fallback!r}.")
+  train_size = _check_int("train_size", train_size, 1, optional=True)
+  test_size = _check_int("test_size", test_size, 1, optional=True)
+  seed = _check_int("seed", seed, 0)
+  _check_partition_args(dirichlet_alpha, shards_per_client, 1)
+  train, test, provenance, synthetic_domain = _load(f"{dataset}_{partition}", name, source,
+                                                    data_dir, bool(synthetic_fallback),
+                                                    train_size, test_size, seed)
+  substituted = (name,) if synthetic_domain is not None and source != "synthetic" else ()
+  stats_name = name if synthetic_domain is None else synthetic_domain
+  num_classes = _NUM_CLASSES[stats_name]
+  class_names = () if source.startswith("folder:") else _CLASS_NAMES.get(stats_name, ())
+  if synthetic_domain is None:
+    if train_size is not None:
+      if train_size > len(train):
+        raise ValueError(f"`train_size`={train_size} exceeds the {len(train)} training examples "
+                         f"of {name!r} ({provenance}); pass train_size <= {len(train)} or None.")
+      train = train.take(stratified_subsample(train.labels, train_size,
+                                              _rng(seed, _TRAIN_SUBSAMPLE)))
+    if test_size is not None and test_size < len(test):
+      test = test.take(stratified_subsample(test.labels, test_size, _rng(seed, _TEST_SUBSAMPLE)))
+  pool = Split(np.concatenate([train.images, test.images]),
+               np.concatenate([train.labels, test.labels]).astype(train.labels.dtype))
+  n = len(pool)
+  if len(pool.labels) and int(pool.labels.max()) >= num_classes:
+    raise DataError(f"{provenance}: labels must lie in [0, {num_classes}) for {name!r}, found "
+                    f"{int(pool.labels.max())}.")
+  least = int(min(PFLLIB_BATCH_SIZE / (1 - PFLLIB_TRAIN_FRACTION), n / k / 2))
+  rng = _rng(seed, _PARTITION)
+  if partition == "dirichlet":
+    if k * max(least, 1) > n:
+      raise ValueError(f"`num_clients`={k} exceeds what the {n} pooled examples allow; use "
+                       "fewer clients or larger `train_size` / `test_size`.")
+    parts = partition_lib.dirichlet_partition(pool.labels, k, float(dirichlet_alpha), rng,
+                                              min_size=max(least, 1))
+  else:
+    per_client = int(shards_per_client) if partition == "shards" else num_classes
+    parts = partition_lib.pathological_partition(
+        pool.labels, k, classes_per_client=per_client, rng=rng, balance=partition == "iid",
+        min_size=least)
+  split_rng = _rng(seed, _CLIENT_SPLIT)
+  domains = tuple(f"{name}_client{i}" for i in range(k))
+  clients, tests = [], {}
+  for domain, idx in zip(domains, parts):
+    own_train, own_test = partition_lib.train_test_split_indices(len(idx), PFLLIB_TRAIN_FRACTION,
+                                                                 split_rng)
+    if not own_train.size or not own_test.size:
+      raise ValueError(f"PFLlib data {dataset!r}: client {domain!r} holds {len(idx)} examples, "
+                       f"too few for a {PFLLIB_TRAIN_FRACTION:g} / "
+                       f"{1 - PFLLIB_TRAIN_FRACTION:g} train/test split; use fewer clients or "
+                       "larger `train_size` / `test_size`.")
+    clients.append(pool.take(idx[own_train]))
+    tests[domain] = pool.take(idx[own_test])
+  provenance += (f"; PFLlib's data: training and test splits pooled ({n} images), partition "
+                 f"{PFLLIB_PARTITIONS[partition]!r}, each client split "
+                 f"{PFLLIB_TRAIN_FRACTION:g} / {1 - PFLLIB_TRAIN_FRACTION:g} into train / test")
+  mean, std = PFLLIB_STATS
+  return Scenario(
+      name=f"{dataset}_{partition}", num_classes=num_classes, domains=domains,
+      train=tuple(clients), test=tests, public=np.zeros((0, 32, 32, 3), np.uint8),
+      sources={name: provenance, "public": "none"}, substituted=substituted,
+      private_mean=mean, private_std=std, public_mean=mean, public_std=std,
+      class_names=tuple(class_names))

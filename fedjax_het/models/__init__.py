@@ -22,6 +22,7 @@ Models (`get_model(name, num_classes, *, width=1.0, conv_impl="xla", **kw)`):
   fedavg_cifar_cnn   192          FedAvg CIFAR CNN (dropout_rate, default 0)
   glfc_resnet18      512          GLFC's CIFAR ResNet-18 (grow its head with grow_classifier)
   lenet_encoder      768          DLG/GLFC LeNet gradient encoder (sigmoid, U(-0.5, 0.5) init)
+  htfl_cnn           512          HtFLlib's 4-layer CNN (FedAvgCNN, dim 1600)
   fedfusion          base's       FedFusion wrapper: base=<name above>, fusion=conv|multi|single
 
 Feature dims scale with `width` (channel counts c -> max(1, round(c * width)); MobileNetV2 and
@@ -57,6 +58,8 @@ Functional API:
   apply_model_with_trunk(...same...) -> (trunk feature map, features, logits, new_variables)
   model_summary(name, num_classes=10, *, width=1.0) -> {"params", "flops", "feature_dim", ...}
   grow_classifier(variables, *, num_new_classes, key) -> variables (GLFC)
+  with_feature_dim(model, dim) -> the model with its features pooled to dim (HtFLlib's
+      BaseHeadSplit: AdaptiveAvgPool1d(512) before the head)
   with_dropout(model, rate) -> the model with dropout in its tail (train mode only)
   fedfusion_trainable_mask(params), fedfusion_local_variables(variables),
   fedfusion_set_global(variables, base_variables, *, also_local=False)
@@ -68,12 +71,15 @@ from fedjax_het.models.fedfusion import (FUSION_OPERATORS, FedFusion, FusionOper
                                          fedfusion_trainable_mask)
 from fedjax_het.models.functional import (apply_model, apply_model_with_trunk, count_parameters,
                                           grow_classifier, init_variables, model_summary)
+from fedjax_het.models.htfl import (HTFL_FEATURE_DIM, PooledTail, adaptive_pool_matrix,
+                                    with_feature_dim)
 from fedjax_het.models.layers import (COMPUTE_DTYPES, CONV_IMPLS, Conv, batch_norm, conv2d,
                                       divisible_width, max_pool, scale_width)
 from fedjax_het.models.registry import MODEL_KWARGS, MODEL_NAMES, get_model
 
 __all__ = [
-    "COMPUTE_DTYPES", "CONV_IMPLS", "FUSION_OPERATORS", "MODEL_KWARGS", "MODEL_NAMES",
+    "COMPUTE_DTYPES", "CONV_IMPLS", "FUSION_OPERATORS", "HTFL_FEATURE_DIM", "MODEL_KWARGS",
+    "MODEL_NAMES", "PooledTail", "adaptive_pool_matrix", "with_feature_dim",
     "Classifier", "Conv", "FedFusion", "FusionOperator", "GlobalPoolTail", "MLPTail",
     "apply_model", "apply_model_with_trunk", "batch_norm", "conv2d", "count_parameters", "divisible_width",
     "fedfusion_local_variables", "fedfusion_set_global", "fedfusion_trainable_mask", "get_model", "grow_classifier",

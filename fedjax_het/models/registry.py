@@ -12,6 +12,7 @@ from fedjax_het.models.base import Classifier
 from fedjax_het.models.efficientnet import efficientnet_b0
 from fedjax_het.models.fedfusion import FUSION_OPERATORS, FedFusion, FusionOperator
 from fedjax_het.models.googlenet import googlenet
+from fedjax_het.models.htfl import htfl_cnn
 from fedjax_het.models.layers import check_compute_dtype, check_conv_impl
 from fedjax_het.models.mobilenet import mobilenet_v2
 from fedjax_het.models.resnet import RESNET_STAGE_SIZES, resnet
@@ -40,6 +41,8 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     # GLFC: the CIFAR ResNet-18; its head grows with `grow_classifier`.
     "glfc_resnet18": _resnet_builder("resnet18"),
     "lenet_encoder": lenet_encoder,
+    # HtFLlib's 4-layer CNN (FedAvgCNN, dim 1600): the first backbone of its HtFE groups.
+    "htfl_cnn": htfl_cnn,
 }
 
 #: Extra keyword arguments (and their defaults) accepted per model.
