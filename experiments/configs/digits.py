@@ -270,7 +270,7 @@ def code_protocol_settings(c: ml_collections.ConfigDict, method: str, scenario: 
 #: so that a 40-round cell of 20 local epochs fits about an hour on a 2-core CPU (their local
 #: steps cost about 2.5 ms an image at width 1/8 there, `benchmarks/results/fcclplus_phases__
 #: digits_fcclplus_quick-mid_batches__cpu2.json`; with 600 / 400 images and test sets of 1000 a
-#: round took 118 s, `mid_round__digits_fcclplus_mid-svhn600_syn400_test1000__cpu2.json`).
+#: round took 118 s, `train__digits_fcclplus_mid-3_rounds-svhn600_syn400_test1000__cpu2.json`).
 MID_DIGITS_PRIVATE_SIZES = {"mnist": 138, "usps": 94, "svhn": 384, "syn": 256}
 #: The mid scale's test sets per domain (0: whole): Digits' are capped, evaluated every round.
 MID_TEST_SIZE = {"digits": 500}
@@ -282,7 +282,7 @@ def mid_settings(c: ml_collections.ConfigDict, method: str, scenario: str) -> No
 
   What differs from the code protocol (`code_protocol_settings`): backbones at width 1/8 (the
   quick configs' width; at it an Office31 FCCL+ round takes 91 s on a 2-core CPU,
-  `benchmarks/results/mid_round__office_office31_fcclplus_mid__cpu2.json`, so 40 rounds about
+  `benchmarks/results/train__office_office31_fcclplus_mid-3_rounds__cpu2.json`, so 40 rounds about
   an hour; its phases: `fcclplus_phases__office_office31_fcclplus_quick-mid_batches-*`); BASE (SOLO) trains
   40 rounds of the methods' local epochs with their learning-rate decay, i.e. each method's
   local schedule without collaboration (the paper's BASE is 50 private epochs: rounds 2-3 of
