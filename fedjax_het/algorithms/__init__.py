@@ -20,6 +20,21 @@
             per class with an α weighting of shared against partially held labels, KL
             distillation toward them, then private CE.
 
+Data-free methods of heterogeneous models (HtFLlib's benchmark; FedTGP / FedKTL tables;
+`htfl_common` holds their shared pieces: HtFLlib's local SGD, the features pooled to 512,
+per-class statistics by segment sums, the prototype evaluator):
+
+  fedproto  FedProto (AAAI 2022): class prototypes averaged on the server, the prototype
+            regulariser (lambda), inference by the nearest global prototype.
+  fd        FD / FedDistill (Jeong et al. 2018): per-class mean logits exchanged, a
+            distillation term toward the global mean logits of each row's class.
+  fedtgp    FedTGP (AAAI 2024): trainable global prototypes trained on the server with the
+            adaptive-margin contrastive loss, the prototype regulariser on the clients.
+  lg_fedavg LG-FedAvg (Liang et al. 2020): the clients' heads averaged (size-weighted) into
+            one global head over heterogeneous feature extractors.
+  fedgh     FedGH (ACM MM 2023): a global head trained on the server on the clients'
+            uploaded class prototypes.
+
 On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
 `cil.stream`; `Method.class_incremental`):
 
@@ -92,6 +107,8 @@ from fedjax_het.algorithms import (bic_fl, dde_icarl_fl, podnet_fl,  # CIL basel
                                    ssil_fl)
 from fedjax_het.algorithms import fml, rcfl  # FML, RCFL (FCCL Tables 1-3)
 from fedjax_het.algorithms import geodl_icarl_fl  # GeoDL + iCaRL + FL (GLFC Table 1)
+from fedjax_het.algorithms import fd, fedproto, fedtgp  # data-free HtFL methods (HtFLlib)
+from fedjax_het.algorithms import lg_fedavg  # LG-FedAvg and FedGH (a shared global head)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -158,6 +175,16 @@ register("fml", make=fml.make_fml, default_config=fml.default_config,
          validate_config=fml.validate_config)
 register("rcfl", make=rcfl.make_rcfl, default_config=rcfl.default_config,
          validate_config=rcfl.validate_config)
+register("fedproto", make=fedproto.make_fedproto, default_config=fedproto.default_config,
+         validate_config=fedproto.validate_config)
+register("fd", make=fd.make_fd, default_config=fd.default_config,
+         validate_config=fd.validate_config)
+register("fedtgp", make=fedtgp.make_fedtgp, default_config=fedtgp.default_config,
+         validate_config=fedtgp.validate_config)
+register("lg_fedavg", make=lg_fedavg.make_lg_fedavg, default_config=lg_fedavg.default_config,
+         validate_config=lg_fedavg.validate_config)
+register("fedgh", make=lg_fedavg.make_fedgh, default_config=lg_fedavg.fedgh_default_config,
+         validate_config=lg_fedavg.fedgh_validate_config)
 for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl,
                 geodl_icarl_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,

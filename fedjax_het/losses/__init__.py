@@ -23,6 +23,11 @@ Baselines (`baselines`):
   restricted_softmax_logits (FedRS), prototype_contrastive_loss and
   prototype_contrastive_objective (FedProc), symmetric_cross_entropy (RHFL),
   consensus_l1_loss (FedMD), ensemble_distillation_loss (FedDF).
+The data-free heterogeneous-model methods of HtFLlib (FedProto, FD, FedTGP, FedGH, FedKD)
+keep their losses in the submodule `fedjax_het.losses.htfl` (class_sums, class_means,
+prototype_regularizer, logit_distillation_loss, soft_target_cross_entropy,
+tgp_margin_contrastive_loss, nearest_prototype_scores, fedkd_losses); they are imported from
+there, so this package's `__all__` lists the losses of the property tests only.
 Shared (`common`):
   softmax_cross_entropy, sigmoid_binary_cross_entropy.
 """
