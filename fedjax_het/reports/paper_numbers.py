@@ -17,6 +17,12 @@ Papers:
           X. Yao, T. Huang, C. Wu, R.-X. Zhang, L. Sun. Federated Learning with
           Additional Mechanisms on Clients to Reduce Communication Costs.
           arXiv:1908.05891, 2019.
+  FedTGP  J. Zhang, Y. Liu, Y. Hua, J. Cao. FedTGP: Trainable Global Prototypes with
+          Adaptive-Margin-Enhanced Contrastive Learning for Data and Model Heterogeneity in
+          Federated Learning. AAAI 2024.
+  FedKTL  J. Zhang, Y. Liu, Y. Hua, J. Cao. An Upload-Efficient Scheme for Transferring
+          Knowledge From a Server-Side Pre-trained Generator to Clients in Heterogeneous
+          Federated Learning. CVPR 2024.
 """
 
 from __future__ import annotations
@@ -664,6 +670,35 @@ TWO_STREAM: dict[tuple[str, str], dict[str, Any]] = {
                   "the paper gives no learning rate for this split; the config uses SGD 0.05 "
                   "(McMahan et al.)"),
     },
+}
+
+
+#: FedKTL Table 1 (HtFE8, 20 clients): test accuracy (%), HtFLlib's metric (the best round's
+#: accuracy over all clients' test splits, mean over 3 runs), as the issue transcribes it:
+#: {method: {(skew, dataset): value}}. Keys are this library's method names.
+HTFL_FEDKTL_TABLE1: dict[str, dict[tuple[str, str], float]] = {
+    "lg_fedavg": {("pathological", "cifar10"): 86.82, ("pathological", "cifar100"): 57.01,
+                  ("practical", "cifar10"): 84.55, ("practical", "cifar100"): 40.65},
+    "fedgh": {("pathological", "cifar10"): 86.59, ("pathological", "cifar100"): 57.19,
+              ("practical", "cifar10"): 84.43, ("practical", "cifar100"): 40.99},
+    "fml": {("pathological", "cifar10"): 87.06, ("pathological", "cifar100"): 55.15,
+            ("practical", "cifar10"): 85.88, ("practical", "cifar100"): 39.86},
+    "fedkd": {("pathological", "cifar10"): 87.32, ("pathological", "cifar100"): 56.56,
+              ("practical", "cifar10"): 86.45, ("practical", "cifar100"): 40.56},
+    "fd": {("pathological", "cifar10"): 87.24, ("pathological", "cifar100"): 56.99,
+           ("practical", "cifar10"): 86.01, ("practical", "cifar100"): 41.54},
+    "fedproto": {("pathological", "cifar10"): 83.39, ("pathological", "cifar100"): 53.59,
+                 ("practical", "cifar10"): 82.07, ("practical", "cifar100"): 36.34},
+    "fedtgp": {("pathological", "cifar10"): 90.02, ("pathological", "cifar100"): 61.86,
+               ("practical", "cifar10"): 88.15, ("practical", "cifar100"): 46.94},
+}
+
+#: FedTGP's CIFAR-100 practical numbers with the HtFE2 / HtFE3 / HtFE4 groups (20 clients),
+#: as the issue transcribes them: {method: {group: value}}.
+HTFL_CIFAR100_PRACTICAL_GROUPS: dict[str, dict[str, float]] = {
+    "fedproto": {"htfe2": 43.97, "htfe3": 38.14, "htfe4": 34.67},
+    "fd": {"htfe2": 46.88, "htfe3": 43.53, "htfe4": 43.56},
+    "fedtgp": {"htfe2": 49.82, "htfe3": 49.65, "htfe4": 46.54},
 }
 
 

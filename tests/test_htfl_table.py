@@ -1,0 +1,45 @@
+"""The htfl_cifar10_practical table: its cells, paper column and HtFLlib's metric."""
+
+import pytest
+
+from fedjax_het import grid
+from fedjax_het.config import validate_config
+from fedjax_het.reports import paper_numbers as P
+from fedjax_het.reports import tables
+
+
+def test_the_table_lists_every_method_for_htfe2_and_htfe4():
+  table = tables.get_table("htfl_cifar10_practical")
+  assert table.family == "partitioned"
+  assert [s.key for s in table.settings] == ["cifar10_practical_htfe2", "cifar10_practical_htfe4"]
+  cells = grid.plan(table, "quick", [0, 1, 2])
+  assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS)
+  config = grid.cell_config(cells[0])
+  validate_config(config)
+  assert config.name.endswith("_quick_seed0") and config.scenario.dataset == "cifar10_pfllib"
+  for setting in table.settings:
+    assert setting.paper["final"] == {m: P.HTFL_FEDKTL_TABLE1[m][("practical", "cifar10")]
+                                      for m in tables.HTFL_METHODS}
+    assert "HtFE8" in setting.paper["where"]
+  assert P.HTFL_FEDKTL_TABLE1["fedtgp"][("practical", "cifar10")] == 88.15
+
+
+def test_the_cifar100_groups_take_fedtgps_own_numbers():
+  setting = tables.htfl_setting("cifar100", "practical", "htfe3")
+  assert setting.paper["final"] == {"fd": 43.53, "fedproto": 38.14, "fedtgp": 49.65}
+  assert "HTFE3 (the same group)" in setting.paper["where"]
+
+
+def test_htfl_accuracy_is_the_best_pooled_round_beside_the_last_three_mean():
+  sizes = {"c0": 10, "c1": 30}
+  records = [{"round": 1, "eval/intra/c0": 50.0, "eval/intra/c1": 10.0, "eval/intra/mean": 30.0},
+             {"round": 2, "eval/intra/c0": 0.0, "eval/intra/c1": 60.0, "eval/intra/mean": 30.0},
+             {"round": 3, "eval/intra/c0": 100.0, "eval/intra/c1": 20.0,
+              "eval/intra/mean": 60.0},
+             {"round": 4, "train/local/loss/c0": 1.0}]
+  got = tables.htfl_accuracy(records, sizes)
+  # pooled: (500 + 300) / 40 = 20, (0 + 1800) / 40 = 45, (1000 + 600) / 40 = 40
+  assert got["htfllib"] == pytest.approx(45.0) and got["best_round"] == 2
+  assert got["library"] == pytest.approx(40.0)
+  assert tables.htfl_accuracy([], sizes) == {"htfllib": None, "best_round": None,
+                                            "library": None}
