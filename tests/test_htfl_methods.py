@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het.algorithms import fd, fedproto, fedtgp, htfl_common, lg_fedavg
+from fedjax_het.algorithms import fd, fedkd, fedproto, fedtgp, htfl_common, lg_fedavg
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients, rounds
 from fedjax_het.errors import ConfigError
@@ -89,6 +89,28 @@ def test_logit_distillation_matches_numpy(target, scale):
   want = (rows * mask).sum() / mask.sum()
   assert np.isfinite(float(got))
   np.testing.assert_allclose(float(got), want, rtol=1e-4, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_fedkd_losses_match_numpy(scale):
+  rng = np.random.default_rng(3)
+  z, zg = [(rng.normal(size=(5, 4)) * scale).astype(F32) for _ in range(2)]
+  h, hw = [(rng.normal(size=(5, 3)) * scale).astype(F32) for _ in range(2)]
+  labels = np.array([0, 3, 1, 2, 3])
+  mask = np.array([1, 1, 0, 1, 1], F32)
+  loss, loss_g = L.fedkd_losses(logits=jnp.asarray(z), mentee_logits=jnp.asarray(zg),
+                                features=jnp.asarray(h), mapped_mentee_features=jnp.asarray(hw),
+                                labels=jnp.asarray(labels), mask=jnp.asarray(mask))
+  keep = mask > 0
+  lp, lpg = _log_softmax(z[keep]), _log_softmax(zg[keep])
+  y = labels[keep]
+  ce = -lp[np.arange(len(y)), y].mean()
+  ce_g = -lpg[np.arange(len(y)), y].mean()
+  kl = (np.exp(lpg) * (lpg - lp)).mean()       # torch KLDivLoss(log p, p_g), mean over B x C
+  kl_g = (np.exp(lp) * (lp - lpg)).mean()
+  mse = ((h[keep].astype(np.float64) - hw[keep]) ** 2).mean()
+  np.testing.assert_allclose(float(loss), ce + (kl + mse) / (ce + ce_g), rtol=1e-4)
+  np.testing.assert_allclose(float(loss_g), ce_g + (kl_g + mse) / (ce + ce_g), rtol=1e-4)
 
 
 def _tgp_numpy(protos, labels, generated, margin, mask):
@@ -392,10 +414,37 @@ def test_fedgh_trains_the_global_head_on_the_uploaded_prototypes():
   np.testing.assert_allclose(state["head"]["bias"], want_b, rtol=1e-4, atol=1e-6)
 
 
+def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
+  setup = _setup()
+  data, _, _ = _data(setup)
+  copies = []
+  train = fedkd.local.train_clients
+
+  def recording(*args, **kwargs):
+    trained, metrics = train(*args, **kwargs)
+    copies.append(trained["params"]["mentee"])
+    return trained, metrics
+
+  monkeypatch.setattr(fedkd.local, "train_clients", recording)
+  algorithm = fedkd.make_fedkd(_config("fedkd"), setup)
+  state0 = rounds.initial_state(algorithm, jax.random.key(0), data)
+  state1, metrics = rounds.make_round_fn(algorithm)(state0, data)   # eager: copies concrete
+  stacked = jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *copies)  # 3 clients
+  want = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64).mean(0), stacked)
+  jax.tree_util.tree_map(lambda got, w: np.testing.assert_allclose(got, w, rtol=1e-5,
+                                                                   atol=1e-7),
+                         state1["mentee"], want)
+  assert not np.allclose(state1["mentee"]["head"]["kernel"], state0["mentee"]["head"]["kernel"])
+  w_h = np.asarray(state1["groups"]["a"]["w_h"])
+  assert not np.allclose(w_h, state0["groups"]["a"]["w_h"]) and not np.allclose(w_h[0], w_h[1])
+  assert np.all(np.isfinite(np.asarray(metrics["local"]["a"]["mentee"])))
+
+
 @pytest.mark.parametrize("make,method", [(fedproto.make_fedproto, "fedproto"),
                                          (fd.make_fd, "fd"), (fedtgp.make_fedtgp, "fedtgp"),
                                          (lg_fedavg.make_lg_fedavg, "lg_fedavg"),
-                                         (lg_fedavg.make_fedgh, "fedgh")])
+                                         (lg_fedavg.make_fedgh, "fedgh"),
+                                         (fedkd.make_fedkd, "fedkd")])
 def test_round_is_traced_once(make, method):
   setup = _setup()
   data, _, _ = _data(setup)
@@ -432,7 +481,8 @@ def test_bad_config_values_name_the_field():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedproto", "fd", "fedtgp", "lg_fedavg", "fedgh"])
+@pytest.mark.parametrize("method", ["fedproto", "fd", "fedtgp", "lg_fedavg", "fedgh",
+                                    "fedkd"])
 def test_quick_config_trains_end_to_end(method, tmp_path, monkeypatch):
   data_dir = "/work/shared/data"
   import os  # pylint: disable=import-outside-toplevel

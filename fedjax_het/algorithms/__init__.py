@@ -34,6 +34,8 @@ per-class statistics by segment sums, the prototype evaluator):
             one global head over heterogeneous feature extractors.
   fedgh     FedGH (ACM MM 2023): a global head trained on the server on the clients'
             uploaded class prototypes.
+  fedkd     FedKD (Nat. Commun. 2022): a shared mentee (participant 0's backbone) learned
+            with each private mentor by adaptive mutual distillation, averaged on the server.
 
 On GLFC's class-incremental task stream (`scenario.name="class_incremental"`,
 `cil.stream`; `Method.class_incremental`):
@@ -109,6 +111,7 @@ from fedjax_het.algorithms import fml, rcfl  # FML, RCFL (FCCL Tables 1-3)
 from fedjax_het.algorithms import geodl_icarl_fl  # GeoDL + iCaRL + FL (GLFC Table 1)
 from fedjax_het.algorithms import fd, fedproto, fedtgp  # data-free HtFL methods (HtFLlib)
 from fedjax_het.algorithms import lg_fedavg  # LG-FedAvg and FedGH (a shared global head)
+from fedjax_het.algorithms import fedkd  # FedKD (a shared mentee, mutual distillation)
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
 
@@ -185,6 +188,8 @@ register("lg_fedavg", make=lg_fedavg.make_lg_fedavg, default_config=lg_fedavg.de
          validate_config=lg_fedavg.validate_config)
 register("fedgh", make=lg_fedavg.make_fedgh, default_config=lg_fedavg.fedgh_default_config,
          validate_config=lg_fedavg.fedgh_validate_config)
+register("fedkd", make=fedkd.make_fedkd, default_config=fedkd.default_config,
+         validate_config=fedkd.validate_config)
 for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl,
                 geodl_icarl_fl):
   register(_module.__name__.rpartition(".")[2], make=_module.make,

@@ -162,7 +162,7 @@ METHOD_LABELS = {"solo": "BASE (solo)", "fedmd": "FedMD", "feddf": "FedDF",
                  "fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedproc": "FedProc",
                  "fedrs": "FedRS", "fml": "FML", "rcfl": "RCFL", "fedproto": "FedProto",
                  "fd": "FD (FedDistill)", "fedtgp": "FedTGP", "lg_fedavg": "LG-FedAvg",
-                 "fedgh": "FedGH"}
+                 "fedgh": "FedGH", "fedkd": "FedKD"}
 #: The methods of FCCL+ Tables VIII/IX, in the paper's row order.
 FCCLPLUS_METHODS = ("solo", "fedmd", "feddf", "fedmatch", "rhfl", "fccl", "fcclplus")
 #: The FCCL rows of FCCL+'s tables come from the benchmark's FCCL, whose collaborative target
@@ -621,7 +621,7 @@ def two_stream_table(dataset: str, setting: str, methods: Sequence[str] = TWO_ST
 HTFL_PAPER = ("FedKTL (Zhang et al., CVPR 2024) Table 1 and FedTGP (Zhang et al., AAAI 2024), "
               "run by HtFLlib (TsingZ0/HtFLlib)")
 #: The rows of the HtFL tables, in FedKTL Table 1's order (the methods this library has).
-HTFL_METHODS = ("lg_fedavg", "fedgh", "fml", "fd", "fedproto", "fedtgp")
+HTFL_METHODS = ("lg_fedavg", "fedgh", "fml", "fedkd", "fd", "fedproto", "fedtgp")
 HTFL_LABELS = {"lg_fedavg": "LG-FedAvg", "fedgh": "FedGH", "fml": "FML", "fedkd": "FedKD",
                "fd": "FD (FedDistill)", "fedproto": "FedProto", "fedtgp": "FedTGP"}
 HTFL_PROTOCOL = ("20 clients, all in every round, PFLlib's data (train and test pooled, "
