@@ -329,14 +329,18 @@ def train_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Any:
   return train_and_evaluate(config, workdir)
 
 
+#: What a cell's code is: every tracked file but the results the runner itself writes.
+CODE_PATHSPEC = (".", ":(exclude)results")
+
+
 def git_commit() -> tuple[str | None, bool]:
-  """(HEAD's commit or None, whether tracked files differ from it)."""
+  """(HEAD's commit or None, whether tracked files outside results/ differ from it)."""
   try:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                             text=True, timeout=20, check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=REPO, capture_output=True, text=True, timeout=20,
-                                check=True).stdout.strip())
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 *CODE_PATHSPEC], cwd=REPO, capture_output=True, text=True,
+                                timeout=20, check=True).stdout.strip())
     return commit or None, dirty
   except (OSError, subprocess.SubprocessError):
     return None, False
@@ -355,7 +359,7 @@ def code_state(cell_dirs: Sequence[pathlib.Path]) -> dict[str, Any]:
   if not dirty:
     return state
   try:
-    patch = subprocess.run(["git", "diff", "--binary", "HEAD", "--", ".", ":(exclude)results"],
+    patch = subprocess.run(["git", "diff", "--binary", "HEAD", "--", *CODE_PATHSPEC],
                            cwd=REPO, capture_output=True, timeout=60, check=True).stdout
   except (OSError, subprocess.SubprocessError):
     return state

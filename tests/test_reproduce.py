@@ -661,6 +661,10 @@ def test_a_cell_trained_from_uncommitted_changes_keeps_their_patch(tmp_path, mon
   cells = [tmp_path / "cells" / "a", tmp_path / "cells" / "b"]
   clean = grid.code_state(cells)
   assert clean["dirty"] is False and "patch_sha256" not in clean
+  # Results the runner writes (a cell retrained in place) are not code: still clean.
+  (repo / "results" / "r.json").unlink()
+  assert grid.code_state(cells)["dirty"] is False
+  _git(repo, "checkout", "-q", "--", "results")
   assert not any((c / grid.PATCH_FILE).exists() for c in cells)
   # A change to the code and one to results/: the patch holds the code's alone.
   (repo / "fedjax_het" / "m.py").write_text("x = 2\n")
