@@ -387,3 +387,15 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
       differ = _differing_fields(mmd, trunk)
       assert differ == {"fedmmd.outputs", "name"}, (table_id, scale, differ)
       assert (mmd["fedmmd.outputs"], trunk["fedmmd.outputs"]) == ("features", "trunk")
+
+
+def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
+  cells = grid.queue_plan("mid", "mid", [0, 1])
+  assert [c.label for c in cells[:3]] == ["fcclplus_office31/mid/fcclplus__seed0",
+                                          "fcclplus_office31/mid/solo__seed0",
+                                          "fcclplus_office31/mid/fccl__seed0"]
+  assert len(cells) == 2 * 2 * 7 and cells[14].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:14]:
+    config = grid.cell_config(cell)
+    validate_config(config)
+    assert (config.num_rounds, config.models.width) == (40, 0.125)

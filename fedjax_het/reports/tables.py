@@ -910,6 +910,12 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_digits", ("fcclplus", "solo")),
             ("fedfusion_table2", None),
             ("glfc_table1", None)),
+    # FCCL+ Tables VIII/IX at mid scale: FCCL+ and BASE (the convergence study's cells), then
+    # FCCL and the other baselines, Office31 (all data real) before Digits.
+    "mid": (("fcclplus_office31", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
+                                   "fedmatch")),
+            ("fcclplus_digits", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
+                                 "fedmatch"))),
 }
 
 
