@@ -36,7 +36,9 @@ what results/ holds.
 with less than --min-cell-secs left and the running one stops at N seconds, keeping its
 checkpoints (the next invocation resumes it). --queue=gpu runs the prepared priority
 order: fcclplus_office31 FCCL+ and BASE, fcclplus_digits FCCL+ and BASE, FedFusion
-Table 2, GLFC Table 1 (T = 10); --copy-to=DIR mirrors every cell's files (and an
+Table 2, GLFC Table 1 (T = 10); --queue=mid --scale=mid the mid-scale FCCL+ Tables
+VIII/IX (FCCL+ and BASE, then FCCL, FedMD, FedDF, RHFL, FedMatch; Office31, then Digits),
+seed by seed; --copy-to=DIR mirrors every cell's files (and an
 interrupted cell's checkpoints) and the tables into DIR/results/ as they are written.
 Every invocation appends what it ran to results/invocations.jsonl.
 
