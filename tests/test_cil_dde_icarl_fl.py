@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import dde_icarl_fl, icarl_fl
+from fedjax_het.algorithms import cil_replay, dde_icarl_fl
 from fedjax_het.config import load_module, validate_config
 from fedjax_het.losses import causal_distillation as cd
 from fedjax_het.losses import glfc as glfc_losses
@@ -193,8 +193,8 @@ def test_momentum_removed_nme_matches_the_hand_computation():
   np.testing.assert_array_equal(np.argmax(np.where(ok, np.asarray(scores), -np.inf), -1),
                                 np.argmax(np.where(ok, dde, -np.inf), -1))
   # alpha = 0 or h = 0: iCaRL + FL's classifier.
-  plain, _ = jax.jit(icarl_fl.nme_scores)(jnp.asarray(features), jnp.asarray(sums),
-                                          jnp.asarray(counts), jnp.int32(5))
+  plain, _ = jax.jit(cil_replay.nme_scores)(jnp.asarray(features), jnp.asarray(sums),
+                                            jnp.asarray(counts), jnp.int32(5))
   for momentum, a in ((h, 0.0), (np.zeros(4, np.float32), 0.5)):
     got, _ = removed_scores(jnp.asarray(features), jnp.asarray(momentum), a, jnp.asarray(sums),
                             jnp.asarray(counts), jnp.int32(5))

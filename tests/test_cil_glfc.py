@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_het import losses, models
 from fedjax_het.cil import exemplars
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
@@ -50,9 +51,9 @@ def _algorithm(stream, settings, glfc):
 
 def test_pool_index_encoding_round_trips():
   idx = jnp.asarray([0, 1, 255, 256, 70000, 2**31 - 1], jnp.int32)
-  encoded = glfc_lib.encode_pool_indices(idx)
+  encoded = cil_replay.encode_pool_indices(idx)
   assert encoded.shape == (6, 4) and encoded.dtype == jnp.uint8
-  np.testing.assert_array_equal(glfc_lib.decode_pool_indices(encoded), idx)
+  np.testing.assert_array_equal(cil_replay.decode_pool_indices(encoded), idx)
 
 
 @pytest.mark.parametrize("use_old", [True, False])
@@ -120,7 +121,7 @@ def test_exemplars_after_a_transition_are_the_herding_selection(stream):
   # The old model of task 1 is the global model at the end of task 0.
   chex.assert_trees_all_equal(state1["old_model"], state0["server"])
   model = TinyLinear(num_classes=stream.num_classes)
-  forward = glfc_lib.make_eval_forward(model, normalizer(stream.mean, stream.std), 16)
+  forward = cil_replay.make_eval_forward(model, normalizer(stream.mean, stream.std), 16)
   moved = 0
   for client in np.asarray(metrics1["clients"]):
     before = stream.client_classes[0, client]
@@ -146,7 +147,7 @@ def test_exemplars_after_a_transition_are_the_herding_selection(stream):
     count = int(np.asarray(memory.valid).sum())
     assert count == len(expect_rows) and int(memory.num_seen) == new.size
     np.testing.assert_array_equal(
-        np.asarray(glfc_lib.decode_pool_indices(memory.images))[:count], expect_rows)
+        np.asarray(cil_replay.decode_pool_indices(memory.images))[:count], expect_rows)
     np.testing.assert_array_equal(np.asarray(memory.labels)[:count], expect_labels)
     np.testing.assert_array_equal(np.asarray(memory.ranks)[:count],
                                   np.tile(np.arange(per_class), new.size))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import losses, models
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import gradient_inversion as gi
 from fedjax_het.cil import masking
@@ -173,7 +174,7 @@ def test_update_all_clients_updates_every_present_client_on_a_per_round_stream()
   state0, m0 = on(rounds.initial_state(algorithm, jax.random.key(4), data), data)
   state1, m1 = on(state0, data)
   model = TinyLinear(num_classes=4)
-  forward = jax.jit(glfc_lib.make_eval_forward(model, normalizer(stream.mean, stream.std), 16))
+  forward = jax.jit(cil_replay.make_eval_forward(model, normalizer(stream.mean, stream.std), 16))
   stored = 0
   for r, (before, after, metrics) in enumerate(((None, state0, m0), (state0, state1, m1))):
     rows, roles = stream.round_tasks[r], stream.round_roles[r]
@@ -271,7 +272,7 @@ def test_shuffle_pool_is_a_key_dependent_permutation():
 def test_shuffled_proxy_reconstructs_the_same_gradients_in_the_shuffled_order():
   encoder = proxy_lib.make_encoder(C)
   model = TinyLinear(num_classes=C)
-  forward = glfc_lib.make_eval_forward(model, normalizer((0.5,) * 3, (0.25,) * 3), 4)
+  forward = cil_replay.make_eval_forward(model, normalizer((0.5,) * 3, (0.25,) * 3), 4)
   state = proxy_lib.init_proxy_state(jax.random.key(0), encoder,
                                      models.init_variables(model, jax.random.key(1)),
                                      4, SETTINGS, (32, 32, 3), C)

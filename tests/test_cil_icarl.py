@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms import icarl_fl as icarl_lib
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
 from fedjax_het.cil import stream as cil_stream
@@ -44,8 +43,8 @@ def _icarl(stream, memory=8):
 
 def _algorithm(stream, settings, icarl, model=None):
   model = model or TinyLinear(num_classes=stream.num_classes)
-  return model, icarl_lib.make_icarl_fl(settings, icarl, model, stream.mean, stream.std,
-                                        stream.max_client_size, eval_batch_size=16)
+  return model, cil_replay.make_icarl_fl(settings, icarl, model, stream.mean, stream.std,
+                                         stream.max_client_size, eval_batch_size=16)
 
 
 def _sigmoid(z):
@@ -94,7 +93,7 @@ def test_local_loss_is_bce_with_distillation_targets(num_old):
   images = jnp.asarray(flat.reshape(4, 32, 32, 3))
   aux = {"class_mask": masking.seen_class_mask(seen, c), "old_model": old,
          "num_old": jnp.int32(num_old)}
-  loss_fn = jax.jit(icarl_lib.icarl_local_loss(model))
+  loss_fn = jax.jit(cil_replay.icarl_local_loss(model))
   loss, _ = loss_fn(variables["params"], variables["batch_stats"], images, jnp.asarray(labels),
                     jnp.asarray(valid), jax.random.key(1), aux)
   expect = _numpy_icarl_loss(logits, old_logits, labels, num_old, seen, valid)
@@ -115,7 +114,7 @@ def test_nme_prediction_is_the_nearest_normalised_mean():
   sums = rng.normal(size=(c, d)).astype(np.float32) * 3
   counts = np.asarray([4, 0, 7, 1, 2, 9], np.int32)   # class 1 has no mean; 4, 5 unseen
   num_seen = 4
-  scores, available = jax.jit(icarl_lib.nme_scores)(features, sums, counts, jnp.int32(num_seen))
+  scores, available = jax.jit(cil_replay.nme_scores)(features, sums, counts, jnp.int32(num_seen))
   predicted = np.asarray(masking.masked_predictions(scores, available))
   f = features / np.linalg.norm(features, axis=1, keepdims=True)
   means = sums / np.maximum(counts, 1)[:, None]
@@ -163,7 +162,7 @@ def test_class_means_and_nme_evaluation_match_numpy(stream):
       rows = list(stream.client_indices[task, client, :n])
       memory = jax.tree_util.tree_map(lambda x, c=client: np.asarray(x[c]),
                                       state["clients"].memory)
-      stored = np.asarray(glfc_lib.decode_pool_indices(memory.images))[memory.valid]
+      stored = np.asarray(cil_replay.decode_pool_indices(memory.images))[memory.valid]
       stored_any |= stored.size > 0
       rows += list(stored)
       np.add.at(sums, stream.labels[rows], features(np.asarray(rows)))

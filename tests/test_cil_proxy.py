@@ -8,6 +8,7 @@ import pytest
 
 from fedjax_het import models
 from fedjax_het.cil import gradient_inversion as gi
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import masking
 from fedjax_het.cil import proxy as proxy_lib
@@ -34,7 +35,7 @@ def _state(pool=2, settings=FAST):
 
 
 def _forward(model):
-  return glfc_lib.make_eval_forward(model, normalizer((0.5,) * 3, (0.25,) * 3), 4)
+  return cil_replay.make_eval_forward(model, normalizer((0.5,) * 3, (0.25,) * 3), 4)
 
 
 def _numpy_accuracy(model, variables, images, labels, valid, num_seen):

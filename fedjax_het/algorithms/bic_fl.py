@@ -91,9 +91,6 @@ import optax
 from fedjax_het import losses, models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay, common
-from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
-                                            train_and_average, update_client_memories)
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import batched_class_counts
@@ -110,7 +107,7 @@ CLASS_INCREMENTAL = True
 def default_config() -> ml_collections.ConfigDict:
   """`config.bic`: the memory (iCaRL + FL's), the KD temperature, the bias layer's fit."""
   return ml_collections.ConfigDict({"bic": {
-      **cil_replay.replay_section(ICARL_MEMORY_SIZE),
+      **cil_replay.replay_section(cil_replay.ICARL_MEMORY_SIZE),
       "temperature": incremental_losses.DISTILLATION_TEMPERATURE,  # BiC: 2
       "validation_fraction": 0.1,  # held-out share of every class (exemplars and new data)
       "bias_steps": 100,           # full-batch Adam steps of stage 2
@@ -242,7 +239,7 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   num_tasks = settings.num_tasks
   n_max, mem = int(max_client_size), replay.memory_size
-  _, trainer, forward, client_map = glfc_lib.make_replay_training(
+  _, trainer, forward, client_map = cil_replay.make_replay_training(
       settings, bic_local_loss(model, classes_per_task=k, temperature=temperature), model,
       mean, std, n_max + mem, eval_batch_size)
 
@@ -259,16 +256,16 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
     valid = jnp.arange(n_max) < data.client_sizes[task, client_id]
     held_new, held_memory = validation_split(client.memory, data.labels[rows], valid,
                                              fraction=validation_fraction, num_classes=c)
-    candidates = jnp.concatenate([rows, glfc_lib.decode_pool_indices(client.memory.images)])
+    candidates = jnp.concatenate([rows, cil_replay.decode_pool_indices(client.memory.images)])
     train = jnp.concatenate([valid & ~held_new, client.memory.valid & ~held_memory])
     held = jnp.concatenate([held_new, held_memory])
     return (*compact_rows(candidates, train), *compact_rows(candidates, held))
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
-                                                                 settings)
+    sample_key, train_key, task, server, old_model = cil_replay.round_start(
+        state, key, round_index, settings)
     bias = state["bias"]
-    clients, updated, transitions = update_client_memories(
+    clients, updated, transitions = cil_replay.update_client_memories(
         sample_key, state["clients"], data, task, settings, client_map, replay, forward, server,
         n_max=n_max)
     train_rows, train_sizes, val_rows, val_sizes = client_map(
@@ -282,8 +279,8 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
            "old_alpha": jnp.broadcast_to(old_alpha, (m, num_tasks)),
            "old_beta": jnp.broadcast_to(old_beta, (m, num_tasks)),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
-                                                  train_key, settings, round_index)
+    new_server, local_metrics = cil_replay.train_and_average(
+        trainer, server, aux, members, clients, train_key, settings, round_index)
 
     def correct_bias(bias):
       def one(rows, size):
@@ -307,7 +304,7 @@ def make_bic_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, me
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/ce": jnp.mean(local_metrics["ce"]),
         "train/kd": jnp.mean(local_metrics["kd"]),
-        **replay_metrics("bic", updated, transitions),
+        **cil_replay.replay_metrics("bic", updated, transitions),
         "bic/validation": jnp.mean(val_sizes.astype(jnp.float32)),
         "bic/alpha": new_bias["alpha"][task], "bic/beta": new_bias["beta"][task],
         "task": task, "clients": clients}

@@ -52,7 +52,7 @@ w_hat_c, the class weights against the normalised feature with its
 projection on the momentum direction h_hat scaled by alpha removed. iCaRL's
 NME on L2-normalised features and means is such a classifier with w_c the
 class mean mu_c: -||x_hat - mu_hat_c||^2 = 2 cos(x, mu_c) - 2 ranks the classes
-as cos(x, mu_c). So the classifier is iCaRL + FL's NME (`icarl_fl.nme_scores`)
+as cos(x, mu_c). So the classifier is iCaRL + FL's NME (`cil_replay.nme_scores`)
 on the feature x' = x_hat - alpha (x_hat . h_hat) h_hat: nme_scores normalises
 x' again, which scales all of a row's cosines by 1/||x'|| and keeps the
 ranking of logit_c above. h = 0 (task 0, whose training never updates it)
@@ -111,11 +111,6 @@ import ml_collections
 from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay
-from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, distillation_aux, nme_scores,
-                                            nme_stream_bytes, replay_metrics, round_start,
-                                            sample_replay_cohort, train_and_average,
-                                            updated_class_statistics)
 from fedjax_het.cil import exemplars
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import batched_class_counts
@@ -133,7 +128,7 @@ MOMENTUM = "dde_momentum"
 def default_config() -> ml_collections.ConfigDict:
   """`config.dde`: the memory (iCaRL + FL's) and DDE's settings (the authors' code values)."""
   return ml_collections.ConfigDict({"dde": {
-      **cil_replay.replay_section(ICARL_MEMORY_SIZE),
+      **cil_replay.replay_section(cil_replay.ICARL_MEMORY_SIZE),
       "neighbours": 10,     # K, the code's top_k
       "self_weight": 0.5,   # W_0 = mu_1 / (mu_1 + mu_2), mu_1 = mu_2 = 1
       "momentum": 0.9,      # mu of the feature momentum (the code's causal_embed)
@@ -218,14 +213,14 @@ def remove_momentum_effect(features: jax.Array, momentum: jax.Array, alpha: floa
 def momentum_removed_nme_scores(features: jax.Array, momentum: jax.Array, alpha: float,
                                 class_sums: jax.Array, class_counts: jax.Array,
                                 num_seen: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(scores (B, C), available (C,)): `icarl_fl.nme_scores` of the momentum-removed features.
+  """(scores (B, C), available (C,)): `cil_replay.nme_scores` of the momentum-removed features.
 
   The ranking of every row's scores is that of DDE's logits cos(x, mu_c) -
   alpha cos(x, h) cos(h, mu_c) with the class means mu_c as the cosine
   classifier's weights (module docstring).
   """
-  return nme_scores(remove_momentum_effect(features, momentum, alpha), class_sums, class_counts,
-                    num_seen)
+  return cil_replay.nme_scores(remove_momentum_effect(features, momentum, alpha), class_sums,
+                               class_counts, num_seen)
 
 
 def make_dde_counts(model: Any, mean: Any, std: Any, num_classes: int, alpha: float,
@@ -235,7 +230,7 @@ def make_dde_counts(model: Any, mean: Any, std: Any, num_classes: int, alpha: fl
   `variables` are DDE variables (the model's and h); the result is the
   per-class (correct, total, predicted) counts (`cil.stream.batched_class_counts`).
   """
-  forward = glfc_lib.make_eval_forward(model, normalizer(mean, std), batch_size)
+  forward = cil_replay.make_eval_forward(model, normalizer(mean, std), batch_size)
 
   def counts(variables, class_sums, class_counts, images, labels, num_seen):
     model_vars, h = split_variables(variables)
@@ -271,7 +266,7 @@ def make_dde_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model: A
   n_max, mem = int(max_client_size), replay.memory_size
   loss_fn = dde_local_loss(model, num_neighbours=neighbours, self_weight=self_weight,
                            momentum=momentum)
-  _, trainer, forward, client_map = glfc_lib.make_replay_training(
+  _, trainer, forward, client_map = cil_replay.make_replay_training(
       settings, loss_fn, model, mean, std, n_max + mem, eval_batch_size)
   dde_counts = make_dde_counts(model, mean, std, c, alpha, eval_batch_size)
 
@@ -286,29 +281,29 @@ def make_dde_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model: A
             "class_counts": jnp.zeros((c,), jnp.int32)}
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
-                                                                 settings)
+    sample_key, train_key, task, server, old_model = cil_replay.round_start(
+        state, key, round_index, settings)
     model_vars, h = split_variables(server)
     new_task = round_index % settings.rounds_per_task == 0
     server = with_momentum(server, jnp.where(new_task, jnp.zeros_like(h), h))
-    clients, updated, train_rows, members, transitions = sample_replay_cohort(
+    clients, updated, train_rows, members, transitions = cil_replay.sample_replay_cohort(
         sample_key, state["clients"], data, task, settings, client_map, replay, forward,
         model_vars, n_max=n_max)
-    new_server, local_metrics = train_and_average(
-        trainer, server, distillation_aux(old_model, task, settings), members, clients,
+    new_server, local_metrics = cil_replay.train_and_average(
+        trainer, server, cil_replay.distillation_aux(old_model, task, settings), members, clients,
         train_key, settings, round_index)
 
     new_model_vars, new_h = split_variables(new_server)
-    class_sums, class_counts = updated_class_statistics(
+    class_sums, class_counts = cil_replay.updated_class_statistics(
         forward, new_model_vars, train_rows, members.sizes, data, client_map,
         state["class_sums"], state["class_counts"])
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/neighbours": jnp.mean(local_metrics["neighbours"]),
-        **replay_metrics("dde", updated, transitions),
+        **cil_replay.replay_metrics("dde", updated, transitions),
         "dde/classes_with_mean": jnp.sum(class_counts > 0).astype(jnp.int32),
         "dde/momentum_norm": jnp.sqrt(jnp.sum(jnp.square(new_h))),
-        **nme_stream_bytes(server, state, task, settings),
+        **cil_replay.nme_stream_bytes(server, state, task, settings),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
              "clients": cohort.scatter(state["clients"], clients, updated),

@@ -4,7 +4,8 @@
 (config.algorithm = "geodl_icarl_fl"): iCaRL [iCaRL] with GeoDL's geodesic
 distillation [GeoDL] run by every client, the models averaged by FedAvg each
 round, as GLFC's paper combines every class-incremental method with FL [GLFC
-Sec. 5]. Everything but the local loss is iCaRL + FL (`algorithms.icarl_fl`):
+Sec. 5]. Everything but the local loss is iCaRL + FL (`algorithms.icarl_fl`; its round
+`cil_replay.make_icarl_fl` runs with this method's loss):
 the same stream, exemplar memory (`algorithms.cil_replay`), old model and
 nearest-mean-of-exemplars classifier. One round, for the sampled clients:
 
@@ -12,14 +13,14 @@ nearest-mean-of-exemplars classifier. One round, for the sampled clients:
      the stream) it adds the classes of its previous data to its exemplar
      memory by iCaRL herding on the received model's features (memory
      `geodl.memory_size` per client, m = memory // classes learned per class);
-  2. it trains on its current data plus its exemplars (`algorithms.glfc.
+  2. it trains on its current data plus its exemplars (`cil_replay.
      replay_rows`) with
 
         L = L_iCaRL + lambda_t L_GeoDL,
 
      L_iCaRL iCaRL's sigmoid BCE over the seen classes against the one-hot
      label whose old-class columns are sigmoid(old model's logits) [iCaRL
-     Alg. 3] (`icarl_fl.icarl_local_loss`'s loss), and L_GeoDL GeoDL's
+     Alg. 3] (`cil_replay.icarl_local_loss`'s loss), and L_GeoDL GeoDL's
      geodesic distillation of the batch's features
      (`losses.geodesic.geodesic_distillation_loss`): the old and the new
      model's L2-normalised features span d-dimensional subspaces (their top
@@ -96,7 +97,7 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import validation as v
-from fedjax_het.algorithms import cil_replay, icarl_fl
+from fedjax_het.algorithms import cil_replay
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm
@@ -112,7 +113,7 @@ GEODL_WEIGHT = 5.0
 def default_config() -> ml_collections.ConfigDict:
   """`config.geodl`: the memory (iCaRL + FL's) and GeoDL's settings."""
   return ml_collections.ConfigDict({"geodl": {
-      **cil_replay.replay_section(icarl_fl.ICARL_MEMORY_SIZE),
+      **cil_replay.replay_section(cil_replay.ICARL_MEMORY_SIZE),
       "weight": GEODL_WEIGHT,     # lambda
       "adaptive_weight": True,    # lambda * sqrt(old classes / new classes) (--adapt_lamda)
       "subspace_dim": 0,          # d; 0: min(batch, feature dim) - 2 (the code's)
@@ -188,7 +189,7 @@ def make_geodl_icarl_fl(settings: Any, replay: cil_replay.ReplaySettings, model:
   down, and from task 1 on the old model too), "task", "clients".
   """
   dim = resolve_subspace_dim(subspace_dim, settings.batch_size, model.feature_dim)
-  return icarl_fl.make_icarl_fl(
+  return cil_replay.make_icarl_fl(
       settings, replay, model, mean, std, max_client_size, eval_batch_size=eval_batch_size,
       local_loss=geodl_icarl_local_loss(model, subspace_dim=dim),
       task_aux=lambda task: {"weight": distillation_weight(task, weight, adaptive_weight)},

@@ -66,7 +66,7 @@ the stream; only the sampled clients' rows change in a round, every joined
 client's with `glfc.update_all_clients`):
   * `memory`: the exemplar memory (`cil.exemplars.ExemplarMemory`). Its
     "images" are the exemplars' POOL INDICES, 4 bytes each (an int32 bitcast
-    to uint8 (4,), `encode_pool_indices`), not the 3072-byte images: every
+    to uint8 (4,), `cil_replay.encode_pool_indices`), not the 3072-byte images: every
     exemplar is an image of the stream's pool, so this is exact, and the
     memories cost K_max * M * 4 bytes (paper: 120 * 2000 * 4 = 0.96 MB)
     instead of 737 MB on the device and in every checkpoint.
@@ -144,17 +144,15 @@ import ml_collections
 import numpy as np
 
 from fedjax_het import models
-from fedjax_het.algorithms import common
+from fedjax_het.algorithms import cil_replay, common
 from fedjax_het import validation as v
 from fedjax_het.cil import exemplars, masking
 from fedjax_het.cil import proxy as proxy_lib
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import epoch_learning_rates, make_class_counts, task_of_round
-from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
-from fedjax_het.engine.clients import GroupData, client_keys
-from fedjax_het.engine.optim import make_optimizer
+from fedjax_het.engine.clients import client_keys
 from fedjax_het.losses import glfc as glfc_losses
 from fedjax_het.losses import incremental as incremental_losses
 
@@ -202,19 +200,6 @@ def validate_glfc_config(config: ml_collections.ConfigDict) -> None:
   proxy_lib.validate_proxy_config(config)
 
 
-def herding_sizes(client_classes: np.ndarray, memory_size: int) -> tuple[int, int]:
-  """Static sizes of a stream's exemplar updates: (herding length, most new classes).
-
-  The herding length is memory // (fewest classes a client holds in a task),
-  the largest per-class share m a client can get; the second is the most
-  classes one client holds in one task (`client_classes` (T, K, C) bool).
-  """
-  counts = np.asarray(client_classes).sum(-1)
-  counts = counts[counts > 0]
-  fewest, most = (int(counts.min()), int(counts.max())) if counts.size else (1, 1)
-  return max(1, min(memory_size, memory_size // fewest)), most
-
-
 @dataclasses.dataclass(frozen=True)
 class GLFCSettings:
   memory_size: int
@@ -236,7 +221,7 @@ class GLFCSettings:
   def from_config(cls, config: ml_collections.ConfigDict, client_classes: np.ndarray
                   ) -> "GLFCSettings":
     memory = int(config.glfc.memory_size)
-    max_per_class, most = herding_sizes(client_classes, memory)
+    max_per_class, most = cil_replay.herding_sizes(client_classes, memory)
     return cls(memory_size=memory, transition=config.glfc.transition,
                threshold=float(config.glfc.entropy_threshold),
                distinct=bool(config.glfc.distinct_exemplars),
@@ -248,16 +233,6 @@ class GLFCSettings:
                gc_weight=float(config.glfc.gc_weight), rd_weight=float(config.glfc.rd_weight),
                first_task_gc_weight=float(config.glfc.first_task_gc_weight),
                update_all_clients=bool(config.glfc.get("update_all_clients", False)))
-
-
-def encode_pool_indices(indices: jax.Array) -> jax.Array:
-  """int32 (...,) pool indices -> uint8 (..., 4): the memory's "images" (module docstring)."""
-  return jax.lax.bitcast_convert_type(jnp.asarray(indices, jnp.int32), jnp.uint8)
-
-
-def decode_pool_indices(encoded: jax.Array) -> jax.Array:
-  """Inverse of `encode_pool_indices`."""
-  return jax.lax.bitcast_convert_type(encoded, jnp.int32)
 
 
 class ClientState(NamedTuple):
@@ -273,93 +248,6 @@ def init_client_state(num_clients: int, memory_size: int) -> ClientState:
   return ClientState(memory=memory, entropy=jnp.zeros((num_clients,), jnp.float32),
                      task=jnp.full((num_clients,), -1, jnp.int32),
                      last_task=jnp.full((num_clients,), -1, jnp.int32))
-
-
-
-def store_previous_classes(memory: exemplars.ExemplarMemory, forward: Any, variables: Any,
-                           data: Any, client_id: jax.Array, *, last_task: jax.Array,
-                           current: jax.Array, detected: jax.Array, n_max: int,
-                           num_classes: int, max_new_classes: int, max_per_class: int,
-                           distinct: bool) -> exemplars.ExemplarMemory:
-  """At a transition, adds the classes of a client's previous data to its memory.
-
-  The classes added are those of the client's data in task `last_task` (-1:
-  none) that it does not hold now (`current` (C,) bool) and has not stored yet
-  (GLFC code's `last_class`); nothing happens unless `detected`. m = capacity
-  // (classes learned), old classes keep their first m herding picks, each
-  added class gets m picks by iCaRL herding over the client's `last_task`
-  data on the L2-normalised features of `variables` (`forward` from
-  `make_eval_forward`). `data` is a `cil.stream.StreamArrays`; the memory's
-  "images" are pool indices (`encode_pool_indices`).
-  """
-  prev_task = jnp.maximum(last_task, 0)
-  prev_classes = data.client_classes[prev_task, client_id] & (last_task >= 0)
-  stored = jnp.any((memory.labels[:, None] == jnp.arange(num_classes)[None, :])
-                   & memory.valid[:, None], axis=0)
-  add = prev_classes & ~current & ~stored & detected
-  (new_classes,) = jnp.nonzero(add, size=max_new_classes, fill_value=-1)
-  new_classes = jnp.where(new_classes >= 0, new_classes, -1).astype(jnp.int32)
-  num_new = jnp.sum(add).astype(jnp.int32)
-
-  def herd(memory):
-    prev_rows = data.client_indices[prev_task, client_id]
-    prev_valid = jnp.arange(n_max) < data.client_sizes[prev_task, client_id]
-    features, _ = forward(variables, data.images[prev_rows])
-    return exemplars.add_classes(
-        memory, images=encode_pool_indices(prev_rows), labels=data.labels[prev_rows],
-        features=features, new_classes=new_classes, num_seen=memory.num_seen + num_new,
-        mask=prev_valid, max_per_class=max_per_class, distinct=distinct)
-
-  return jax.lax.cond(num_new > 0, herd, lambda memory_: memory_, memory)
-
-
-def replay_rows(rows: jax.Array, size: jax.Array, memory: exemplars.ExemplarMemory,
-                n_max: int) -> tuple[jax.Array, jax.Array]:
-  """Pool rows of a client's training set: its current data, then its exemplars.
-
-  `rows` (n_max,) the current data's pool rows (the first `size` valid).
-  Returns (n_max + M,) rows, valid entries first, and their count.
-  """
-  capacity = memory.valid.shape[-1]
-  stored_rows = decode_pool_indices(memory.images)
-  count = jnp.sum(memory.valid).astype(jnp.int32)
-  slots = jnp.arange(n_max + capacity)
-  train_rows = jnp.where(slots < size, jnp.pad(rows, (0, capacity))[slots],
-                         jnp.where(slots < size + count,
-                                   stored_rows[jnp.clip(slots - size, 0, capacity - 1)], 0))
-  return train_rows, size + count
-
-
-def replay_cohort(key: jax.Array, client_states: Any, data: Any, task: jax.Array, m: int,
-                  client_map: Any, prepare: Any, *, joined: jax.Array | None = None
-                  ) -> tuple[Any, Any, jax.Array, GroupData, Any]:
-  """Samples a round's cohort and builds its training data (GLFC, iCaRL + FL).
-
-  `prepare(client_state, client_id) -> (new client state, train_rows (n,),
-  train_size, extra)` runs for each of the `m` clients sampled among those
-  joined by `task` (`client_map`; `joined` (K,) bool overrides the
-  candidates, e.g. the clients present at a round of a "per_round" stream,
-  `cil.stream.client_tasks`). Returns (clients, their new states, their
-  train rows (m, n), the cohort's `GroupData` gathered from the pool, extra).
-  """
-  candidates = data.client_joined[task] if joined is None else joined
-  clients = cohort.sample_cohort(key, candidates, m)
-  updated, train_rows, sizes, extra = client_map(
-      prepare, (cohort.gather(client_states, clients), clients))
-  members = GroupData(images=data.images[train_rows], labels=data.labels[train_rows],
-                      sizes=sizes, client_ids=clients, active=jnp.ones((m,), bool))
-  return clients, updated, train_rows, members, extra
-
-
-def previous_task_model(server: Any, old_model: Any, round_index: jax.Array,
-                        rounds_per_task: int) -> Any:
-  """The global model at the end of the previous task (`state["old_model"]`).
-
-  At the first round of every task after the first, `server` (the global
-  model the last task ended with) replaces the stored one.
-  """
-  new_task = (round_index > 0) & (round_index % rounds_per_task == 0)
-  return jax.tree_util.tree_map(lambda s, o: jnp.where(new_task, s, o), server, old_model)
 
 
 def glfc_local_loss(model: Any, *, relation_distillation: bool = True, gc_weight: float = 0.5,
@@ -397,50 +285,6 @@ def glfc_local_loss(model: Any, *, relation_distillation: bool = True, gc_weight
     return loss, (new_variables["batch_stats"], {"gc": gc, "rd": rd})
 
   return loss_fn
-
-
-def make_eval_forward(model: Any, preprocess: Any, chunk: int):
-  """`forward(variables, images (n, ...) uint8) -> (features, logits)`, eval mode, in chunks."""
-
-  def forward(variables, images):
-    n = images.shape[0]
-    size = max(1, min(chunk, n))
-    batches = -(-n // size)
-    padded = jnp.pad(images, ((0, batches * size - n),) + ((0, 0),) * (images.ndim - 1))
-
-    def one(x):
-      features, logits, _ = models.apply_model(model, variables, preprocess(x), train=False)
-      return features, logits
-
-    features, logits = jax.lax.map(one, padded.reshape((batches, size) + images.shape[1:]))
-    return (features.reshape((batches * size,) + features.shape[2:])[:n],
-            logits.reshape((batches * size,) + logits.shape[2:])[:n])
-
-  return forward
-
-
-def make_replay_training(settings: Any, loss_fn: local.LocalLossFn, model: Any, mean: Any,
-                         std: Any, max_size: int, eval_batch_size: int):
-  """The pieces every exemplar-replay method's round is built from (GLFC, iCaRL + FL).
-
-  Returns (preprocess: the dataset normalisation; the local trainer of
-  `loss_fn` over up to `max_size` rows (current data + exemplars), fresh
-  optimiser of `settings` each round; the eval-mode `forward`
-  (`make_eval_forward`); `client_map(f, xs)`: f over the cohort, vmapped or
-  one client after another (`settings.sequential`)).
-  """
-  preprocess = normalizer(mean, std)
-  tx = make_optimizer(settings.optimizer, weight_decay=settings.weight_decay,
-                      momentum=settings.momentum)
-  trainer = local.make_local_trainer(
-      loss_fn=loss_fn, optimizer=tx, epochs=settings.epochs, batch_size=settings.batch_size,
-      max_size=max_size, preprocess=preprocess)
-  forward = make_eval_forward(model, preprocess, eval_batch_size)
-  if settings.sequential:
-    client_map = lambda f, xs: jax.lax.map(lambda a: f(*a), xs)  # noqa: E731
-  else:
-    client_map = lambda f, xs: jax.vmap(f)(*xs)  # noqa: E731
-  return preprocess, trainer, forward, client_map
 
 
 def _state_and_detected(prepared: tuple[Any, ...]) -> tuple[ClientState, jax.Array]:
@@ -487,7 +331,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   """
   m, c, k = settings.clients_per_round, settings.num_classes, settings.classes_per_task
   n_max, mem = int(max_client_size), glfc.memory_size
-  preprocess, trainer, forward, client_map = make_replay_training(
+  preprocess, trainer, forward, client_map = cil_replay.make_replay_training(
       settings, glfc_local_loss(model, relation_distillation=glfc.relation_distillation,
                                 gc_weight=glfc.gc_weight, rd_weight=glfc.rd_weight,
                                 first_task_gc_weight=glfc.first_task_gc_weight),
@@ -539,7 +383,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       detected = fired & (client.task >= 0)
       signal = fired  # the code's `signal`: shares prototypes, picks the proxy's model
 
-    memory = store_previous_classes(
+    memory = cil_replay.store_previous_classes(
         client.memory, forward, global_vars, data, client_id, last_task=last_task,
         current=current, detected=detected, n_max=n_max, num_classes=c,
         max_new_classes=glfc.max_client_classes, max_per_class=glfc.max_per_class,
@@ -547,7 +391,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     new_client = ClientState(memory=memory, entropy=entropy.astype(jnp.float32),
                              task=jnp.asarray(source, jnp.int32),
                              last_task=last_task.astype(jnp.int32))
-    train_rows, train_size = replay_rows(rows, size, memory, n_max)
+    train_rows, train_size = cil_replay.replay_rows(rows, size, memory, n_max)
     flags = {"true": true, "detected": detected, "signal": signal, "entropy": entropy}
     return new_client, train_rows, train_size, flags
 
@@ -578,7 +422,7 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
     task = task_of_round(round_index, settings)
     sources = cil_stream.client_tasks(data, round_index, settings)   # (K,), -1: absent
     server = state["server"]
-    clients, updated, _, members, flags = replay_cohort(
+    clients, updated, _, members, flags = cil_replay.replay_cohort(
         sample_key, state["clients"], data, task, m, client_map,
         lambda cs, cid: prepare(server, cs, cid, task, sources[cid], data),
         joined=sources >= 0)
@@ -610,8 +454,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
       old_models, old_exists = jax.vmap(
           lambda sig: proxy_lib.old_model_for(state["proxy"], sig))(signal)
     else:
-      old_model = previous_task_model(server, state["old_model"], round_index,
-                                      settings.rounds_per_task)
+      old_model = cil_replay.previous_task_model(server, state["old_model"], round_index,
+                                                 settings.rounds_per_task)
       old_models, old_exists = aggregation.broadcast(old_model, m), jnp.ones((m,), bool)
     use_old = (task > 0) & old_exists
     aux = {"class_mask": jnp.broadcast_to(class_mask, (m, c)),

@@ -11,7 +11,7 @@ One round, for the sampled clients:
      the stream) it adds the classes of its previous data to its exemplar
      memory by iCaRL herding on the received model's features (memory
      `podnet.memory_size` per client, m = memory // classes learned per class);
-  2. it trains on its current data plus its exemplars (`algorithms.glfc.
+  2. it trains on its current data plus its exemplars (`cil_replay.
      replay_rows`, as iCaRL + FL) with PODNet's loss
 
         L = L_NCA + f_t (lambda_flat L_POD-flat + lambda_spatial L_POD-spatial),
@@ -91,9 +91,6 @@ import ml_collections
 from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay
-from fedjax_het.algorithms import glfc as glfc_lib
-from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
-                                            sample_replay_cohort, train_and_average)
 from fedjax_het.cil import masking
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import batched_class_counts
@@ -112,7 +109,7 @@ LSC = "podnet_lsc"
 def default_config() -> ml_collections.ConfigDict:
   """`config.podnet`: the memory (iCaRL + FL's) and PODNet's CIFAR-100 settings."""
   return ml_collections.ConfigDict({"podnet": {
-      **cil_replay.replay_section(ICARL_MEMORY_SIZE),
+      **cil_replay.replay_section(cil_replay.ICARL_MEMORY_SIZE),
       "proxies_per_class": 10,    # the code's classifier_config.proxy_per_class
       "margin": 0.6,              # NCA margin delta
       "flat_weight": 1.0,         # pod_flat.scheduled_factor
@@ -230,7 +227,7 @@ def make_lsc_counts(model: Any, mean: Any, std: Any, num_classes: int, batch_siz
   The argmax of the global model's class similarities over the seen classes
   [0, num_seen) (`cil.stream.batched_class_counts`; `num_seen` may be traced).
   """
-  forward = glfc_lib.make_eval_forward(model, normalizer(mean, std), batch_size)
+  forward = cil_replay.make_eval_forward(model, normalizer(mean, std), batch_size)
 
   def counts(variables, images, labels, num_seen):
     model_vars, lsc = split_variables(variables)
@@ -266,7 +263,7 @@ def make_podnet_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any,
   n_max, mem = int(max_client_size), replay.memory_size
   loss_fn = podnet_local_loss(model, classes_per_task=k, margin=margin,
                               flat_weight=flat_weight, spatial_weight=spatial_weight)
-  _, trainer, forward, client_map = glfc_lib.make_replay_training(
+  _, trainer, forward, client_map = cil_replay.make_replay_training(
       settings, loss_fn, model, mean, std, n_max + mem, eval_batch_size)
   lsc_counts = make_lsc_counts(model, mean, std, c, eval_batch_size)
 
@@ -276,23 +273,23 @@ def make_podnet_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any,
             "clients": cil_replay.init_client_state(data.client_joined.shape[1], mem)}
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
-                                                                 settings)
+    sample_key, train_key, task, server, old_model = cil_replay.round_start(
+        state, key, round_index, settings)
     model_vars, _ = split_variables(server)
-    clients, updated, _, members, transitions = sample_replay_cohort(
+    clients, updated, _, members, transitions = cil_replay.sample_replay_cohort(
         sample_key, state["clients"], data, task, settings, client_map, replay, forward,
         model_vars, n_max=n_max)
     aux = {"old_model": aggregation.broadcast(old_model, m),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
-                                                  train_key, settings, round_index)
+    new_server, local_metrics = cil_replay.train_and_average(
+        trainer, server, aux, members, clients, train_key, settings, round_index)
     size = _tree_bytes(server)   # the model and the LSC, from the shapes
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/nca": jnp.mean(local_metrics["nca"]),
         "train/flat": jnp.mean(local_metrics["flat"]),
         "train/spatial": jnp.mean(local_metrics["spatial"]),
-        **replay_metrics("podnet", updated, transitions),
+        **cil_replay.replay_metrics("podnet", updated, transitions),
         "podnet/scale": new_server["params"][LSC]["scale"],
         "train/server/bytes_up": jnp.float32(m * size),
         "train/server/bytes_down": (m * size * (1 + (task > 0))).astype(jnp.float32),

@@ -75,7 +75,6 @@ import ml_collections
 from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import cil_replay, common
-from fedjax_het.algorithms import glfc as glfc_lib
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.cil.stream import make_class_counts
 from fedjax_het.data.augment import normalizer
@@ -83,8 +82,6 @@ from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData
 from fedjax_het.losses import incremental as incremental_losses
-from fedjax_het.algorithms.icarl_fl import (ICARL_MEMORY_SIZE, replay_metrics, round_start,
-                                            train_and_average, update_client_memories)
 
 #: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
 CLASS_INCREMENTAL = True
@@ -93,7 +90,7 @@ CLASS_INCREMENTAL = True
 def default_config() -> ml_collections.ConfigDict:
   """`config.ssil`: the memory (iCaRL + FL's), the KD temperature, the replay batch."""
   return ml_collections.ConfigDict({"ssil": {
-      **cil_replay.replay_section(ICARL_MEMORY_SIZE),
+      **cil_replay.replay_section(cil_replay.ICARL_MEMORY_SIZE),
       "temperature": incremental_losses.DISTILLATION_TEMPERATURE,  # SS-IL: 2
       "replay_batch_size": 0,  # exemplars per batch; 0: ceil(B * memory / n_max)
   }})
@@ -171,7 +168,7 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
   preprocess = normalizer(mean, std)
   loss_fn = ssil_local_loss(model, preprocess, classes_per_task=k, replay=r,
                             temperature=temperature)
-  _, trainer, forward, client_map = glfc_lib.make_replay_training(
+  _, trainer, forward, client_map = cil_replay.make_replay_training(
       settings, loss_fn, model, mean, std, n_max, eval_batch_size)
 
   def init(key, data):
@@ -180,13 +177,13 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
             "clients": cil_replay.init_client_state(data.client_joined.shape[1], mem)}
 
   def round_fn(state, data, key, round_index):
-    sample_key, train_key, task, server, old_model = round_start(state, key, round_index,
-                                                                 settings)
-    clients, updated, transitions = update_client_memories(
+    sample_key, train_key, task, server, old_model = cil_replay.round_start(
+        state, key, round_index, settings)
+    clients, updated, transitions = cil_replay.update_client_memories(
         sample_key, state["clients"], data, task, settings, client_map, replay, forward, server,
         n_max=n_max)
     rows = data.client_indices[task][clients]
-    stored = glfc_lib.decode_pool_indices(updated.memory.images)       # (m, M)
+    stored = cil_replay.decode_pool_indices(updated.memory.images)       # (m, M)
     members = GroupData(images=data.images[rows], labels=data.labels[rows],
                         sizes=data.client_sizes[task][clients], client_ids=clients,
                         active=jnp.ones((m,), bool))
@@ -195,14 +192,14 @@ def make_ssil_fl(settings: Any, replay: cil_replay.ReplaySettings, model: Any, m
            "replay_valid": updated.memory.valid,
            "old_model": aggregation.broadcast(old_model, m),
            "task": jnp.broadcast_to(task, (m,)).astype(jnp.int32)}
-    new_server, local_metrics = train_and_average(trainer, server, aux, members, clients,
-                                                  train_key, settings, round_index)
+    new_server, local_metrics = cil_replay.train_and_average(
+        trainer, server, aux, members, clients, train_key, settings, round_index)
     model_size = common.tree_bytes(server)
     metrics = {
         "train/loss": jnp.mean(local_metrics["loss"]),
         "train/ce": jnp.mean(local_metrics["ce"]),
         "train/kd": jnp.mean(local_metrics["kd"]),
-        **replay_metrics("ssil", updated, transitions),
+        **cil_replay.replay_metrics("ssil", updated, transitions),
         **common.stream_bytes(m * model_size, m * model_size * (1.0 + (task > 0))),
         "task": task, "clients": clients}
     return ({"server": new_server, "old_model": old_model,
