@@ -3,9 +3,10 @@
   python experiments/reproduce.py --list [--table=<id>]
   python experiments/reproduce.py --table=<id> [--scale=quick|mid|paper] [--seeds=0,1,2] \\
       [--methods=<row>,...] [--settings=<setting>,...] [--set field=value ...] \\
-      [--results-dir=results] [--dry-run]
+      [--results-dir=DIR] [--dry-run]
   python experiments/reproduce.py --table=<id> [--scale=...] --report
-  python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=$OUT
+  python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=$OUT \\
+      --results-dir=results
 
 Table ids (`--list` prints them all with their cells): FCCL+ Tables VIII/IX per scenario
 (fcclplus_digits, fcclplus_office31, fcclplus_office_caltech, fcclplus_office_home), the
@@ -16,8 +17,11 @@ rounds in the text (fedmmd_cifar10_binary, fedmmd_mnist_shards), GLFC Table 1 an
 layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20). The registry is
 `fedjax_het/reports/tables.py`.
 
-Each cell trains into results/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
-<setting>__ in front in a table of several settings) through the ordinary trainers, with
+Each cell trains into <results>/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
+<setting>__ in front in a table of several settings), <results> being --results-dir: by
+default runs/reproduce/, your own directory, whatever the repository ships; the
+repository's cells are in results/ (--results-dir=results trains or resumes those). The
+cells train through the ordinary trainers, with
 the row's config at the scale (--scale=quick: the `_quick` configs, minutes on a CPU;
 mid: the `_mid` configs of the FCCL+ tables, the authors' code protocol on width-1/8
 backbones for 40 rounds, about an hour a cell on a 2-core CPU; paper: the paper's
@@ -26,11 +30,13 @@ finished cells and resumes an interrupted one from its checkpoints. A cell that 
 run as a finished cell of another table (the same config and seed: the BASE rows shared by
 FCCL's and FCCL+'s tables, GLFC's quick cells at T = 5 / 20) is copied from it, its
 cell.json naming the source (`copy_of`); --retrain-copies trains it instead. After every cell,
-results/<table>/<scale>/table.md and table.json hold the table over the seeds that
+<results>/<table>/<scale>/table.md and table.json hold the table over the seeds that
 finished (mean ± sample std, n, the paper's number and source beside each cell, Δ vs BASE,
 the data provenance and sizes, the scale, the devices, commits and wall time of the runs),
-with the figures beside them. --report writes the table's block of docs/results.md from
-what results/ holds.
+with the figures beside them; in a directory other than results/, beside_shipped.md sets
+your cells' headline numbers beside the shipped cells' and the paper's. --report rewrites
+those files from what <results> holds, and with --results-dir=results the table's block of
+docs/results.md.
 
 --deadline-secs=N (the GPU command): each cell trains in its own process; no cell starts
 with less than --min-cell-secs left and the running one stops at N seconds, keeping its
@@ -66,6 +72,11 @@ from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
 DEFAULT_DOC = REPO / "docs" / "results.md"
+#: A user's own cells (git-ignored), so that a run never skips a cell because the repository
+#: ships it; `grid.DEFAULT_RESULTS` (results/) holds the shipped ones.
+USER_RESULTS = REPO / "runs" / "reproduce"
+#: The file beside a user's table that sets its cells beside the shipped ones.
+BESIDE_FILE = "beside_shipped.md"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the settings to run, in a table of several (default: all)")
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="FIELD=VALUE", help="config override for every cell, repeatable")
-  parser.add_argument("--results-dir", default=str(grid.DEFAULT_RESULTS),
-                      help="default: results/ of the repository")
+  parser.add_argument("--results-dir", default=str(USER_RESULTS),
+                      help="where the cells train (default: runs/reproduce/ of the repository; "
+                      "results/ holds the cells the repository ships)")
   parser.add_argument("--report", action="store_true",
                       help="rewrite the table's block of docs/results.md from the results")
   parser.add_argument("--doc", default=str(DEFAULT_DOC), help=argparse.SUPPRESS)
@@ -209,9 +221,34 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
       echo(f"  {name:<{width}}  {quick:<24}  {mid:<24}  {paper:<24}  {config}")
 
 
+def shipped(results_dir: pathlib.Path) -> bool:
+  """Whether `results_dir` is the repository's own results/."""
+  return pathlib.Path(results_dir).resolve() == grid.DEFAULT_RESULTS.resolve()
+
+
+def write_beside(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,
+                 echo: Callable[[str], None]) -> None:
+  """<results_dir>/<table>/<scale>/beside_shipped.md of each table (a user's directory)."""
+  for table in tables:
+    out = results_dir / table.id / scale
+    if not out.is_dir():
+      continue
+    path = out / BESIDE_FILE
+    workdir_lib.write_atomic(path, document.render_beside(table, scale, results_dir,
+                                                          grid.DEFAULT_RESULTS))
+    echo(f"report: {path}: your cells beside the shipped ones and the paper's")
+
+
 def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,
            doc: pathlib.Path, echo: Callable[[str], None]) -> None:
-  """Rewrites each table's table.md / table.json and its docs/results.md block."""
+  """Rewrites each table's table.md / table.json and, for the shipped results/, its
+  docs/results.md block; for another directory, its beside_shipped.md."""
+  if not shipped(results_dir):
+    for table in tables:
+      grid.write_outputs(table, scale, results_dir, figures=False)
+      echo(f"report: {results_dir / table.id / scale / 'table.md'} rewritten")
+    write_beside(tables, scale, results_dir, echo)
+    return
   text = doc.read_text() if doc.exists() else ""
   for table in tables:
     markdown, _ = document.render(table, scale, results_dir)
@@ -264,10 +301,14 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     # This process trains: XLA:CPU's scheduler is fixed when JAX starts (as experiments/train.py).
     from fedjax_het.engine import xla_cpu
     xla_cpu.set_xla_cpu_scheduler("auto")
-  grid.run(cells, results_dir=results_dir, overrides=args.overrides,
-           deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
-           copy_to=args.copy_to, stack_seeds=not args.separate_seeds,
-           copy_twins=not args.retrain_copies, echo=echo)
+  try:
+    grid.run(cells, results_dir=results_dir, overrides=args.overrides,
+             deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
+             copy_to=args.copy_to, stack_seeds=not args.separate_seeds,
+             copy_twins=not args.retrain_copies, echo=echo)
+  finally:
+    if not shipped(results_dir):
+      write_beside(list(dict.fromkeys(c.table for c in cells)), args.scale, results_dir, echo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -124,7 +124,9 @@ def test_unfinished_cells_are_not_in_the_table(tmp_path):
   assert numbers["settings"]["digits"]["summary"]["rows_done"] == ["solo", "fcclplus"]
 
 
-def test_report_rewrites_the_block_idempotently_and_the_check_sees_edits(tmp_path, capsys):
+def test_report_rewrites_the_block_idempotently_and_the_check_sees_edits(tmp_path, capsys,
+                                                                        monkeypatch):
+  monkeypatch.setattr(grid, "DEFAULT_RESULTS", tmp_path / "results")  # the shipped results
   _digits_results(tmp_path / "results")
   doc = tmp_path / "docs" / "results.md"
   other = ("# Results\n\nOther text.\n\n<!-- readme_results:x -->\nkept\n"
@@ -240,7 +242,7 @@ def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
        "'num_rounds'?"),
       (["--queue=gpu", "--table=fcclplus_digits"], "error: --queue and --table exclude each "
                                                    "other: pass one."),
-      (["--queue=cpu"], "error: --queue='cpu' is not allowed; allowed queues: gpu."),
+      (["--queue=cpu"], "error: --queue='cpu' is not allowed; allowed queues: gpu, mid."),
       (["--report"], "error: --report needs --table=<id>[,<id>...]."),
       ([], "error: pass --table=<id> (or --queue=<name>, --list); table ids: fcclplus_digits, "),
   ]:
@@ -545,6 +547,7 @@ def test_end_to_end_the_command_trains_skips_and_reports(tmp_path, monkeypatch, 
   assert "reproduce: 2 skipped" in out
   assert (table_dir / "table.md").read_text() == markdown
   doc = tmp_path / "results.md"
+  monkeypatch.setattr(grid, "DEFAULT_RESULTS", results)  # the shipped results: a docs block
   assert reproduce.main(["--table=fedfusion_table2", "--report", f"--results-dir={results}",
                          f"--doc={doc}"]) == 0
   assert document.blocks(doc.read_text())[0][2] == markdown
@@ -699,3 +702,33 @@ def test_the_runs_line_says_whether_each_seed_trained_alone_or_stacked():
       "device cpu (3 cells); code revision aaaaaaaaaa (2 cells), bbbbbbbbbb with local changes "
       "(their patch beside the cell) (1 cell); trained its seed alone (1 cell), its seed in a "
       "program of several stacked seeds (2 cells); wall time 3.0 s in all (3 cells)")
+
+
+def test_a_users_cells_go_to_their_own_directory_beside_the_shipped_ones(tmp_path, monkeypatch,
+                                                                        capsys):
+  # The default --results-dir is runs/reproduce/, not the shipped results/: a shipped cell
+  # never makes a user's run skip. The report sets the user's cells beside the shipped ones.
+  assert reproduce.build_parser().parse_args([]).results_dir == str(reproduce.USER_RESULTS)
+  assert reproduce.USER_RESULTS != grid.DEFAULT_RESULTS
+  shipped, yours = tmp_path / "shipped", tmp_path / "yours"
+  _digits_results(shipped)  # solo seeds 0, 1 (AVG inter 11.5, 13.5), fcclplus seed 0
+  write_cell(yours, _cell("fcclplus_digits", "solo", 0), _numbers(20.0))
+  monkeypatch.setattr(grid, "DEFAULT_RESULTS", shipped)
+  assert not reproduce.shipped(yours) and reproduce.shipped(shipped)
+  doc = tmp_path / "results.md"
+  doc.write_text("# Results\n")
+  assert reproduce.main(["--table=fcclplus_digits", "--report", f"--results-dir={yours}",
+                         f"--doc={doc}"]) == 0
+  assert doc.read_text() == "# Results\n"  # the shipped document is not the user's
+  beside = (yours / "fcclplus_digits" / "quick" / reproduce.BESIDE_FILE).read_text()
+  assert (yours / "fcclplus_digits" / "quick" / "table.md").exists()
+  lines = beside.splitlines()
+  assert lines[0] == "## fcclplus_digits (quick scale): your cells beside the shipped ones"
+  header = next(line for line in lines if line.startswith("| method |"))
+  assert header == ("| method | inter AVG: yours | inter AVG: shipped | intra AVG: yours | "
+                    "intra AVG: shipped | inter AVG: paper | intra AVG: paper |")
+  base = next(line for line in lines if line.startswith("| BASE (solo) |"))
+  # Yours: seed 0 at base 20 -> inter AVG 21.5; shipped: 11.5 and 13.5 -> 12.50 ± 1.41 (2).
+  assert base == ("| BASE (solo) | 21.50 (1) | 12.50 ± 1.41 (2) | 61.50 (1) | 52.50 ± 1.41 (2) | "
+                  "25.68 | 73.14 |")
+  assert "| FedMD | – | – | – | – | 26.38 | 80.70 |" in lines

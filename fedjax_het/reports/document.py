@@ -32,16 +32,19 @@ DOC_TITLE = "# Results\n"
 DOC_SECTION = """## Reproduced tables
 
 Each block below is one paper table at one scale, as
-`python experiments/reproduce.py --table=<id> --scale=<quick|paper> --report` renders it from
-the cells under `results/<id>/<scale>/` (tests/test_reproduce.py keeps the two equal);
-`python experiments/reproduce.py --list` lists every table id and its cells. A cell is the
-mean ± sample std over the seeds that finished (n shown), with the paper's number beside it;
-quick-scale blocks come from the `_quick` configs (narrow models, few rounds, small data) and
-show that training works, not the paper's numbers. On a GPU,
-`python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=DIR`
-trains the next unfinished paper-scale cells in priority order (FCCL+ and BASE on Office31,
-then on Digits, FedFusion Table 2, GLFC Table 1) and stops within 9 minutes; a rerun goes on
-where it stopped.
+`python experiments/reproduce.py --table=<id> --scale=<quick|mid|paper> --results-dir=results
+--report` renders it from the cells the repository ships under `results/<id>/<scale>/`
+(tests/test_reproduce.py keeps the two equal); `python experiments/reproduce.py --list` lists
+every table id and its finished cells. A cell is the mean ± sample std over the seeds that
+finished (n shown), with the paper's number beside it; quick-scale blocks come from the
+`_quick` configs (narrow models, few rounds, small data) and show that training works, not
+the paper's numbers. `python experiments/reproduce.py --table=<id> --scale=quick
+--seeds=0,1,2` trains the table on your machine into `runs/reproduce/` and writes
+`beside_shipped.md` there, your cells' numbers beside these and the paper's. On a GPU,
+`python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=DIR
+--results-dir=results` trains the next unfinished paper-scale cells in priority order (FCCL+
+and BASE on Office31, then on Digits, FedFusion Table 2, GLFC Table 1) and stops within 9
+minutes; a rerun goes on where it stopped.
 """
 
 _BLOCK = re.compile(r"<!-- reproduce:([A-Za-z0-9_]+):([a-z]+) -->\n(.*?)<!-- /reproduce -->\n",
@@ -240,6 +243,62 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
   if table.notes:
     lines += ["", "Notes:"] + [f"- {note}" for note in table.notes]
   return "\n".join(lines).rstrip() + "\n", numbers
+
+
+def headline(family: str, results: Mapping[str, Any]) -> dict[str, float]:
+  """A cell's headline numbers by name: domain shift "inter AVG" and "intra AVG";
+  partitioned "accuracy" (the headline kind's AVG); class incremental "Avg." (percent)."""
+  if family == "domain_shift":
+    return {f"{kind} AVG": float(results[kind]["AVG"]) for kind in ("inter", "intra")
+            if "AVG" in results.get(kind, {})}
+  if family == "partitioned":
+    kind = partitioned.headline_kind(results)
+    return {"accuracy": float(results[kind]["AVG"])} if "AVG" in results.get(kind, {}) else {}
+  value = results.get("average_incremental_accuracy")
+  return {} if value is None else {"Avg.": 100.0 * float(value)}
+
+
+def render_beside(table: tables_lib.Table, scale: str, results_dir: pathlib.Path,
+                  shipped_dir: pathlib.Path) -> str:
+  """The headline numbers of the cells in `results_dir` (a user's runs) beside those of the
+  same cells the repository ships in `shipped_dir`, and the paper's where it prints them:
+  mean ± sample std (n) over each side's finished seeds."""
+  yours, shipped = collect(table, scale, results_dir), collect(table, scale, shipped_dir)
+  lines = [f"## {table.id} ({scale} scale): your cells beside the shipped ones", "",
+           f"Yours: {results_dir / table.id / scale}. Shipped: {shipped_dir / table.id / scale}. "
+           "Each cell: mean ± sample std (ddof=1) over the finished seeds (n)."]
+
+  def stat(cells: Mapping[int, Mapping[str, Any]], name: str) -> str:
+    values = [headline(table.family, c["results"]).get(name) for c in cells.values()]
+    values = [v for v in values if v is not None]
+    if not values:
+      return "–"
+    mean, std = common.mean_std(values)
+    return f"{common.format_cell(mean, std)} ({len(values)})"
+
+  for setting in table.settings:
+    names = list(dict.fromkeys(
+        name for side in (yours, shipped) for per_seed in side[setting.key].values()
+        for c in per_seed.values() for name in headline(table.family, c["results"])))
+    if not names:
+      continue
+    header = ["method"] + [f"{name}: {who}" for name in names for who in ("yours", "shipped")]
+    paper = {name: {row: setting.paper.get(name.split()[0], {}).get(row, {}).get("AVG")
+                    for row in (r.key for r in setting.rows)} for name in names
+             } if table.family == "domain_shift" else {}
+    if paper:
+      header += [f"{name}: paper" for name in names]
+    lines += ["", f"### {setting.label}" if setting.label else "", "",
+              common.markdown_row(header), common.markdown_rule(len(header))]
+    for row in setting.rows:
+      cells = [row.label] + [stat(side[setting.key].get(row.key, {}), name)
+                             for name in names for side in (yours, shipped)]
+      if paper:
+        cells += ["–" if paper[name][row.key] is None else f"{paper[name][row.key]:.2f}"
+                  for name in names]
+      lines.append(common.markdown_row(cells))
+  return "\n".join(line for i, line in enumerate(lines)
+                   if line or (i and lines[i - 1])).rstrip() + "\n"
 
 
 def figures(table: tables_lib.Table, scale: str, results_dir: pathlib.Path,
