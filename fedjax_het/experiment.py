@@ -21,7 +21,7 @@ import json
 import logging
 import pathlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -108,6 +108,16 @@ def check_data_sizes(config: ml_collections.ConfigDict, scenario: data_lib.Scena
     logging.warning("config.collaborative.batch_size=%d is larger than the public set (%d "
                     "images, config.scenario.public_size): batches of %d are used.",
                     int(config.collaborative.batch_size), public, max(public, 2))
+
+
+def averaged_rounds_text(rounds: Sequence[int]) -> str:
+  """What results.md's numbers are: "round 1", "the mean of rounds 3, 4 and 5"."""
+  rounds = [int(r) for r in rounds]
+  if not rounds:
+    return "no evaluated round"
+  if len(rounds) == 1:
+    return f"round {rounds[0]}"
+  return f"the mean of rounds {', '.join(map(str, rounds[:-1]))} and {rounds[-1]}"
 
 
 class Experiment:
@@ -433,7 +443,7 @@ class Experiment:
     note = (f"\n\nSynthetic data substituted for: {', '.join(substituted)} "
             "(see metadata.json).\n" if substituted else "\n")
     protocol = _office_test_line(self.scenario.office_test, int(config.eval.top_k))
-    markdown = (f"# {config.name}: mean of the last {config.eval.last_rounds} evaluated rounds"
+    markdown = (f"# {config.name}: {averaged_rounds_text(numbers.get('rounds', []))}"
                 f"\n\n{protocol}{table}{note}")
     return markdown, numbers
 
