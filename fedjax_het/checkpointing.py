@@ -12,17 +12,35 @@ fingerprint that `run.json` also holds) and every metrics record up to that
 round. The checkpoint is the run's source of truth: a resume checks its identity
 against the checkpoint, and `metrics.jsonl`, `results.json` and the tables are
 views that the trainer rebuilds from the checkpoint's records when they are
-missing or damaged. The `run` item also holds the SHA-256 of the state's arrays:
-a checkpoint whose bytes changed on disk fails to restore (and the trainer
-falls back to the checkpoint before it) instead of resuming from other numbers. A checkpoint written as one unnamed item (`<round>/default/`,
-no record) still restores; its run is then checked against `run.json`.
+missing or damaged. The `run` item also holds the SHA-256 of the state's arrays
+(`state_sha256`) and the SHA-256 of the `run` item itself (`run_sha256`, over its
+identity, records and state digest): a checkpoint whose bytes changed on disk, in the
+arrays or in the run item (a flipped digit that keeps the JSON valid included), fails
+to read (`CorruptCheckpointError`) instead of resuming from other numbers or
+overwriting `metrics.jsonl` with a changed record; the trainer falls back to the
+checkpoint before it and moves the unreadable one to `<directory>/unreadable/<round>/`
+(`move_aside`). A run item written without `run_sha256` reads as unverified
+(`verified`). A checkpoint written as one unnamed item (`<round>/default/`, no record)
+still restores; its run is then checked against `run.json`.
+
+Writes: the checkpoint's folders are made in the calling thread (a folder that cannot be
+written fails `save` at once, instead of leaving orbax's background threads waiting for
+it), the arrays are written in the background, and `check` raises the error of a
+background write that failed (a full disk: orbax's `ValueError: RESOURCE_EXHAUSTED`) as
+`CheckpointWriteError`, which names the path and the round; the unfinished folder of a
+failed write is removed. Orbax's own error log lines (with their tracebacks) are left out
+of the log unless FEDJAX_HET_TRACEBACK is set: the trainer reports the error in one line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import pathlib
+import shutil
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -31,21 +49,72 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_het.errors import StorageError, storage_error, wants_traceback
+
 
 def _drop_orbax_info(record: logging.LogRecord) -> bool:
-  """Orbax logs several INFO lines per save through absl; keep its warnings only."""
-  return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+  """Orbax logs several INFO lines per save through absl; keep its warnings only. Its error
+  lines (a failed write or read, each with a traceback) repeat an error that reaches the
+  trainer, which reports it in one line: kept only with FEDJAX_HET_TRACEBACK."""
+  if "orbax" not in record.pathname:
+    return True
+  if record.levelno >= logging.ERROR:
+    return wants_traceback()
+  return record.levelno >= logging.WARNING
 
 
 logging.getLogger("absl").addFilter(_drop_orbax_info)
 
 
+def _quiet_closed_loop(previous: Any) -> Any:
+  """A `sys.unraisablehook` that drops "Event loop is closed" raised by a tensorstore read
+  completing after orbax gave up on a damaged checkpoint (its event loop already closed):
+  harmless, and printed as dozens of tracebacks around the one warning line otherwise."""
+
+  def hook(unraisable: Any) -> None:
+    value = unraisable.exc_value
+    if (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+        and not wants_traceback()):
+      return
+    previous(unraisable)
+
+  hook.fedjax_het_quiet_closed_loop = True
+  return hook
+
+
+if not getattr(sys.unraisablehook, "fedjax_het_quiet_closed_loop", False):
+  sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+
+
 #: The key of the state's SHA-256 in a checkpoint's `run` document.
 DIGEST_KEY = "state_sha256"
+#: The key of the run document's own SHA-256 (over every other key) in that document.
+RUN_DIGEST_KEY = "run_sha256"
+#: The folder, inside the checkpoints folder, that unreadable checkpoints are moved to.
+UNREADABLE = "unreadable"
+#: Orbax's name for the folder of a checkpoint being written: `<round>.orbax-checkpoint-tmp...`.
+_UNFINISHED = ".orbax-checkpoint-tmp"
 
 
 class CorruptCheckpointError(ValueError):
-  """A checkpoint's arrays differ from the SHA-256 saved with them."""
+  """A checkpoint's arrays or run item differ from the SHA-256 saved with them."""
+
+
+class CheckpointWriteError(StorageError):
+  """A checkpoint could not be written (a full disk, a folder that cannot be written); `round`
+  is the checkpoint's round."""
+
+  def __init__(self, message: str, *, round_index: int, path: str | None = None,
+               error_number: int | None = None):
+    super().__init__(message, path=path, error_number=error_number)
+    self.round = round_index
+
+
+def run_digest(document: Mapping[str, Any]) -> str:
+  """SHA-256 of a run document without its `run_sha256` (sorted keys, compact JSON)."""
+  body = {k: v for k, v in document.items() if k != RUN_DIGEST_KEY}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def state_digest(state: Any) -> str | None:
@@ -69,8 +138,12 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 2):
     self.directory = pathlib.Path(directory).absolute()
+    # The checkpoint's folders are made in the calling thread: where they cannot be made,
+    # `save` raises at once (made in the background, orbax's writer threads would wait for
+    # them until its 300 s signal timeout and keep the process from exiting).
     options = ocp.CheckpointManagerOptions(
-        preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True)
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True,
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     handlers = {"state": ocp.StandardCheckpointHandler(), "run": ocp.JsonCheckpointHandler()}
     for attempt in range(3):
       try:
@@ -84,6 +157,7 @@ class Checkpointer:
         if attempt == 2:
           raise
         time.sleep(0.5)
+    self._pending: int | None = None  # the round of a write under way (or failed, unseen)
 
   def latest_round(self) -> int | None:
     """The round of the newest complete checkpoint, or None."""
@@ -93,20 +167,98 @@ class Checkpointer:
     """The rounds of the complete checkpoints kept, oldest first."""
     return sorted(self._manager.all_steps())
 
+  def committed_rounds(self) -> list[int]:
+    """The rounds whose checkpoint folder is on disk under its final name, oldest first (a
+    write is committed when orbax renames its folder to the round's number)."""
+    if not self.directory.is_dir():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir()
+                  if p.name.isdigit() and p.is_dir())
+
   def delete(self, round_index: int) -> None:
-    """Removes the checkpoint of `round_index` (e.g. one that cannot be restored)."""
+    """Removes the checkpoint of `round_index`."""
     self._manager.delete(round_index)
 
+  def move_aside(self, round_index: int) -> pathlib.Path:
+    """Moves the checkpoint of `round_index` to `<directory>/unreadable/<round>/` (with a
+    suffix `.2`, `.3`, ... when that exists) and returns where it went."""
+    target = self.directory / UNREADABLE / str(round_index)
+    suffix = 1
+    while target.exists():
+      suffix += 1
+      target = self.directory / UNREADABLE / f"{round_index}.{suffix}"
+    target.parent.mkdir(exist_ok=True)
+    os.replace(self.directory / str(round_index), target)
+    self._manager.reload()
+    return target
+
+  def reload(self) -> None:
+    """Lists the checkpoints on disk again (after another process moved some aside)."""
+    self._manager.reload()
+
+  def remove_unfinished(self) -> list[str]:
+    """Removes the folders of checkpoint writes that never finished (orbax's
+    `<round>.orbax-checkpoint-tmp...`, left by a kill or a failed write); their names.
+    Called once the workdir's lock is held (another process's write under way is never
+    touched)."""
+    if not self.directory.is_dir():
+      return []
+    removed = []
+    for path in sorted(self.directory.iterdir()):
+      if _UNFINISHED in path.name and path.name.split(".")[0].isdigit():
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
   def save(self, round_index: int, state: Any, run: Mapping[str, Any] | None = None) -> None:
-    """Saves `state` as round `round_index` (asynchronously), with the JSON document `run`
-    (the run's identity and records: `{"identity": ..., "records": [...]}`) and the state's
-    SHA-256 (`state_digest`; in one process) that `restore` checks."""
-    document = dict(run or {})
+    """Saves `state` as round `round_index` (the arrays in the background), with the JSON
+    document `run` (the run's identity and records: `{"identity": ..., "records": [...]}`),
+    the state's SHA-256 (`state_digest`; in one process) and the document's own SHA-256
+    (`run_digest`), both of which `restore` and `run_record` check.
+
+    Raises `CheckpointWriteError` when the write before it failed in the background (it is
+    waited for first, as orbax does) or this one cannot start (its folder cannot be made);
+    the unfinished folder is then removed."""
+    if self._pending is not None:
+      self.wait()
+    document = json.loads(json.dumps(dict(run or {})))  # as it reads back: lists, str keys
     digest = state_digest(state)
     if digest is not None:
       document[DIGEST_KEY] = digest
-    self._manager.save(round_index, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(document)))
+    document[RUN_DIGEST_KEY] = run_digest(document)
+    self._pending = round_index
+    try:
+      self._manager.save(round_index, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(document)))
+    except Exception as error:  # pylint: disable=broad-except
+      self._failed(error)
+
+  def check(self) -> None:
+    """Raises `CheckpointWriteError` when a background write has failed; returns at once
+    while one is still under way (or none failed)."""
+    if self._pending is not None and not self._manager.is_saving_in_progress():
+      self.wait()
+
+  def wait(self) -> None:
+    """Waits for the write under way; `CheckpointWriteError` when it failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as error:  # pylint: disable=broad-except
+      self._failed(error)
+    self._pending = None
+
+  def _failed(self, error: Exception) -> None:
+    """Removes the unfinished folder of the failed write and raises `CheckpointWriteError`
+    (the error itself when it is not about storage: a bug keeps its traceback)."""
+    round_index, self._pending = self._pending, None
+    for path in self.directory.glob(f"{round_index}{_UNFINISHED}*"):
+      shutil.rmtree(path, ignore_errors=True)
+    found = storage_error(error)
+    if found is None:
+      raise error
+    raise CheckpointWriteError(
+        f"{found.reason} (the checkpoint of round {round_index})", round_index=round_index,
+        path=found.path, error_number=found.error_number) from error
 
   def _unnamed(self, round_index: int) -> pathlib.Path | None:
     """The item folder of a checkpoint written as one unnamed item, else None."""
@@ -136,13 +288,34 @@ class Checkpointer:
   def run_record(self, round_index: int) -> dict[str, Any] | None:
     """The `run` document saved with round `round_index`; None for a checkpoint without one.
 
-    Raises (orbax's or the JSON decoder's error) when the document cannot be read."""
+    Raises `CorruptCheckpointError` when the document does not match its `run_sha256`
+    (orbax's or the JSON decoder's error when it cannot be read at all). A document written
+    without `run_sha256` is returned as it is (`verified` tells)."""
     if self._unnamed(round_index) is not None:
       return None
-    return dict(self._manager.restore(round_index, args=ocp.args.Composite(
+    document = dict(self._manager.restore(round_index, args=ocp.args.Composite(
         run=ocp.args.JsonRestore()))["run"])
+    expected = document.get(RUN_DIGEST_KEY)
+    if expected is not None and run_digest(document) != expected:
+      raise CorruptCheckpointError(
+          f"the run item of the checkpoint of round {round_index} (its identity and records) "
+          f"does not match its SHA-256 ({run_digest(document)[:12]} != {str(expected)[:12]})")
+    return document
+
+  @staticmethod
+  def verified(document: Mapping[str, Any] | None) -> bool:
+    """Whether a `run_record` document was checked against its own SHA-256."""
+    return document is not None and RUN_DIGEST_KEY in document
 
   def close(self) -> None:
-    """Waits for pending saves and releases resources."""
-    self._manager.wait_until_finished()
+    """Waits for the write under way (`CheckpointWriteError` when it failed) and releases
+    resources. A `KeyboardInterrupt` meanwhile (a second stop signal) leaves the write
+    under way as it is: the process is about to end, and the next start removes it."""
+    try:
+      self.wait()
+    except KeyboardInterrupt:
+      raise
+    except BaseException:
+      self._manager.close()
+      raise
     self._manager.close()

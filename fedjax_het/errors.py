@@ -1,15 +1,27 @@
-"""Errors in what the user asked for: a config field, the data, the workdir.
+"""Errors in what the user asked for (a config field, the data, the workdir), errors of the
+storage a run writes to, and how Ctrl-C and SIGTERM stop a run.
 
 Each message names what is wrong and what is allowed. `experiments/train.py`
 prints such an error as one line and exits with status 1 (the traceback only
 with `--verbose` or `FEDJAX_HET_TRACEBACK=1`); any other exception is a bug and
 keeps its traceback.
+
+Stopping: `experiments/train.py` makes `on_stop_signal` the handler of SIGINT and SIGTERM.
+It raises `KeyboardInterrupt` where the run is, except inside `held_stop()`, the
+trainer's sections that must not be cut (a checkpoint write: starting it, and waiting for
+the one under way to finish): there the signal is held until the section ends, and a
+second signal raises `StopForced` at once (the write under way is then discarded: the
+next start removes its unfinished folder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
+from collections.abc import Iterator
+from typing import Any
 
 
 #: Set (to anything but "" or "0") to keep the traceback of a `UserError`, as --verbose does.
@@ -42,14 +54,134 @@ class DivergedError(UserError, FloatingPointError):
   """Training produced a non-finite loss, metric or parameter (`config.on_nonfinite`)."""
 
 
+class StorageError(UserError):
+  """A write into the workdir failed: a full disk, a path that cannot be written. `path` is
+  the path the write failed on (None when unknown), `error_number` its errno."""
+
+  def __init__(self, message: str, *, path: str | None = None,
+               error_number: int | None = None):
+    super().__init__(message)
+    self.path = path
+    self.error_number = error_number
+
+  @property
+  def reason(self) -> str:
+    return str(self)
+
+
 class RunStopped(KeyboardInterrupt):
   """Ctrl-C or SIGTERM stopped the run; `round` is the last round trained, `checkpoint` the
-  round of the newest checkpoint written (a rerun resumes from it)."""
+  round of the newest checkpoint on disk (a rerun resumes from it; None: none yet).
+  `phase`: "training" (in or before a round), "results" (after the last round, while the
+  results were written); `discarded`: the round of a checkpoint write a second signal cut
+  short (None when none was)."""
 
-  def __init__(self, round_index: int, checkpoint: int | None):
+  def __init__(self, round_index: int, checkpoint: int | None, *, phase: str = "training",
+               started: int | None = None, discarded: int | None = None):
     super().__init__(round_index, checkpoint)
     self.round = round_index
     self.checkpoint = checkpoint
+    self.phase = phase
+    self.started = round_index if started is None else started
+    self.discarded = discarded
+
+
+class StopForced(KeyboardInterrupt):
+  """A second Ctrl-C or SIGTERM while the first was held (`held_stop`)."""
+
+
+_held = 0                    # depth of held_stop() sections (main thread only)
+_pending: int | None = None  # the signal that arrived inside one
+
+
+def on_stop_signal(signum: int, frame: Any) -> None:
+  """The handler of SIGINT and SIGTERM: `KeyboardInterrupt`, held inside `held_stop()` (a
+  second signal there raises `StopForced`)."""
+  del frame
+  global _pending
+  if _held:
+    if _pending is not None:
+      raise StopForced(signum)
+    _pending = signum
+    return
+  raise KeyboardInterrupt(signum)
+
+
+_STOPPING = 0  # `_pending` while a section runs on behalf of a stop already under way
+
+
+@contextlib.contextmanager
+def held_stop(*, stopping: bool = False) -> Iterator[None]:
+  """A section that a stop signal does not cut: a signal inside it is raised as
+  `KeyboardInterrupt` when the section ends (unless the section raised an error of its
+  own); a second one raises `StopForced` at once. `stopping`: the section runs because a
+  stop is under way (the trainer waiting for a checkpoint write before it exits), so the
+  next signal is the second one. Only where `on_stop_signal` handles the signals (the
+  command line); elsewhere Python's own handler raises at once."""
+  global _held, _pending
+  _held += 1
+  if stopping and _pending is None:
+    _pending = _STOPPING
+  try:
+    yield
+  except BaseException:
+    _held -= 1
+    if not _held:
+      _pending = None
+    raise
+  _held -= 1
+  if not _held and _pending is not None:
+    signum, _pending = _pending, None
+    if signum != _STOPPING:
+      raise KeyboardInterrupt(signum)
+
+
+#: Tensorstore's words for the errors of a write, as orbax raises them (a `ValueError`).
+_STORAGE_CODES = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
+_STORAGE_WORDS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                  "Permission denied": errno.EACCES, "Read-only file system": errno.EROFS}
+
+
+def storage_error(error: BaseException) -> StorageError | None:
+  """`error` (or an error it was raised from) as a `StorageError` naming the path, when it is
+  an operating-system error of a path (an `OSError` with an errno) or orbax's `ValueError`
+  of a write that tensorstore could not make ("RESOURCE_EXHAUSTED: ... Failed writing:
+  "<path>": ... No space left on device [os_error_code='28']"); None otherwise."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, StorageError):
+      return error
+    if isinstance(error, OSError) and error.errno is not None:
+      return StorageError(_storage_reason(error.errno, error.filename, error.strerror),
+                          path=error.filename, error_number=error.errno)
+    if isinstance(error, (ValueError, RuntimeError)):
+      text = str(error)
+      number = next((n for code, n in _STORAGE_CODES.items() if text.startswith(code)), None)
+      words = next((n for word, n in _STORAGE_WORDS.items() if word in text), None)
+      code = re.search(r"os_error_code='(\d+)'", text)
+      number = int(code.group(1)) if code else words or number
+      if number is not None:
+        path = re.search(r'Failed writing: "([^"]+)"', text) or re.search(r'"(/[^"]+)"', text)
+        path = path.group(1) if path else None
+        return StorageError(_storage_reason(number, path, os.strerror(number)), path=path,
+                            error_number=number)
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _storage_reason(number: int, path: str | None, strerror: str | None) -> str:
+  where = f" {str(path)!r}" if path else ""
+  if number in (errno.ENOSPC, errno.EDQUOT):
+    return f"no space left on the device writing{where}"
+  return f"cannot write{where}: {strerror or os.strerror(number)}"
+
+
+def storage_advice(error_number: int | None) -> str:
+  """What to do before rerunning, for a storage error's errno."""
+  if error_number in (errno.ENOSPC, errno.EDQUOT):
+    return "free some space"
+  return "make the folder writable"
 
 
 def os_error_line(error: OSError) -> str:

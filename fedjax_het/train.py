@@ -51,7 +51,9 @@ a filesystem they share).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import pathlib
 import time
 from typing import Any
@@ -66,7 +68,8 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding
 from fedjax_het.errors import (ConfigError, DivergedError, RoundTooLargeError, RunStopped,
-                               WorkdirError)
+                               StopForced, StorageError, WorkdirError, held_stop,
+                               storage_advice, storage_error)
 from fedjax_het.experiment import Experiment
 
 
@@ -249,6 +252,12 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
       share=sharding.primary_text, num_rounds=num_rounds)
             for c, w, e, identity in zip(configs, workdirs, experiments, identities)]
   checkpointers = [c for c, _ in opened]
+  if primary:  # the lock is held: no other process writes these checkpoints
+    for checkpointer in checkpointers:
+      removed = checkpointer.remove_unfinished()
+      if removed:
+        logging.info("removed the unfinished checkpoint write(s) %s in %s", ", ".join(removed),
+                     checkpointer.directory)
   kept_rounds = _common_rounds(checkpointers, [s for _, s in opened], workdirs)
   # One writer per run; only process 0 writes (the others read what it keeps).
   writers = [reporting.MetricsWriter(
@@ -256,14 +265,12 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
       config=workdir_lib.flatten_config(c), wandb_mode=c.logging.get("wandb_mode", "offline"),
       mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
              for c, w in zip(configs, workdirs)]
-  if not kept_rounds:
+  if not kept_rounds:  # round 0's checkpoint is written in the loop's `try` below
     start, state, saved = 0, run.init_state(), [None] * len(workdirs)
-    for lane, checkpointer in enumerate(checkpointers):
-      checkpointer.save(0, run.lane_state(state, lane),
-                        {"identity": identities[lane], "records": []})
   else:
-    start, state = _restore(run, checkpointers, kept_rounds, workdirs)
-    saved = [_saved_records(checkpointer, start) for checkpointer in checkpointers]
+    start, state = _restore(run, checkpointers, kept_rounds, workdirs, primary=primary)
+    saved = [_saved_records(checkpointer, start, writer)
+             for checkpointer, writer in zip(checkpointers, writers)]
     logging.info("resumed from the checkpoint of round %d in %s", start,
                  ", ".join(map(str, workdirs)))
   # The records up to `start`: the checkpoint's (metrics.jsonl is rebuilt from them when it
@@ -284,8 +291,13 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
            for w in workdirs]
-  done, progress, last_saved, stopped = start, None, start, False
+  done, progress, ended = start, None, None
   try:
+    if not kept_rounds:
+      with held_stop():  # a stop signal waits until the write is started
+        for lane, checkpointer in enumerate(checkpointers):
+          checkpointer.save(0, run.lane_state(state, lane),
+                            {"identity": identities[lane], "records": []})
     if done < stop:
       run, run_rounds = compile_within_memory(run, state, config, workdirs,
                                                with_diagnostics=bool(diagnostic_rounds),
@@ -299,6 +311,10 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
       tick = time.perf_counter()
       state, metrics = run_rounds(state, run.data)
       jax.block_until_ready(state)
+      # A checkpoint write that failed in the background stops the run here, before the
+      # records of another round are written.
+      for checkpointer in checkpointers:
+        checkpointer.check()
       seconds = (time.perf_counter() - tick) / per_call
       new_records = [[{"round": done + offset + 1, **record, "time/round_secs": seconds}
                       for offset, record in enumerate(lane)]
@@ -316,7 +332,7 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                                      **{f"round_{r}": m for r, m in saved[lane].items()})
       for lane, writer in enumerate(writers):
         for record in new_records[lane]:
-          logged[lane].append(writer.write(record))
+          logged[lane].append(_write_record(writer, record))
           records[lane].append(record)
       if diverged is not None:
         message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
@@ -326,23 +342,54 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                               "set config.on_nonfinite='warn' to train on).")
         logging.warning("%s: training goes on", message)
       if experiment.is_checkpoint_round(done) or done == stop:
-        for lane, checkpointer in enumerate(checkpointers):
-          checkpointer.save(done, run.lane_state(state, lane),
-                            {"identity": identities[lane], "records": logged[lane]})
-        last_saved = done
+        with held_stop():  # a stop signal waits until the write is started
+          for lane, checkpointer in enumerate(checkpointers):
+            checkpointer.save(done, run.lane_state(state, lane),
+                              {"identity": identities[lane], "records": logged[lane]})
       progress.update(done, experiment.progress_text(new_records[0][-1]))
-  except KeyboardInterrupt:  # Ctrl-C or SIGTERM
-    stopped = True
-  finally:
-    # However the loop ends: the checkpoint writes under way finish, the records are flushed.
+  except (KeyboardInterrupt, StorageError, OSError) as error:  # a stop signal, the storage
+    ended = error
+  except BaseException:
     if progress is not None:
       progress.close()
-    for checkpointer, writer in zip(checkpointers, writers):
-      checkpointer.close()
-      writer.close()
-  if stopped:
-    logging.info("stopped after round %d; the latest checkpoint is round %d", done, last_saved)
-    raise RunStopped(done, last_saved)
+    _close_all(checkpointers, writers, wait=True)  # its own error is the one to report
+    raise
+  if progress is not None:
+    progress.close()
+  # However the loop ends: the checkpoint write under way finishes (a stop signal meanwhile
+  # is held; a second one discards it), the records are flushed.
+  closed = _close_all(checkpointers, writers, wait=not isinstance(ended, StopForced),
+                      stopping=isinstance(ended, KeyboardInterrupt))
+  if isinstance(ended, OSError):
+    if storage_error(ended) is None:
+      raise ended
+    ended = storage_error(ended)
+  failure = next((e for e in (ended, closed) if isinstance(e, StorageError)), None)
+  if failure is not None:
+    raise _storage_stop(failure, checkpointers, writers, primary=primary,
+                        done=done) from failure
+  stopped = next((e for e in (ended, closed) if isinstance(e, KeyboardInterrupt)), None)
+  if stopped is not None:
+    checkpoint = _latest_committed(checkpointers)
+    forced = any(isinstance(e, StopForced) for e in (ended, closed))
+    finished = done == stop and checkpoint == done
+    logging.info("stopped after round %d; the latest checkpoint is round %s", done, checkpoint)
+    raise RunStopped(done, checkpoint, phase="results" if finished else "training",
+                     started=start, discarded=done if forced and checkpoint != done else None)
+  try:
+    return _write_results(run, records, workdirs, saved, done, primary=primary,
+                          plots=bool(config.logging.plots), stacked=stacked, state=state)
+  except KeyboardInterrupt:
+    raise RunStopped(done, _latest_committed(checkpointers), phase="results",
+                     started=start) from None
+
+
+def _write_results(run: Any, records: list[list[dict[str, Any]]],
+                   workdirs: list[pathlib.Path], diagnostics: list[dict[int, np.ndarray]],
+                   done: int, *, primary: bool, plots: bool, stacked: bool,
+                   state: Any) -> list[dict[str, Any]]:
+  """Each lane's `train_and_evaluate` dict; writes results.md / results.json (and the plots)
+  in process 0."""
   results = []
   for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):
     markdown, numbers = lane_experiment.results(records[lane], done)
@@ -356,9 +403,98 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                              reporting.strict_json(numbers, indent=2) + "\n")
     logging.info("results%s:\n%s", f" of seed {lane_experiment.config.seed}" if stacked else "",
                  markdown)
-    if config.logging.plots:
-      lane_experiment.plot(records[lane], numbers, workdir, saved[lane])
+    if plots:
+      lane_experiment.plot(records[lane], numbers, workdir, diagnostics[lane])
   return results
+
+
+def _write_record(writer: Any, record: dict[str, Any]) -> dict[str, Any]:
+  """`writer.write(record)`; an operating-system error (a full disk) names metrics.jsonl."""
+  try:
+    return writer.write(record)
+  except OSError as error:
+    if error.filename is None:
+      error.filename = str(writer.path)
+    raise
+
+
+def _close_all(checkpointers: list[Any], writers: list[Any], *, wait: bool,
+               stopping: bool = False) -> BaseException | None:
+  """Closes every checkpointer (with `wait`, after the write under way: a stop signal
+  meanwhile is held until it ends, a second one cuts it short; with `stopping`, a stop is
+  under way and any signal cuts it short) and writer. Returns the first `StorageError` (a
+  write that failed) or the stop signal held meanwhile, else None."""
+  first = None
+  try:
+    with held_stop(stopping=stopping):
+      for checkpointer in checkpointers:
+        if not wait:
+          continue
+        try:
+          checkpointer.close()
+        except StorageError as error:
+          first = first or error
+      for writer in writers:
+        writer.close()
+  except KeyboardInterrupt as error:
+    first = first or error
+  return first
+
+
+def _latest_committed(checkpointers: list[Any]) -> int | None:
+  """The newest round every lane holds a finished checkpoint of on disk (None: a lane has
+  none)."""
+  rounds = [set(c.committed_rounds()) for c in checkpointers]
+  common = set.intersection(*rounds) if rounds else set()
+  return max(common) if common else None
+
+
+def _storage_stop(error: StorageError, checkpointers: list[Any], writers: list[Any], *,
+                  primary: bool, done: int) -> StorageError:
+  """The error that ends a run whose storage failed, in one line: what failed, where the run
+  stands (metrics.jsonl is cut back to the latest checkpoint: no record is left past it) and
+  what to do."""
+  checkpoint = _latest_committed(checkpointers)
+  cut = False
+  if primary:
+    for writer in writers:
+      try:
+        cut |= _cut_records(pathlib.Path(writer.path), checkpoint)
+      except OSError:
+        pass
+  advice = storage_advice(error.error_number)
+  if checkpoint is None:
+    where = f"no checkpoint was written: {advice} and rerun the same command to start the run."
+  else:
+    retrained = (f" (rounds {checkpoint + 1}-{done} are trained again)" if done > checkpoint + 1
+                 else f" (round {done} is trained again)" if done == checkpoint + 1 else "")
+    state = (f"metrics.jsonl is cut back to round {checkpoint}, the latest checkpoint" if cut
+             else f"the latest checkpoint is round {checkpoint}")
+    where = f"{state}: {advice} and rerun the same command to resume from it{retrained}."
+  return StorageError(f"{error.reason}; training stopped at round {done}; {where}",
+                      path=error.path, error_number=error.error_number)
+
+
+def _cut_records(path: pathlib.Path, round_index: int | None) -> bool:
+  """Truncates `path` (metrics.jsonl) in place after the last record of a round <=
+  `round_index` (all of it for None); needs no free space. Whether anything was cut."""
+  try:
+    data = path.read_bytes()
+  except FileNotFoundError:
+    return False
+  offset = 0
+  if round_index is not None:
+    for line in data.splitlines(keepends=True):
+      try:
+        if int(json.loads(line)["round"]) > round_index:
+          break
+      except (ValueError, KeyError, TypeError):
+        break
+      offset += len(line)
+  if offset >= len(data):
+    return False
+  os.truncate(path, offset)
+  return True
 
 
 def _nonfinite(new_records: list[list[dict[str, Any]]], state: Any,
@@ -392,9 +528,12 @@ _finite = jax.jit(_all_finite)
 _finite_per_lane = jax.jit(jax.vmap(_all_finite))   # a state with a leading lane axis
 
 
-def _saved_records(checkpointer: Any, round_index: int) -> list[dict[str, Any]] | None:
+def _saved_records(checkpointer: Any, round_index: int,
+                   writer: Any) -> list[dict[str, Any]] | None:
   """The records the checkpoint of `round_index` holds; None if it holds none (or they cannot
-  be read: metrics.jsonl is then the record)."""
+  be read: metrics.jsonl is then the record). Records written without the run item's digest
+  (an older checkpoint: unverified) never replace a metrics.jsonl that reads cleanly and
+  holds the same rounds."""
   try:
     document = checkpointer.run_record(round_index)
   except Exception as error:  # pylint: disable=broad-except
@@ -403,26 +542,52 @@ def _saved_records(checkpointer: Any, round_index: int) -> list[dict[str, Any]] 
     return None
   if document is None or "records" not in document:
     return None
-  return list(document["records"])
+  records = list(document["records"])
+  if not checkpointer.verified(document):
+    try:
+      kept = [r for r in writer.read() if r["round"] <= round_index]
+    except (OSError, ValueError, KeyError, TypeError):
+      kept = None
+    if kept is not None and [r["round"] for r in kept] == [r.get("round") for r in records]:
+      if kept != records:
+        logging.warning("the records of the checkpoint of round %d carry no digest and differ "
+                        "from %s, which reads cleanly: metrics.jsonl is kept", round_index,
+                        writer.path)
+      return None
+  return records
 
 
 def _restore(run: Any, checkpointers: list[Any], kept_rounds: list[int],
-             workdirs: list[pathlib.Path]) -> tuple[int, Any]:
-  """(round, state) of the newest of `kept_rounds` (newest first) every lane can restore; a
-  checkpoint that cannot be restored is named in one line and removed."""
+             workdirs: list[pathlib.Path], *, primary: bool = True) -> tuple[int, Any]:
+  """(round, state) of the newest of `kept_rounds` (newest first) every lane can restore. The
+  newer checkpoints that cannot be restored are then moved to `checkpoints/unreadable/` (one
+  warning each, naming where); when none can be restored, none is moved and `WorkdirError`
+  lists them."""
+  where = ", ".join(map(str, workdirs))
+  failed = []
   for round_index in kept_rounds:
     try:
-      return round_index, run.join(checkpointers, round_index)
+      state = run.join(checkpointers, round_index)
     except Exception as error:  # pylint: disable=broad-except
-      reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-      logging.warning("the checkpoint of round %d in %s cannot be restored (%s: %s); it is "
-                      "removed and the run resumes from the checkpoint before it",
-                      round_index, ", ".join(map(str, workdirs)), type(error).__name__, reason)
+      text = str(error).strip()
+      failed.append((round_index, f"{type(error).__name__}: "
+                                  f"{text.splitlines()[0][:200] if text else ''}"))
+      continue
+    for bad, reason in failed:
+      moved = [str(c.move_aside(bad)) for c in checkpointers
+               if primary and bad in c.committed_rounds()]
+      logging.warning("the checkpoint of round %d in %s cannot be restored (%s); it is moved to "
+                      "%s and the run resumes from the checkpoint of round %d", bad, where,
+                      reason, ", ".join(moved) or "checkpoints/unreadable/ (by process 0)",
+                      round_index)
+    if failed:
+      sharding.barrier("fedjax_het:moved_aside")
       for checkpointer in checkpointers:
-        if round_index in checkpointer.rounds():
-          checkpointer.delete(round_index)
-  raise WorkdirError(f"no checkpoint in {', '.join(map(str, workdirs))} can be restored (see "
-                     "the warnings above); move the workdir aside to start the run afresh.")
+        checkpointer.reload()
+    return round_index, state
+  listing = "; ".join(f"round {r}: {reason}" for r, reason in failed)
+  raise WorkdirError(f"no checkpoint in {where} can be restored ({listing}); none was moved or "
+                     "deleted: move the workdir aside to start the run afresh.")
 
 
 def _load_diagnostics(path: pathlib.Path) -> dict[int, np.ndarray]:

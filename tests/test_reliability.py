@@ -264,6 +264,7 @@ def test_a_checkpoint_of_one_unnamed_item_restores_without_a_record(tmp_path):
   checkpointer = checkpointing.Checkpointer(tmp_path)
   assert checkpointer.rounds() == [3, 4]
   record = checkpointer.run_record(4)
+  assert record.pop(checkpointing.RUN_DIGEST_KEY) == checkpointing.run_digest(record)
   assert record.pop(checkpointing.DIGEST_KEY) == checkpointing.state_digest(
       {"w": np.ones(4, np.float32)})
   assert record == {"identity": {"a": 1}, "records": []}
