@@ -326,7 +326,8 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
              num_rounds: int | None = None) -> tuple[Any, int | None]:
   """Guards a resume, then writes the run's record files: (checkpointer, latest round or None).
 
-  Nothing is written to `workdir` before the guards have passed: `check_resume`
+  Nothing is written to `workdir` before the guards have passed: `config.overwrite` on a
+  workdir with checkpoints is refused (it never replaces checkpoints), `check_resume`
   against the identity the newest readable checkpoint holds (or `run.json` for
   checkpoints without one), a latest checkpoint beyond `num_rounds` (the run's
   rounds now), and, for a fresh start, `check_fresh`; a refusal raises
@@ -355,6 +356,12 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep) if resuming else None
   start = checkpointer.latest_round() if checkpointer is not None else None
   if start is not None:
+    if config.get("overwrite", False):
+      raise WorkdirError(f"workdir {str(workdir)!r} holds the checkpoints of a run (the latest "
+                         f"is round {start}); --config.overwrite=True replaces only the "
+                         "results of a run whose checkpoints are gone, never checkpoints: "
+                         "rerun without it to resume the run, or pass --workdir=<a new "
+                         "directory> to train afresh.")
     recorded, _ = checkpoint_identity(checkpointer)
     check_resume(workdir, record, allowed_changes(config), resume_round=start,
                  recorded=recorded)
@@ -403,16 +410,26 @@ def read_metadata(workdir: pathlib.Path) -> dict[str, Any]:
 def write_atomic(path: pathlib.Path, content: str | bytes) -> None:
   """Writes `content` to `path` so that a kill at any instant leaves the old or the new file.
 
-  (A temporary file in the same folder, then `os.replace`.)
+  (A temporary file in the same folder, then `os.replace`.) A write that fails (a full
+  disk) or is interrupted removes its temporary file, and its `OSError` names `path`.
   """
   path = pathlib.Path(path)
   temporary = path.with_name(f".{path.name}.tmp")
   data = content.encode() if isinstance(content, str) else content
-  with open(temporary, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(temporary, path)
+  try:
+    with open(temporary, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+  except BaseException as error:
+    try:
+      os.unlink(temporary)
+    except OSError:
+      pass
+    if isinstance(error, OSError) and error.filename is None:
+      error.filename = str(path)
+    raise
 
 
 def savez_atomic(path: pathlib.Path, **arrays: np.ndarray) -> None:

@@ -238,3 +238,28 @@ def test_atomic_writes_leave_no_temporary_and_metrics_survive_a_cut_line(tmp_pat
   writer.path.write_text('{"round": 1, "a": 1.\n{"round": 2, "a": 2.0}\n')
   with pytest.raises(json.JSONDecodeError):  # damage before the last line is not hidden
     writer.read()
+
+
+def test_a_failed_atomic_write_names_its_path_and_leaves_no_temporary(tmp_path, monkeypatch):
+  import errno  # pylint: disable=import-outside-toplevel
+
+  def full(fd):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(OSError) as error:
+    workdir_lib.write_atomic(tmp_path / "config.json", "{}")
+  assert error.value.errno == errno.ENOSPC
+  assert error.value.filename == str(tmp_path / "config.json")
+  assert list(tmp_path.iterdir()) == []  # no 0-byte .config.json.tmp
+
+
+def test_overwrite_on_a_workdir_with_checkpoints_is_refused(finished_run):
+  _, workdir, _ = finished_run
+  before = _snapshot(workdir)
+  with pytest.raises(WorkdirError, match=r"holds the checkpoints of a run \(the latest is round "
+                                         r"\d+\); --config.overwrite=True replaces only .*never "
+                                         r"checkpoints: rerun without it"):
+    train_and_evaluate(tiny_config(**{"num_rounds": 2, "logging.plots": False,
+                                      "overwrite": True}), workdir)
+  assert _snapshot(workdir) == before
