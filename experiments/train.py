@@ -19,17 +19,46 @@ starts N such processes on this machine:
       --num_processes=2 --process_id=0 --coordinator_address=localhost:12355 --workdir=/tmp/mp &
   python experiments/train.py --config=digits_fcclplus_quick --config.sharding.num_devices=0 \
       --num_processes=2 --process_id=1 --coordinator_address=localhost:12355 --workdir=/tmp/mp
+
+Ctrl-C or SIGTERM stops the command at any moment with one line and no traceback (status
+130; docs/training.md, "The workdir", says what happens to a checkpoint write under way).
 """
 
-import logging as std_logging
 import os
-import pathlib
-import re
 import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from fedjax_het import errors as errors_lib  # no JAX: in place before the slow imports
+
+STOPPED_WHILE_STARTING = ("stopped while starting, before anything was written; rerun the "
+                          "same command to start the run")
+
+
+def _stopped_while_starting(kind, value, traceback) -> None:
+  """`sys.excepthook` of the command: a stop signal outside `main`'s own handling (during the
+  module's imports) ends the command with one line and status 130."""
+  if issubclass(kind, KeyboardInterrupt) and not (errors_lib.wants_traceback()
+                                                  or "--verbose" in sys.argv):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(STOPPED_WHILE_STARTING, file=sys.stderr, flush=True)
+    os._exit(130)  # pylint: disable=protected-access (nothing to clean up yet)
+  sys.__excepthook__(kind, value, traceback)
+
+
+if __name__ == "__main__":
+  # From here on a stop signal ends the command with one line, even during the imports.
+  sys.excepthook = _stopped_while_starting
+  signal.signal(signal.SIGINT, errors_lib.on_stop_signal)
+  signal.signal(signal.SIGTERM, errors_lib.on_stop_signal)
+
+import logging as std_logging  # noqa: E402 (after the signal handlers)
+import pathlib  # noqa: E402
+import re  # noqa: E402
+import threading  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -75,19 +104,20 @@ for _name in ("jax._src.xla_bridge", "jax._src.xla_bridge.backends"):
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  from fedjax_het.errors import (ConfigError, RunStopped,  # pylint: disable=g-import-not-at-top
-                                 UserError, os_error_line)
-  from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
-  from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
-  from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  workdir, config = None, None
   try:
-    config = _CONFIG.value
-    config.name  # pylint: disable=pointless-statement (a config file that failed to load raises here)
-  except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
-    _flag_error(error)
-  workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
-  try:
+    import jax  # pylint: disable=g-import-not-at-top
+    from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
+    from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
+    from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+    try:
+      config = _CONFIG.value
+      config.name  # pylint: disable=pointless-statement (a config file that failed to load raises here)
+    except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+      _flag_error(error)
+    if _VERBOSE.value:  # the library's own filters (orbax's error lines) look at it too
+      os.environ[errors_lib.TRACEBACK_ENV] = "1"
+    workdir = _WORKDIR.value or str(REPO / "runs" / config.name)
     validate_config(config)  # a mistake in the config: one line before anything else is said
     logging.info("workdir: %s", workdir)
     # Before any JAX computation: the scheduler, the device count and the process group are
@@ -105,37 +135,85 @@ def main(argv):
                    triton_gemm, config.get("xla_gpu_triton_gemm", "auto"),
                    os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
-      raise ConfigError("--num_processes must be 1 for config.scenario.name="
-                        "'class_incremental' (the task stream runs in one process).")
+      raise errors_lib.ConfigError("--num_processes must be 1 for config.scenario.name="
+                                   "'class_incremental' (the task stream runs in one process).")
     # SIGTERM (a scheduler, `kill`) stops the run as Ctrl-C does; SIGINT stops it also where
     # the shell started the process with SIGINT ignored (a background job).
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, errors_lib.on_stop_signal)
+    signal.signal(signal.SIGINT, errors_lib.on_stop_signal)
     train_and_evaluate(config, workdir)
-  except UserError as error:
+  except errors_lib.UserError as error:
+    _ignore_stop_signals()
     if _verbose():
       raise
     print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+    _finish(1)
   except KeyboardInterrupt as stop:
+    _ignore_stop_signals()
     if _verbose():
       raise
-    where = (f"stopped at round {stop.round}; rerun the same command to resume from the "
-             f"checkpoint of round {stop.checkpoint}" if isinstance(stop, RunStopped) else
-             "stopped before training; rerun the same command to resume from the latest "
-             "checkpoint")
-    print(f"{where} in {workdir}", file=sys.stderr)
-    sys.exit(130)
+    print(_stop_line(stop, workdir, config), file=sys.stderr)
+    _finish(130)
   except OSError as error:  # a full disk, a folder that cannot be written
+    _ignore_stop_signals()
     if _verbose():
       raise
-    print(f"error: {os_error_line(error)}", file=sys.stderr)
-    sys.exit(1)
+    print(f"error: {errors_lib.os_error_line(error)}", file=sys.stderr)
+    _finish(1)
+  # The run is finished and its results are written: a stop signal now changes nothing.
+  _ignore_stop_signals()
 
 
-def _interrupt(signum, frame):
-  del signum, frame
-  raise KeyboardInterrupt
+def _ignore_stop_signals() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _finish(code: int) -> None:
+  """Exits with `code` once the output is flushed; at once (`os._exit`) when a thread that
+  would keep the process alive is left (a checkpoint write a second signal cut short, a
+  compilation under way)."""
+  for stream in (sys.stdout, sys.stderr):
+    stream.flush()
+  for handler in std_logging.getLogger().handlers + std_logging.getLogger("absl").handlers:
+    handler.flush()
+  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+         if t is not threading.main_thread()):
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
+
+
+def _checkpoint_round(workdir: str, config) -> int | None:
+  """The newest round every run of the command holds a finished checkpoint of in `workdir`
+  (each seed's `seed_<s>/` with config.seeds), or None."""
+  seeds = tuple(config.get("seeds", ())) if config is not None else ()
+  common = None
+  for folder in [pathlib.Path(workdir) / f"seed_{s}" for s in seeds] or [pathlib.Path(workdir)]:
+    checkpoints = folder / "checkpoints"
+    rounds = ({int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()}
+              if checkpoints.is_dir() else set())
+    common = rounds if common is None else common & rounds
+  return max(common) if common else None
+
+
+def _stop_line(stop: KeyboardInterrupt, workdir: str | None, config) -> str:
+  """The one line a stop signal ends the command with: where the run stands, how to go on."""
+  if workdir is None:
+    return STOPPED_WHILE_STARTING
+  if isinstance(stop, errors_lib.RunStopped):
+    checkpoint = stop.checkpoint
+    if stop.phase == "results":
+      return (f"stopped after the last round ({stop.round}), while writing the results; rerun "
+              "the same command to write them (it resumes from the checkpoint of round "
+              f"{checkpoint} and trains nothing) in {workdir}")
+    where = f"stopped at round {stop.round}" + (
+        "" if stop.discarded is None else
+        f"; the checkpoint write of round {stop.discarded} under way is discarded")
+  else:
+    checkpoint, where = _checkpoint_round(workdir, config), "stopped before training"
+  goes_on = (f"resume from the checkpoint of round {checkpoint}" if checkpoint is not None else
+             "start the run (no checkpoint was written)")
+  return f"{where}; rerun the same command to {goes_on} in {workdir}"
 
 
 def _verbose() -> bool:
@@ -169,10 +247,19 @@ def _flag_error(error: BaseException) -> None:
   """Prints a flag or config-file mistake as one line and exits 1 (re-raises when verbose)."""
   if _verbose():
     raise error
-  text = str(error)
+  # ml_collections raises AttributeError(KeyError(message)): a KeyError's text is its
+  # argument's repr, the argument itself is the message.
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
   if "Traceback (most recent call last)" in text:  # keep the original error's own message
     text = re.split(r"\n\w*(?:Error|Exception): ", text)[-1]
-  text = re.sub(r"\\n|\s+", " ", text).strip(" '\"").replace("\\'", "'")
+  text = re.sub(r"\\n|\s+", " ", text).strip().replace("\\'", "'")
+  # Quotes that enclose all of the text go (only those: "invalid literal for int() with base
+  # 10: 'abc'" keeps its closing quote).
+  while (len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+         and text[0] not in text[1:-1]):
+    text = text[1:-1].strip()
   missing = re.search(r"No such file or directory: '([^']+)", text)
   if missing:
     text = f"--config: no config file {missing.group(1)!r}"
@@ -186,4 +273,11 @@ def _flag_error(error: BaseException) -> None:
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main, argv=expand_config_name(sys.argv), flags_parser=parse_flags)
+  try:
+    app.run(main, argv=expand_config_name(sys.argv), flags_parser=parse_flags)
+  except KeyboardInterrupt as stopped:  # before main: the flags, the config file
+    _ignore_stop_signals()
+    if _verbose():
+      raise
+    print(_stop_line(stopped, None, None), file=sys.stderr)
+    _finish(130)

@@ -130,6 +130,8 @@ def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["--config=digits_solo_quick", "--config.num_round=3"], 'Did you mean "num_rounds"'),
     (["--config=digits_solo_quick", "--config.num_rounds=abc"], "--config.num_rounds=abc"),
+    (["--config=digits_solo_quick", "--config.local.lr=abc"],
+     "could not convert string to float: 'abc' (run with --verbose"),  # the closing quote
     (["--config=experiments/configs/digits.py:nosuch"], "got 'nosuch'"),
     (["--config=experiments/configs/nofile.py"], "no config file 'experiments/configs/nofile.py'"),
     (["--config=digits_solo_quick", "--num_rounds=3"], "prefix: --config.num_rounds=..."),

@@ -1,0 +1,314 @@
+"""Every way the command ends, ends it: Ctrl-C and SIGTERM at any moment, a checkpoint folder
+that cannot be written, a full disk. One line, no traceback, the right exit status, and a
+workdir the same command resumes.
+
+The command runs in a process of its own (`experiments/train.py`, a tiny SOLO config with a
+checkpoint after every round). Where a test needs a moment to land in (a checkpoint write,
+the results), a wrapper slows that step down in the child process and says when it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "experiments" / "train.py"
+
+TINY = ("--config=digits_solo_quick", "--config.local.epochs=1",
+        "--config.models.architectures=('simple_cnn','fedavg_cifar_cnn','simple_cnn',"
+        "'fedavg_cifar_cnn')", "--config.local.batch_size=16",
+        "--config.scenario.public_size=64", "--config.scenario.private_sizes.mnist=30",
+        "--config.scenario.private_sizes.usps=20", "--config.scenario.private_sizes.svhn=40",
+        "--config.scenario.private_sizes.syn=24", "--config.scenario.test_size=30",
+        "--config.eval.batch_size=30", "--config.logging.progress=True",
+        "--config.logging.plots=False", "--config.logging.tensorboard=False",
+        "--config.checkpoint.every=1")
+
+#: Runs experiments/train.py as `python experiments/train.py` does, after `{patch}`.
+_WRAPPER = """
+import pathlib, runpy, sys, time
+{patch}
+sys.argv = [{script!r}] + sys.argv[1:]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+#: The `k`-th write of the state's arrays (round k: round 0's is the first) announces itself
+#: and then takes `seconds` more in the calling thread (the part of a save that is not in
+#: the background).
+SLOW_SAVE = """
+import orbax.checkpoint as ocp
+_real, _calls = ocp.StandardCheckpointHandler.async_save, [0]
+async def _slow(self, *args, **kwargs):
+  out = await _real(self, *args, **kwargs)
+  _calls[0] += 1
+  if _calls[0] - 1 == {round}:
+    print("SAVING round {round}", file=sys.stderr, flush=True)
+    time.sleep({seconds})
+  return out
+ocp.StandardCheckpointHandler.async_save = _slow
+"""
+
+#: The background part of the write of round `round` announces itself and waits `seconds`.
+SLOW_COMMIT = """
+from orbax.checkpoint._src.checkpointers import async_checkpointer as _ac
+_real = _ac._background_wait_for_commit_futures
+def _slow(directory, *args, **kwargs):
+  if pathlib.Path(str(directory)).name.split(".")[0] == "{round}":
+    print("COMMITTING round {round}", file=sys.stderr, flush=True)
+    time.sleep({seconds})
+  return _real(directory, *args, **kwargs)
+_ac._background_wait_for_commit_futures = _slow
+"""
+
+#: Writing the results (after the last round) announces itself and takes `seconds` more.
+SLOW_RESULTS = """
+from fedjax_het import experiment as _experiment
+_real = _experiment.Experiment.results
+def _slow(self, *args, **kwargs):
+  print("RESULTS", file=sys.stderr, flush=True)
+  time.sleep({seconds})
+  return _real(self, *args, **kwargs)
+_experiment.Experiment.results = _slow
+"""
+
+
+@pytest.fixture(name="env", scope="module")
+def _env(tmp_path_factory):
+  """No real data directory (synthetic data, generated once), CPU, one compilation cache."""
+  root = tmp_path_factory.mktemp("stops")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("FEDJAX_HET_TRACEBACK", "FEDJAX_HET_DATA_DIR")}
+  env.update(FEDJAX_HET_CACHE_DIR=str(root / "data_cache"), JAX_PLATFORMS="cpu",
+             PYTHONUNBUFFERED="1", FEDJAX_HET_TEST_JAX_CACHE=str(root / "jax_cache"))
+  return env
+
+
+def command(workdir, env, *extra, num_rounds=3, patch=None, tmp=None):
+  """The training command (through a wrapper applying `patch` when given)."""
+  args = [*TINY, f"--workdir={workdir}", f"--config.num_rounds={num_rounds}",
+          f"--config.compilation_cache_dir={env['FEDJAX_HET_TEST_JAX_CACHE']}", *extra]
+  if patch is None:
+    return [sys.executable, str(SCRIPT), *args]
+  wrapper = pathlib.Path(tmp) / "wrapper.py"
+  wrapper.write_text(_WRAPPER.format(patch=patch, script=str(SCRIPT)))
+  return [sys.executable, str(wrapper), *args]
+
+
+def start(cmd, env, **kwargs):
+  return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def read_until(child, marker, lines):
+  """Reads the child's stderr into `lines` until a line holds `marker` (True) or it ends."""
+  for line in child.stderr:
+    lines.append(line)
+    if marker in line:
+      return True
+  return False
+
+
+def finish(child, lines, timeout=180):
+  """(exit status, the whole stderr)."""
+  rest = child.communicate(timeout=timeout)[1]
+  return child.returncode, "".join(lines) + rest
+
+
+def one_line(stderr, pattern):
+  """The one line of `stderr` that matches `pattern` (asserted: exactly one, and it is the
+  last line, with no traceback anywhere)."""
+  assert "Traceback" not in stderr, stderr[-6000:]
+  lines = stderr.strip().splitlines()
+  found = [l for l in lines if re.search(pattern, l)]
+  assert len(found) == 1 and found[0] == lines[-1], lines[-20:]
+  return found[0]
+
+
+def committed(workdir):
+  folder = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def unfinished(workdir):
+  return [p.name for p in (pathlib.Path(workdir) / "checkpoints").iterdir()
+          if "orbax-checkpoint-tmp" in p.name]
+
+
+def rounds(workdir):
+  return [json.loads(l)["round"] for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text()
+          .splitlines() if l.strip()]
+
+
+# -- signals ------------------------------------------------------------------------------------
+
+
+def _catches_sigterm(pid):
+  """Whether process `pid` has a handler for SIGTERM (its SigCgt mask, Linux)."""
+  try:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+  except OSError:
+    return False
+  mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+  return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_imports_is_one_line(tmp_path, env, stop):
+  """The handlers are in place before the slow imports (jax, flax, orbax take seconds): the
+  signal is sent as soon as the process catches SIGTERM."""
+  child = start(command(tmp_path / "run", env), env)
+  deadline = time.time() + 60
+  while not _catches_sigterm(child.pid) and child.poll() is None and time.time() < deadline:
+    time.sleep(0.002)
+  child.send_signal(stop)
+  code, stderr = finish(child, [])
+  assert code == 130, stderr[-3000:]
+  one_line(stderr, r"^stopped while starting, before anything was written; rerun the same "
+                   r"command to start the run$")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_stop_while_compiling_is_one_line(tmp_path, env):
+  workdir = tmp_path / "run"
+  child, lines = start(command(workdir, env), env), []
+  assert read_until(child, "compiling the round", lines)
+  child.send_signal(signal.SIGTERM)
+  code, stderr = finish(child, lines)
+  assert code == 130
+  one_line(stderr, rf"^stopped at round 0; rerun the same command to resume from the checkpoint "
+                   rf"of round 0 in {re.escape(str(workdir))}$")
+  assert committed(workdir) == [0] and not unfinished(workdir)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_a_checkpoint_write_lets_it_finish_and_is_one_line(tmp_path, env, stop):
+  workdir = tmp_path / "run"
+  child = start(command(workdir, env, patch=SLOW_SAVE.format(round=2, seconds=3), tmp=tmp_path),
+                env)
+  lines = []
+  assert read_until(child, "SAVING round 2", lines), "".join(lines)[-3000:]
+  child.send_signal(stop)
+  code, stderr = finish(child, lines)
+  assert code == 130, stderr[-3000:]
+  one_line(stderr, rf"^stopped at round 2; rerun the same command to resume from the checkpoint "
+                   rf"of round 2 in {re.escape(str(workdir))}$")
+  assert committed(workdir)[-1] == 2 and not unfinished(workdir)
+  assert rounds(workdir) == [1, 2]
+
+
+def test_a_second_stop_discards_the_write_under_way_and_the_rerun_resumes(tmp_path, env):
+  workdir = tmp_path / "run"
+  child = start(command(workdir, env, patch=SLOW_COMMIT.format(round=2, seconds=60),
+                        tmp=tmp_path), env)
+  lines = []
+  assert read_until(child, "COMMITTING round 2", lines), "".join(lines)[-3000:]
+  child.send_signal(signal.SIGINT)   # the run stops and waits for the write...
+  time.sleep(2)
+  tick = time.time()
+  child.send_signal(signal.SIGINT)   # ...which a second signal cuts short
+  code, stderr = finish(child, lines, timeout=30)
+  assert code == 130 and time.time() - tick < 20, stderr[-3000:]
+  one_line(stderr, rf"^stopped at round 2; the checkpoint write of round 2 under way is "
+                   rf"discarded; rerun the same command to resume from the checkpoint of round "
+                   rf"1 in {re.escape(str(workdir))}$")
+  assert committed(workdir)[-1] == 1
+  rerun = subprocess.run(command(workdir, env), cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "resumed from the checkpoint of round 1" in rerun.stderr
+  assert rounds(workdir) == [1, 2, 3] and not unfinished(workdir)
+
+
+def test_a_stop_after_the_last_round_says_so_and_the_rerun_writes_the_results(tmp_path, env):
+  workdir = tmp_path / "run"
+  child = start(command(workdir, env, patch=SLOW_RESULTS.format(seconds=5), tmp=tmp_path), env)
+  lines = []
+  assert read_until(child, "RESULTS", lines), "".join(lines)[-3000:]
+  child.send_signal(signal.SIGTERM)
+  code, stderr = finish(child, lines)
+  assert code == 130, stderr[-3000:]
+  one_line(stderr, rf"^stopped after the last round \(3\), while writing the results; rerun the "
+                   rf"same command to write them \(it resumes from the checkpoint of round 3 and "
+                   rf"trains nothing\) in {re.escape(str(workdir))}$")
+  assert not (workdir / "results.json").exists()
+  rerun = subprocess.run(command(workdir, env), cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "resumed from the checkpoint of round 3" in rerun.stderr
+  assert not re.search(r"\bround \d+/3\b", rerun.stderr)  # trained nothing
+  assert (workdir / "results.json").exists() and rounds(workdir) == [1, 2, 3]
+
+
+# -- storage --------------------------------------------------------------------------------------
+
+
+def _without_file_permission_override():
+  """A `preexec_fn` that makes the child subject to file permissions, or None where the test
+  cannot drop that privilege. As root (here), the child keeps uid 0 and loses
+  CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from its bounding set before exec, so
+  it never has them): a folder without write permission is then unwritable to it, as to any
+  user. (Switching to `nobody` instead would lock it out of an interpreter under /root.)"""
+  if os.geteuid() != 0:
+    return lambda: None  # already an unprivileged user
+  try:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    libc = ctypes.CDLL(None, use_errno=True)
+  except OSError:
+    return None
+
+  def drop():
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+      if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+  probe = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"fedjax_het_probe_{os.getpid()}"
+  probe.mkdir(exist_ok=True)
+  probe.chmod(0o555)
+  try:
+    out = subprocess.run([sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
+                         preexec_fn=drop, capture_output=True, text=True, timeout=60)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  finally:
+    probe.chmod(0o755)
+    shutil.rmtree(probe, ignore_errors=True)
+  return drop if "PermissionError" in out.stderr else None
+
+
+def test_an_unwritable_checkpoint_folder_is_one_error_and_the_process_exits(tmp_path, env):
+  drop = _without_file_permission_override()
+  if drop is None:
+    pytest.skip("cannot run the command without the privilege to write any folder")
+  workdir = tmp_path / "run"
+  first = subprocess.run(command(workdir, env, num_rounds=2), cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  (workdir / "checkpoints").chmod(0o555)
+  try:
+    longer = command(workdir, env, "--config.resume_allow_changes=num_rounds", num_rounds=4)
+    out = subprocess.run(longer, cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=240, preexec_fn=drop)  # the process ends: no hang
+  finally:
+    (workdir / "checkpoints").chmod(0o755)
+  assert out.returncode == 1, out.stderr[-3000:]
+  folder = re.escape(str(workdir / "checkpoints" / "3"))
+  one_line(out.stderr, rf"^error: cannot write '{folder}\.orbax-checkpoint-tmp[^']*': Permission "
+                       r"denied \(the checkpoint of round 3\); training stopped at round 3; "
+                       r"metrics\.jsonl is cut back to round 2, the latest checkpoint: make the "
+                       r"folder writable and rerun the same command to resume from it \(round 3 "
+                       r"is trained again\)\.$")
+  assert not re.search(r"^E\d{4} ", out.stderr, re.M)  # no orbax error lines
+  assert rounds(workdir) == [1, 2] and committed(workdir) == [1, 2]
+  rerun = subprocess.run(longer, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert rounds(workdir) == [1, 2, 3, 4] and not unfinished(workdir)
