@@ -16,7 +16,9 @@ before anything trains), then for each cell in order:
   * then rewrites the table's table.md / table.json / figures
     (`reports.document`) from what the results directory holds.
 Beside each cell's own files it keeps `cell.json`: its status ("running",
-"finished", "interrupted"), the wall time spent on it over all invocations,
+"finished", "interrupted"; "killed" for an invocation whose process died without
+recording its end, its seconds then those up to its last heartbeat), the wall time
+spent on it over all invocations,
 and the device kind, commit and --set overrides of the runs that trained it.
 Each invocation appends what it did to `<results>/invocations.jsonl`.
 
@@ -47,9 +49,11 @@ import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -396,18 +400,55 @@ def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+#: Seconds between two updates of a training invocation's seconds in cell.json (its
+#: heartbeat): an invocation killed without recording its end keeps its time up to the last.
+HEARTBEAT_SECS = 30.0
+_CELL_RECORD_LOCK = threading.Lock()  # the heartbeat thread and the trainer's updates
+
+
+def _process_gone(entry: Mapping[str, Any]) -> bool:
+  """Whether the process of a "running" invocation entry is gone: its PID runs no process on
+  this host (an entry without a PID, written before PIDs were recorded, counts as gone; one
+  from another host is left as it is)."""
+  pid, host = entry.get("pid"), entry.get("host")
+  if pid is None:
+    return True
+  if host != socket.gethostname():
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return True
+  except OSError:  # it exists and belongs to someone else
+    return False
+  return False
+
+
 def update_cell_record(cell_dir: pathlib.Path, meta: Mapping[str, Any], *, status: str,
                        seconds: float | None = None, new_invocation: bool = False,
                        extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """Writes cell.json: `meta` (table, cell, row, ...), the status, and this invocation's
   entry (added with `new_invocation`, else the last one updated) with its seconds; the
-  cell's "seconds" are the sum over its invocations. The top-level "commit", "dirty" and
-  "patch_sha256" are the last invocation's; "stacked_seeds" is set once any invocation
-  trained the cell's seed inside a vmapped program of several seeds."""
+  cell's "seconds" are the sum over its invocations. A new invocation marks the one before
+  it "killed" when that one is still "running" and its process is gone (a kill -9, a
+  crash): its seconds are those of its last heartbeat (`train_recorded`). The top-level
+  "commit", "dirty" and "patch_sha256" are the last invocation's; "stacked_seeds" is set once
+  any invocation trained the cell's seed inside a vmapped program of several seeds."""
+  with _CELL_RECORD_LOCK:
+    return _update_cell_record(cell_dir, meta, status=status, seconds=seconds,
+                               new_invocation=new_invocation, extra=extra)
+
+
+def _update_cell_record(cell_dir: pathlib.Path, meta: Mapping[str, Any], *, status: str,
+                        seconds: float | None, new_invocation: bool,
+                        extra: Mapping[str, Any] | None) -> dict[str, Any]:
   record = _read_json(cell_dir / CELL_FILE) or {}
   record.update(meta)
   invocations = list(record.get("invocations", []))
   if new_invocation or not invocations:
+    if (invocations and invocations[-1].get("status") == "running"
+        and _process_gone(invocations[-1])):
+      invocations[-1] = {**invocations[-1], "status": "killed"}
     invocations.append({"start": _now()})
   entry = dict(invocations[-1])
   entry["status"] = status
@@ -435,17 +476,36 @@ def train_recorded(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
                    meta: Mapping[str, Any],
                    train: Callable[[ml_collections.ConfigDict, pathlib.Path], Any] | None = None
                    ) -> str:
-  """Trains one cell and keeps its cell.json: "running" while it trains, then "finished"
-  (or "stopped" when the trainer returned before the last round). Returns the status."""
+  """Trains one cell and keeps its cell.json: "running" while it trains (its seconds updated
+  every `HEARTBEAT_SECS`, with the PID and host that say whether it still runs), then
+  "finished" (or "stopped" when the trainer returned before the last round). Returns the
+  status."""
   tick = time.perf_counter()
   update_cell_record(cell_dir, meta, status="running", new_invocation=True,
-                     extra=code_state([cell_dir]))
+                     extra={**code_state([cell_dir]), "pid": os.getpid(),
+                            "host": socket.gethostname()})
+  stop = threading.Event()
+
+  def heartbeat() -> None:
+    while not stop.wait(HEARTBEAT_SECS):
+      try:
+        update_cell_record(cell_dir, meta, status="running",
+                           seconds=time.perf_counter() - tick)
+      except OSError:  # a full disk: the next beat, or the end, records the time
+        pass
+
+  beat = threading.Thread(target=heartbeat, name="cell_heartbeat", daemon=True)
+  beat.start()
   try:
     (train or train_cell)(config, cell_dir)
   except BaseException as error:
+    stop.set()
+    beat.join()
     update_cell_record(cell_dir, meta, seconds=time.perf_counter() - tick,
                        status="interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
     raise
+  stop.set()
+  beat.join()
   update_cell_record(cell_dir, meta, status="running", extra=device_info())
   status = "finished" if is_finished(cell_dir, config) else "stopped"
   update_cell_record(cell_dir, meta, status=status, seconds=time.perf_counter() - tick)
