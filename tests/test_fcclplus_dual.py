@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het.algorithms import fcclplus, solo
+from fedjax_het.algorithms import fcclplus, private_training
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api, clients
 from tests.tiny_federation import grouped_data
@@ -120,9 +120,9 @@ def test_dual_pretrains_with_solo_and_the_other_choices_do_not(average):
   state = fcclplus.make_phases(_config("dual", **fields), setup).init(key, arrays)
   g = state["groups"]["a"]
   assert set(g) == {"variables", "teacher", "pretrained"}
-  want = solo.pretrain_variables(setup, {"a": plain["fntd"]["variables"]}, data,
-                                 jax.random.fold_in(key, 1), epochs=3, batch_size=6, lr=0.05,
-                                 min_lr=0.01)["a"]
+  want = private_training.pretrain_variables(setup, {"a": plain["fntd"]["variables"]}, data,
+                                             jax.random.fold_in(key, 1), epochs=3, batch_size=6,
+                                             lr=0.05, min_lr=0.01)["a"]
   jax.tree_util.tree_map(np.testing.assert_array_equal, g["pretrained"], want)
   # Pretraining moved the model, and each participant differently (own private data).
   kernel = g["pretrained"]["params"]["head"]["kernel"]

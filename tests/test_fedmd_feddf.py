@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import losses
-from fedjax_het.algorithms import feddf, fedmd, solo
+from fedjax_het.algorithms import feddf, fedmd, private_training
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import clients, public
 from fedjax_het.experiment import Experiment
@@ -210,8 +210,8 @@ def test_fedmd_warmup_is_private_training_before_round_one():
   init_key, warmup_key = jax.random.split(jax.random.key(0))
   start = {g.name: clients.init_group_variables(g, init_key, shared=False, num_participants=2)
            for g in setup.groups}
-  want = solo.pretrain_variables(setup, start, data.groups, warmup_key, epochs=2, batch_size=6,
-                                 lr=0.05, min_lr=0.05, optimizer="sgd")
+  want = private_training.pretrain_variables(setup, start, data.groups, warmup_key, epochs=2,
+                                             batch_size=6, lr=0.05, min_lr=0.05, optimizer="sgd")
   _assert_same({n: g["variables"] for n, g in state["groups"].items()}, want)
   assert not np.allclose(want["a"]["params"]["head"]["kernel"],
                          start["a"]["params"]["head"]["kernel"])

@@ -1,4 +1,5 @@
-"""Pieces several methods share: cross-group targets, forwards, evaluation, diagnostics."""
+"""Pieces several methods share: cross-group targets and participant-order conversions, forwards,
+evaluation, diagnostics, communication bytes."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def mean_over_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> 
     total = total + jnp.tensordot(weights, values, axes=1)
     count += group.num_clients
   return jax.lax.stop_gradient(total / count)
+
+
+def to_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> jax.Array:
+  """{group: (slots, ...)} -> (K, ...) in participant order (padding slots dropped)."""
+  first = next(iter(per_group.values()))
+  out = jnp.zeros((setup.num_participants, *first.shape[1:]), first.dtype)
+  for group in setup.groups:
+    out = out.at[jnp.asarray(group.clients)].set(per_group[group.name][:group.num_clients])
+  return out
+
+
+def to_slots(per_participant: jax.Array, group: ClientGroup) -> jax.Array:
+  """(K, ...) in participant order -> the group's (slots, ...); padding slots get 0."""
+  slots = jnp.asarray(list(group.clients) + [0] * (group.num_slots - group.num_clients))
+  values = per_participant[slots]
+  active = jnp.asarray(slot_active(group)).reshape((-1,) + (1,) * (values.ndim - 1))
+  return jnp.where(active, values, 0.0)
 
 
 def forward_fn(group: ClientGroup, *, train: bool, on_public: bool = False
@@ -482,6 +500,17 @@ def tree_bytes(tree: Any) -> int:
 def model_bytes(model: Any) -> int:
   """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes."""
   return tree_bytes(jax.eval_shape(lambda: models.init_variables(model, jax.random.key(0))))
+
+
+def variables_bytes(group: ClientGroup, part: Callable[[Any], Any] | None = None) -> int:
+  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes.
+
+  `part` (variables -> the communicated part of them) counts only that part.
+  """
+  shapes = jax.eval_shape(lambda: models.init_variables(group.model, jax.random.key(0)))
+  if part is not None:
+    shapes = part(shapes)
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
 def public_batches(batch_size: int, epochs: int, num_public: int) -> tuple[int, int]:

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.engine import aggregation, local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
@@ -115,7 +115,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     variables = {g.name: init_group_variables(g, init_key, shared=False,
                                               num_participants=setup.num_participants)
                  for g in setup.groups}
-    pretrained = solo.pretrain_variables(
+    pretrained = private_training.pretrain_variables(
         setup, variables, data.groups, pretrain_key, epochs=int(cfg.pretrain_epochs),
         batch_size=pretrain_batch_size, lr=float(cfg.pretrain_lr),
         min_lr=float(cfg.pretrain_min_lr))

@@ -47,7 +47,8 @@ Defaults follow the authors' code; every deviation is a config field:
                                  + KL(softmax(Z*/tau) || softmax(Z/tau))),
     Z^{e-1} the logits of the FNTD teacher above (theta^{e-1}), Z* those of theta^*, the
     participant's model pretrained on its private data alone. As in FCCL (`fccl.py`, whose
-    pieces are reused: `solo.pretrain_variables`, `losses.dual_domain_distillation_loss`),
+    pieces are reused: `private_training.pretrain_variables`,
+    `losses.dual_domain_distillation_loss`),
     `init` then first pretrains every participant (SOLO, `fcclplus.pretrain_epochs` epochs
     of Adam, lr cosine-annealed from `fcclplus.pretrain_lr` to `fcclplus.pretrain_min_lr`,
     batch `local.batch_size`), training starts from theta^* (homogeneous variant:
@@ -102,7 +103,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, fedavg, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, local, public
 from fedjax_het.engine.api import Algorithm, Setup, Stage
@@ -185,7 +186,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                                        num_participants=setup.num_participants)
       groups[group.name] = {"variables": variables, "teacher": variables}
     if dual:  # FCCL's SOLO pretraining (fccl.py `init`): theta^* starts training, theta^0 = theta^*
-      pretrained = solo.pretrain_variables(
+      pretrained = private_training.pretrain_variables(
           setup, {name: g["variables"] for name, g in groups.items()}, data.groups,
           jax.random.fold_in(key, 1), epochs=int(cfg.pretrain_epochs),
           batch_size=int(loc.batch_size), lr=float(cfg.pretrain_lr),
@@ -379,7 +380,7 @@ def communication_bytes(config: ml_collections.ConfigDict, setup: Setup,
     per_batch *= batches
   total = setup.num_participants * per_batch
   if bool(cfg.average_parameters):
-    total += sum(group.num_clients * fedavg.variables_bytes(group) for group in setup.groups)
+    total += sum(group.num_clients * common.variables_bytes(group) for group in setup.groups)
   return total, total
 
 

@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from fedjax_het import evaluation, models, validation
+from fedjax_het import evaluation, validation
 from fedjax_het.algorithms import common
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
@@ -147,17 +147,6 @@ def the_group(setup: Setup, method: str) -> ClientGroup:
                       f"participant for {method} (one global model), got groups "
                       f"{[g.name for g in setup.groups]}.")
   return setup.groups[0]
-
-
-def variables_bytes(group: ClientGroup, part: Callable[[Any], Any] | None = None) -> int:
-  """Bytes of one model's variables (parameters and BatchNorm statistics), from the shapes.
-
-  `part` (variables -> the communicated part of them) counts only that part.
-  """
-  shapes = jax.eval_shape(lambda: models.init_variables(group.model, jax.random.key(0)))
-  if part is not None:
-    shapes = part(shapes)
-  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
 def local_lr_schedule(loc: ml_collections.ConfigDict, num_rounds: int) -> optax.Schedule:
@@ -245,7 +234,7 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   if server_state is not None and server_state.name in ("server", "server_opt", "groups"):
     raise ValueError(f"make_family: ServerState.name {server_state.name!r} is taken by the "
                      "family's own state; choose another name.")
-  model_bytes = variables_bytes(group, communicated)
+  model_bytes = common.variables_bytes(group, communicated)
   bytes_up = cohort_size * (model_bytes + (server_state.bytes_up if server_state else 0))
   bytes_down = cohort_size * (model_bytes + (server_state.bytes_down if server_state else 0))
 

@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.engine import aggregation, local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import slot_active
@@ -119,9 +119,9 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return {name: aggregation.average_over_active(v, active[name])
             for name, v in variables.items()}
 
-  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
-                                          pieces.local_lr,
-                                          prepare=average_all if average else None)
+  local_update = private_training.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                                      pieces.local_lr,
+                                                      prepare=average_all if average else None)
 
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
 

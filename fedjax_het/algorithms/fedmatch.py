@@ -118,7 +118,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, models, validation
-from fedjax_het.algorithms import common, rhfl, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.engine import local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import slot_active, slot_ids
@@ -292,7 +292,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       embed = lambda v, g=group: jax.nn.softmax(
           models.apply_model(g.model, v, noise, train=False)[1], axis=-1).reshape(-1)
       embeddings[group.name] = jax.vmap(embed)(state["groups"][group.name]["variables"])
-    return nearest_helpers(rhfl.to_participants(embeddings, setup), num_helpers)
+    return nearest_helpers(common.to_participants(embeddings, setup), num_helpers)
 
   def public_step(state, views, key, round_index, helpers):
     weak, strong = views
@@ -302,7 +302,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     def total_loss(params):
       _, logits, stats = common.public_forward(setup, state, params,
                                                jnp.concatenate([weak, strong]), key, ids)
-      peers = jax.lax.stop_gradient(rhfl.to_participants(
+      peers = jax.lax.stop_gradient(common.to_participants(
           {name: z[:, :batch] for name, z in logits.items()}, setup))  # (K, B, C)
       total, metrics = 0.0, {}
       for group in setup.groups:
@@ -311,7 +311,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
             own_weak=w, own_strong=s, peer_weak=peers, helper_weights=h, threshold=threshold,
             agreement=agreement, consistency_weight=consistency_weight,
             pseudo_label_weight=pseudo_label_weight))(
-                z[:, :batch], z[:, batch:], rhfl.to_slots(helpers, group))
+                z[:, :batch], z[:, batch:], common.to_slots(helpers, group))
         total = total + jnp.sum(jnp.where(active[group.name], per_slot, 0.0))
       return total, (metrics, stats)
 
@@ -319,8 +319,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return common.public_update(setup, state, grads, stats, col_tx, pieces.public_lr(round_index),
                                 keep_optimizer=keep_optimizer), metrics
 
-  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
-                                          pieces.local_lr)
+  local_update = private_training.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                                      pieces.local_lr)
 
   return Phases(init=init, select_helpers=select_helpers, public_step=public_step,
                 local_update=local_update)

@@ -66,7 +66,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.engine import local, public
 from fedjax_het.engine.api import Algorithm, Setup
 
@@ -95,8 +95,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   digest_loss = common.check_choice("fedmd.digest_loss", cfg.digest_loss, DIGEST_LOSSES)
   pieces = common.public_and_local_pieces(config, setup)
   col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
-  init = solo.warm_started_init(setup, loc, int(cfg.warmup_epochs),
-                                public_optimizer=col_tx if keep_optimizer else None)
+  init = private_training.warm_started_init(setup, loc, int(cfg.warmup_epochs),
+                                            public_optimizer=col_tx if keep_optimizer else None)
 
   def draw_subset(key, images):
     num_public = images.shape[0]
@@ -115,7 +115,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
     return common.consensus_step(setup, state, images, key, digest, col_tx,
                                  pieces.public_lr(round_index), keep_optimizer=keep_optimizer)
 
-  revisit = solo.make_private_update(setup, pieces.trainers, int(loc.epochs), pieces.local_lr)
+  revisit = private_training.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                                 pieces.local_lr)
 
   return Phases(init=init, draw_subset=draw_subset, digest_step=digest_step, revisit=revisit)
 

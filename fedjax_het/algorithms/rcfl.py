@@ -80,7 +80,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.engine import local, public
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import slot_active
@@ -180,8 +180,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   pieces = common.public_and_local_pieces(config, setup)
   col_tx, keep_optimizer = pieces.public_optimizer, pieces.reset != "batch"
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
-  init = solo.warm_started_init(setup, loc, int(cfg.warmup_epochs),
-                                public_optimizer=col_tx if keep_optimizer else None)
+  init = private_training.warm_started_init(setup, loc, int(cfg.warmup_epochs),
+                                            public_optimizer=col_tx if keep_optimizer else None)
 
   def distill(z, target):
     kl = distillation_loss(logits=z, target=target)
@@ -199,8 +199,8 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
                                  pieces.public_lr(round_index), keep_optimizer=keep_optimizer,
                                  target_fn=target_fn)
 
-  local_update = solo.make_private_update(setup, pieces.trainers, int(loc.epochs),
-                                          pieces.local_lr)
+  local_update = private_training.make_private_update(setup, pieces.trainers, int(loc.epochs),
+                                                      pieces.local_lr)
 
   return Phases(init=init, distill_step=distill_step, local_update=local_update)
 

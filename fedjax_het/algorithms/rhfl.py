@@ -81,7 +81,7 @@ Clients. CVPR 2022, pp. 10072-10081.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -89,7 +89,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, solo
+from fedjax_het.algorithms import common, private_training
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, local, public
 from fedjax_het.engine.api import Algorithm, Setup, Stage
@@ -128,23 +128,6 @@ def confidence_weights(previous_loss: jax.Array, current_loss: jax.Array, *,
   share = jnp.where(usable, quality / jnp.where(usable, total, 1.0), 0.0)
   amount = 1.0 / max(num - 1, 1) + eta * share
   return jax.nn.softmax(amount), quality
-
-
-def to_participants(per_group: Mapping[str, jax.Array], setup: Setup) -> jax.Array:
-  """{group: (slots, ...)} -> (K, ...) in participant order (padding slots dropped)."""
-  first = next(iter(per_group.values()))
-  out = jnp.zeros((setup.num_participants, *first.shape[1:]), first.dtype)
-  for group in setup.groups:
-    out = out.at[jnp.asarray(group.clients)].set(per_group[group.name][:group.num_clients])
-  return out
-
-
-def to_slots(per_participant: jax.Array, group: ClientGroup) -> jax.Array:
-  """(K, ...) in participant order -> the group's (slots, ...); padding slots get 0."""
-  slots = jnp.asarray(list(group.clients) + [0] * (group.num_slots - group.num_clients))
-  values = per_participant[slots]
-  active = jnp.asarray(slot_active(group)).reshape((-1,) + (1,) * (values.ndim - 1))
-  return jnp.where(active, values, 0.0)
 
 
 def sce_loss_for(alpha: float, beta: float) -> Callable[[ClientGroup], local.LocalLossFn]:
@@ -246,19 +229,19 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   def confidence(state, data, key, round_index):
     if not reweight:
       weights = uniform_weights(num)
-      return state, weights, {g.name: {"weight": to_slots(weights, g)} for g in setup.groups}
+      return state, weights, {g.name: {"weight": common.to_slots(weights, g)} for g in setup.groups}
     current = {}
     for group in setup.groups:
       d, variables = data[group.name], state["groups"][group.name]["variables"]
       current[group.name] = jax.vmap(private_loss[group.name])(
           variables, d.images, d.labels, d.sizes, client_keys(key, ids[group.name]))
     previous = {name: g["confidence_loss"] for name, g in state["groups"].items()}
-    weights, _ = confidence_weights(to_participants(previous, setup),
-                                    to_participants(current, setup), eta=eta)
+    weights, _ = confidence_weights(common.to_participants(previous, setup),
+                                    common.to_participants(current, setup), eta=eta)
     weights = jnp.where(round_index > 0, weights, uniform_weights(num))
     groups = {name: {**g, "confidence_loss": current[name]}
               for name, g in state["groups"].items()}
-    metrics = {g.name: {"weight": to_slots(weights, g), "private_sce": current[g.name]}
+    metrics = {g.name: {"weight": common.to_slots(weights, g), "private_sce": current[g.name]}
                for g in setup.groups}
     return {**state, "groups": groups}, weights, metrics
 
@@ -268,7 +251,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
 
     def total_loss(params):
       _, logits, stats = common.public_forward(setup, state, params, images, key, ids)
-      peers = jax.lax.stop_gradient(to_participants(logits, setup))  # (K, B, C): every p_i
+      peers = jax.lax.stop_gradient(common.to_participants(logits, setup))  # (K, B, C): every p_i
       total, metrics = 0.0, {}
       for group in setup.groups:
         # KL(p_i || p_k) of every slot k against every participant i: (slots, K).
@@ -293,7 +276,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
       groups[group.name] = {**g, "variables": new_vars}
     return {**state, "groups": groups}, metrics
 
-  local_update = solo.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
+  local_update = private_training.make_private_update(setup, trainers, int(loc.epochs), loc_lr)
 
   return Phases(init=init, confidence=confidence, collaborative_step=collaborative_step,
                 local_update=local_update)
