@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import contextlib
 import dataclasses
 import datetime
 import gzip
@@ -73,7 +74,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -884,13 +885,33 @@ def _dataset(name: str) -> Dataset:
 
 
 def _data_dir(data_dir: str | os.PathLike | None) -> pathlib.Path:
+  """The data directory (not created here: `_made_for`)."""
   directory = resolve_data_dir(data_dir)
   if directory is None:
     raise DataUnavailableError(f"no data directory: pass --data_dir DIR (data_dir=...) or set "
                                f"{DATA_DIR_ENV}, the directory the configs read.")
-  directory = pathlib.Path(directory).expanduser()
+  return pathlib.Path(directory).expanduser()
+
+
+@contextlib.contextmanager
+def _made_for(directory: pathlib.Path, *inside: pathlib.Path) -> Iterator[None]:
+  """Makes `directory` (with its missing parents) for the block; when the block fails, the
+  folders it made that are left empty (`directory`, its new parents, and `inside`, folders
+  below it such as `downloads/<name>/`) are removed again: a failed command leaves no empty
+  data directory behind. A folder with something in it (a partial download to resume) stays."""
+  made = [p for p in (directory, *directory.parents) if not p.exists()]
+  made += [p for q in inside for p in (q, *q.parents)
+           if p not in made and not p.exists() and directory in p.parents]
   directory.mkdir(parents=True, exist_ok=True)
-  return directory
+  try:
+    yield
+  except BaseException:
+    for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):
+      try:
+        folder.rmdir()
+      except OSError:  # not empty (or gone)
+        pass
+    raise
 
 
 def _unpack(path: pathlib.Path, scratch: pathlib.Path) -> pathlib.Path:
@@ -972,7 +993,11 @@ def download(name: str, data_dir: str | os.PathLike | None = None, *,
         f"{_DOCS}).")
   directory = _data_dir(data_dir)
   raw = directory / DOWNLOADS / dataset.name
-  with tempfile.TemporaryDirectory(prefix=".download-", dir=directory) as scratch:
+  if from_path is not None and not pathlib.Path(from_path).expanduser().exists():
+    raise DataUnavailableError(f"--from {pathlib.Path(from_path).expanduser()}: no such file or "
+                               "folder.")
+  with _made_for(directory, raw), tempfile.TemporaryDirectory(prefix=".download-",
+                                                               dir=directory) as scratch:
     if from_path is not None:
       path = pathlib.Path(from_path).expanduser()
       if not path.exists():
