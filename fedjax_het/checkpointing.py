@@ -66,6 +66,17 @@ def _drop_orbax_info(record: logging.LogRecord) -> bool:
 logging.getLogger("absl").addFilter(_drop_orbax_info)
 
 
+def _drop_abandoned_writes(record: logging.LogRecord) -> bool:
+  """asyncio logs "Task exception was never retrieved", with a traceback, for each write of a
+  checkpoint that orbax abandoned after one of them failed (a full disk): the failure is
+  reported in one line; kept only with FEDJAX_HET_TRACEBACK."""
+  error = record.exc_info[1] if record.exc_info else None
+  return error is None or storage_error(error) is None or wants_traceback()
+
+
+logging.getLogger("asyncio").addFilter(_drop_abandoned_writes)
+
+
 def _quiet_closed_loop(previous: Any) -> Any:
   """A `sys.unraisablehook` that drops "Event loop is closed" raised by a tensorstore read
   completing after orbax gave up on a damaged checkpoint (its event loop already closed):
@@ -256,9 +267,15 @@ class Checkpointer:
     found = storage_error(error)
     if found is None:
       raise error
+    reason = found.reason
+    if found.path is None:  # the error names no file: name the checkpoint's folder
+      folder = str(self.directory / str(round_index))
+      reason = storage_error(OSError(found.error_number, os.strerror(found.error_number),
+                                     folder)).reason
     raise CheckpointWriteError(
-        f"{found.reason} (the checkpoint of round {round_index})", round_index=round_index,
-        path=found.path, error_number=found.error_number) from error
+        f"{reason} (the checkpoint of round {round_index})", round_index=round_index,
+        path=found.path or str(self.directory / str(round_index)),
+        error_number=found.error_number) from error
 
   def _unnamed(self, round_index: int) -> pathlib.Path | None:
     """The item folder of a checkpoint written as one unnamed item, else None."""

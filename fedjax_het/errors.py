@@ -146,28 +146,39 @@ def storage_error(error: BaseException) -> StorageError | None:
   """`error` (or an error it was raised from) as a `StorageError` naming the path, when it is
   an operating-system error of a path (an `OSError` with an errno) or orbax's `ValueError`
   of a write that tensorstore could not make ("RESOURCE_EXHAUSTED: ... Failed writing:
-  "<path>": ... No space left on device [os_error_code='28']"); None otherwise."""
+  "<path>": ... No space left on device [os_error_code='28']"); None otherwise. The path is
+  the first one an error of the chain names (None when none does)."""
+  found: tuple[int, str | None, str | None] | None = None  # (errno, path, strerror)
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
     if isinstance(error, StorageError):
       return error
+    number, path, strerror = None, None, None
     if isinstance(error, OSError) and error.errno is not None:
-      return StorageError(_storage_reason(error.errno, error.filename, error.strerror),
-                          path=error.filename, error_number=error.errno)
-    if isinstance(error, (ValueError, RuntimeError)):
+      number, path, strerror = error.errno, error.filename, error.strerror
+    elif isinstance(error, (ValueError, RuntimeError)):
       text = str(error)
-      number = next((n for code, n in _STORAGE_CODES.items() if text.startswith(code)), None)
-      words = next((n for word, n in _STORAGE_WORDS.items() if word in text), None)
       code = re.search(r"os_error_code='(\d+)'", text)
-      number = int(code.group(1)) if code else words or number
+      words = next((n for word, n in _STORAGE_WORDS.items() if word in text), None)
+      number = (int(code.group(1)) if code else words
+                or next((n for c, n in _STORAGE_CODES.items() if text.startswith(c)), None))
       if number is not None:
-        path = re.search(r'Failed writing: "([^"]+)"', text) or re.search(r'"(/[^"]+)"', text)
-        path = path.group(1) if path else None
-        return StorageError(_storage_reason(number, path, os.strerror(number)), path=path,
-                            error_number=number)
+        match = re.search(r'Failed writing: "([^"]+)"', text) or re.search(r'"(/[^"]+)"', text)
+        path = match.group(1) if match else None
+    if number is not None:
+      if found is None:
+        found = (number, path, strerror)
+      elif found[1] is None and path is not None:
+        found = (found[0], path, found[2])
+      if found[1] is not None:
+        break
     error = error.__cause__ or error.__context__
-  return None
+  if found is None:
+    return None
+  number, path, strerror = found
+  return StorageError(_storage_reason(number, path, strerror or os.strerror(number)),
+                      path=path, error_number=number)
 
 
 def _storage_reason(number: int, path: str | None, strerror: str | None) -> str:

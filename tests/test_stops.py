@@ -253,42 +253,36 @@ def test_a_stop_after_the_last_round_says_so_and_the_rerun_writes_the_results(tm
 
 
 def _without_file_permission_override():
-  """A `preexec_fn` that makes the child subject to file permissions, or None where the test
-  cannot drop that privilege. As root (here), the child keeps uid 0 and loses
-  CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from its bounding set before exec, so
-  it never has them): a folder without write permission is then unwritable to it, as to any
+  """A command prefix that runs a child subject to file permissions, or None where the test
+  cannot drop that privilege. As root (here), `setpriv` runs it with uid 0 but without
+  CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from its bounding set before exec, so it
+  never has them): a folder without write permission is then unwritable to it, as to any
   user. (Switching to `nobody` instead would lock it out of an interpreter under /root.)"""
   if os.geteuid() != 0:
-    return lambda: None  # already an unprivileged user
-  try:
-    import ctypes  # pylint: disable=import-outside-toplevel
-    libc = ctypes.CDLL(None, use_errno=True)
-  except OSError:
+    return []  # already an unprivileged user
+  setpriv = shutil.which("setpriv")
+  if setpriv is None:
     return None
-
-  def drop():
-    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-      if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
+  prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
   probe = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"fedjax_het_probe_{os.getpid()}"
   probe.mkdir(exist_ok=True)
   probe.chmod(0o555)
   try:
-    out = subprocess.run([sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
-                         preexec_fn=drop, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
+                         capture_output=True, text=True, timeout=60)
   except (OSError, subprocess.SubprocessError):
     return None
   finally:
     probe.chmod(0o755)
     shutil.rmtree(probe, ignore_errors=True)
-  return drop if "PermissionError" in out.stderr else None
+  return prefix if "PermissionError" in out.stderr else None
 
 
 def test_an_unwritable_checkpoint_folder_is_one_error_and_the_process_exits(tmp_path, env):
-  drop = _without_file_permission_override()
-  if drop is None:
-    pytest.skip("cannot run the command without the privilege to write any folder")
+  unprivileged = _without_file_permission_override()
+  if unprivileged is None:
+    pytest.skip("cannot run the command without the privilege to write any folder (root "
+                "without setpriv)")
   workdir = tmp_path / "run"
   first = subprocess.run(command(workdir, env, num_rounds=2), cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
@@ -296,8 +290,8 @@ def test_an_unwritable_checkpoint_folder_is_one_error_and_the_process_exits(tmp_
   (workdir / "checkpoints").chmod(0o555)
   try:
     longer = command(workdir, env, "--config.resume_allow_changes=num_rounds", num_rounds=4)
-    out = subprocess.run(longer, cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=240, preexec_fn=drop)  # the process ends: no hang
+    out = subprocess.run([*unprivileged, *longer], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=240)  # the process ends: no hang
   finally:
     (workdir / "checkpoints").chmod(0o755)
   assert out.returncode == 1, out.stderr[-3000:]
@@ -312,3 +306,84 @@ def test_an_unwritable_checkpoint_folder_is_one_error_and_the_process_exits(tmp_
   rerun = subprocess.run(longer, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert rounds(workdir) == [1, 2, 3, 4] and not unfinished(workdir)
+
+
+_REAL_DISK = """
+import json, os, pathlib, subprocess, sys
+disk, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+commands = json.loads(pathlib.Path(sys.argv[3]).read_text())
+disk.mkdir(parents=True, exist_ok=True)
+mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2048k", "tmpfs", str(disk)],
+                         capture_output=True, text=True)
+if mounted.returncode:
+  out.joinpath("skip").write_text(mounted.stderr)
+  sys.exit(0)
+
+def fill(leave):
+  filler = disk / "filler"
+  handle = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+  for size in (1 << 16, 1 << 12, 1 << 9, 1):
+    try:
+      while True:
+        os.write(handle, b"\\0" * size)
+    except OSError:
+      pass
+  os.close(handle)
+  os.truncate(filler, max(0, filler.stat().st_size - leave))
+
+results = {}
+for name, command, leave in commands:
+  if leave is not None:
+    fill(leave)
+  done = subprocess.run(command, capture_output=True, text=True)
+  (disk / "filler").unlink(missing_ok=True)
+  work = disk / "w"
+  results[name] = {"rc": done.returncode, "stderr": done.stderr,
+                   "tmp": sorted(p.name for p in work.glob(".*.tmp")),
+                   "unfinished": sorted(p.name for p in (work / "checkpoints").glob("*tmp*")),
+                   "rounds": [json.loads(l)["round"] for l in
+                              (work / "metrics.jsonl").read_text().splitlines() if l.strip()]}
+out.joinpath("results.json").write_text(json.dumps(results))
+"""
+
+
+@pytest.mark.slow  # four runs of the command, about 2 minutes on 2 cores
+def test_a_real_full_disk_is_one_error_naming_the_path_and_the_run_resumes(tmp_path, env):
+  """On a 2 MiB tmpfs mounted in a private mount namespace (root with `unshare`; skipped
+  elsewhere): a checkpoint write that finds the disk full, then the record files of a start
+  on a disk with no space left."""
+  unshare = shutil.which("unshare")
+  if os.geteuid() != 0 or unshare is None:
+    pytest.skip("needs root and unshare to mount a private tmpfs")
+  workdir = tmp_path / "disk" / "w"
+  longer = ("--config.resume_allow_changes=num_rounds",)
+  steps = [("first", command(workdir, env, num_rounds=2), None),
+           ("checkpoint", command(workdir, env, *longer, num_rounds=4), 96 * 1024),
+           ("records", command(workdir, env, *longer, num_rounds=4), 0),
+           ("resumed", command(workdir, env, *longer, num_rounds=4), None)]
+  (tmp_path / "steps.json").write_text(json.dumps(steps))
+  done = subprocess.run([unshare, "-m", "--propagation", "private", sys.executable, "-c",
+                         _REAL_DISK, str(tmp_path / "disk"), str(tmp_path),
+                         str(tmp_path / "steps.json")], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=1200)
+  if done.returncode or (tmp_path / "skip").exists():
+    pytest.skip(f"cannot mount a private tmpfs: {done.stderr[-300:]}"
+                f"{(tmp_path / 'skip').read_text() if (tmp_path / 'skip').exists() else ''}")
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["first"]["rc"] == 0, results["first"]["stderr"][-3000:]
+  checkpoint = results["checkpoint"]
+  assert checkpoint["rc"] == 1, checkpoint["stderr"][-3000:]
+  one_line(checkpoint["stderr"],
+           rf"^error: no space left on the device writing '{re.escape(str(workdir))}/checkpoints"
+           r"/3[^']*' \(the checkpoint of round 3\); training stopped at round 3; metrics\.jsonl "
+           r"is cut back to round 2, the latest checkpoint: free some space and rerun the same "
+           r"command to resume from it \(round 3 is trained again\)\.$")
+  assert checkpoint["rounds"] == [1, 2] and not checkpoint["unfinished"]
+  records = results["records"]
+  assert records["rc"] == 1, records["stderr"][-3000:]
+  one_line(records["stderr"], rf"^error: no space left on the device writing "
+                              rf"'{re.escape(str(workdir))}/[^']+'; free some space")
+  assert not records["tmp"]  # no 0-byte .config.json.tmp (or any other)
+  resumed = results["resumed"]
+  assert resumed["rc"] == 0, resumed["stderr"][-3000:]
+  assert resumed["rounds"] == [1, 2, 3, 4] and not resumed["unfinished"]
