@@ -1,5 +1,7 @@
 """Soak test of resume: SIGKILL a training run at random points, damage what it left, resume it,
-compare bit for bit; and start two processes on one workdir.
+compare bit for bit; start two processes on one workdir; and make a run end on a fault (a
+checkpoints folder that cannot be written, a full disk, a stop signal during a checkpoint
+write), resume it and compare.
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/soak_resume.py --kinds=kill \
         --trials-per-kind 20 --seed 0 \
@@ -7,6 +9,10 @@ compare bit for bit; and start two processes on one workdir.
     python benchmarks/soak_resume.py --config=digits_solo_quick --num-rounds 4 \
         --trials-per-kind 20 --seed 0 --time-limit-s 2450 \
         --out benchmarks/results/soak_resume__digits_solo_quick-tiny-faults__<device>.json
+    python benchmarks/soak_resume.py --config=digits_solo_quick --num-rounds 4 \
+        --kinds=flip_record,flip_identity,unwritable_checkpoints,disk_full,signal_during_write \
+        --trials-per-kind 20 --seed 0 --time-limit-s 4200 \
+        --out benchmarks/results/soak_resume__digits_solo_quick-tiny-stops__<device>.json
 
 What it does (everything in a fresh temporary folder; no real data directory):
 1. The reference: `experiments/train.py --config=digits_fcclplus_quick` (or `--config`)
@@ -29,8 +35,9 @@ What it does (everything in a fresh temporary folder; no real data directory):
    fresh random delay. Reruns continue until the process exits 0 (at most
    `--max-attempts` processes). A run that ends (with status 0) before its first kill is
    restarted in a fresh workdir with a new delay; a trial never killed counts as failed.
-   This is the trial kind `kill`. `--kinds` (default: all five, run round robin, so that a
-   soak stopped by `--time-limit-s` has as many trials of each) adds:
+   This is the trial kind `kill`. `--kinds` (default: the first five below, `DEFAULT_KINDS`;
+   run round robin, so that a soak stopped by `--time-limit-s` has as many trials of each)
+   adds:
    - `corrupt_checkpoint`: one kill a random fraction of a round after the run logs a
      random round k >= 2 (so two checkpoints are kept: the damaged one has one before it),
      then 1-16 random bytes of 1-3 random files of the newest committed checkpoint folder
@@ -47,6 +54,23 @@ What it does (everything in a fresh temporary folder; no real data directory):
      the second process starts after the first has finished, it is a rerun of a finished
      run: it must resume from the final checkpoint, train no round and exit 0; the outcome
      is "identical" (`second_start_after_finish` in its record).
+   - `flip_record`, `flip_identity`: the same kill (k >= 2), then one digit of one number in
+     the newest checkpoint's run item (`run/metadata`) has its lowest bit flipped: a train/
+     or eval/ value of a record, or a field of the run's identity (seed, local.lr, ...). A
+     digit stays a digit, so the JSON stays valid and only the run item's SHA-256 can tell;
+     then resume (the checkpoint is moved to checkpoints/unreadable/ and the run resumes
+     from the one before).
+   - `unwritable_checkpoints`, `disk_full`, `signal_during_write` (`run_fault_trial`): a
+     fault the running process must end on: its checkpoints folder made read-only (the
+     process runs without the privilege to override file permissions: as root, `setpriv`
+     drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), its disk filled (the workdir on a
+     small tmpfs, mounted in a private mount namespace: the script re-executes itself under
+     `unshare -m`; where it cannot, the kind is skipped and the record says why), or SIGINT
+     / SIGTERM the moment a checkpoint write's folder appears (sometimes a second signal).
+     The process must exit within `--fault-timeout` seconds with one line and no
+     traceback, leave no record past its latest checkpoint (storage faults) and finish the
+     write under way (a signal; a second one discards it and says so); the fault is undone
+     and the same command resumes, as above.
    Each trial records the kind, what was damaged, its outcome ("identical", "refused
    correctly" or "failed"), the warning lines the runs logged (the synthetic-data notices
    left out) and any "error:" line of the last process.
@@ -148,7 +172,8 @@ def child_env(root: pathlib.Path) -> dict[str, str]:
 
 
 def checkpoint_state(workdir: pathlib.Path) -> dict[str, Any]:
-  """Committed checkpoint rounds and orbax temporary folders (writes cut short) in `workdir`."""
+  """Committed checkpoint rounds and orbax temporary folders (writes cut short) in `workdir`
+  (checkpoints moved to `checkpoints/unreadable/` are neither)."""
   folder = workdir / "checkpoints"
   if not folder.is_dir():
     return {"committed": [], "temporary": []}
@@ -156,7 +181,7 @@ def checkpoint_state(workdir: pathlib.Path) -> dict[str, Any]:
   for entry in sorted(folder.iterdir()):
     if entry.name.isdigit():
       committed.append(int(entry.name))
-    else:
+    elif entry.name != "unreadable":  # checkpoints moved aside (fedjax_het.checkpointing)
       temporary.append(entry.name)
   return {"committed": sorted(committed), "temporary": temporary}
 
@@ -478,6 +503,43 @@ def damage_metrics_file(path: pathlib.Path, rng: random.Random) -> list[dict[str
   return [{"file": path.name, "action": action, "line": index + 1, "lines": len(lines)}]
 
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+def flip_run_item(folder: pathlib.Path, what: str, rng: random.Random) -> list[dict[str, Any]]:
+  """Flips the lowest bit of one digit of one number in the checkpoint's run item
+  (`<folder>/run/metadata`): of a metrics record (`what` = "record": a train/ or eval/
+  value) or of the run's identity ("identity": a config field such as seed or local.lr).
+  A digit stays a digit, so the JSON stays valid; the number's value changes (one of its
+  first six digits, never a leading zero). What it did; [] when there is no such number."""
+  path = folder / "run" / "metadata"
+  if not path.is_file():
+    return []
+  text = path.read_text()
+  split = text.find('"records"')
+  if what == "record":
+    pattern = re.compile(r'"((?:train|eval)/[^"]+)": (-?\d+\.\d+(?:e-?\d+)?)')
+    matches = [m for m in pattern.finditer(text) if m.start() > split >= 0]
+  else:
+    pattern = re.compile(r'"([A-Za-z_.]+)": (-?\d+(?:\.\d+)?(?:e-?\d+)?)(?=[,}])')
+    matches = list(pattern.finditer(text[:split] if split >= 0 else text))
+  rng.shuffle(matches)
+  for match in matches:
+    number = match.group(2)
+    digits = [i for i, ch in enumerate(number) if ch.isdigit()][:6]
+    for i in rng.sample(digits, len(digits)):
+      flipped = number[:i] + chr(ord(number[i]) ^ 1) + number[i + 1:]
+      if not _JSON_NUMBER.fullmatch(flipped) or float(flipped) == float(number):
+        continue
+      start = match.start(2) + i
+      changed = text[:start] + flipped[i] + text[start + 1:]
+      json.loads(changed)
+      path.write_text(changed)
+      return [{"file": "run/metadata", "action": f"flipped a digit of the {what}",
+               "field": match.group(1), "from": number, "to": flipped, "offset": start}]
+  return []
+
+
 def damage(kind: str, workdir: pathlib.Path, rng: random.Random) -> list[dict[str, Any]]:
   """Damages the killed run in `workdir` as `kind` says; [] when there is nothing to damage
   yet (no committed checkpoint, no metrics line)."""
@@ -486,8 +548,11 @@ def damage(kind: str, workdir: pathlib.Path, rng: random.Random) -> list[dict[st
   folder = newest_checkpoint(workdir)
   if folder is None:
     return []
-  done = (corrupt_files(folder, rng) if kind == "corrupt_checkpoint"
-          else truncate_or_delete(folder, rng))
+  if kind in ("flip_record", "flip_identity"):
+    done = flip_run_item(folder, kind.removeprefix("flip_"), rng)
+  else:
+    done = (corrupt_files(folder, rng) if kind == "corrupt_checkpoint"
+            else truncate_or_delete(folder, rng))
   prefix = str(folder.relative_to(workdir))
   return [{**d, "file": f"{prefix}/{d['file']}"} for d in done]
 
@@ -659,7 +724,292 @@ def run_concurrent_trial(index: int, root: pathlib.Path, reference: pathlib.Path
           "differences": differences[:50], "workdir": str(workdir)}
 
 
-KINDS = ("kill", "corrupt_checkpoint", "truncate_checkpoint", "damage_metrics", "concurrent")
+# --------------------------------------------------------------------- faults a run must survive
+
+
+def drop_file_permission_override() -> tuple[list[str] | None, str | None]:
+  """(a command prefix that makes a child subject to file permissions, None) or (None, why
+  not).
+
+  As root, the child keeps uid 0 and loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped
+  from its bounding set by `setpriv` before exec): a folder without write permission is then
+  unwritable to it, as to any user. An unprivileged user needs nothing dropped."""
+  if os.geteuid() != 0:
+    return [], None
+  setpriv = shutil.which("setpriv")
+  if setpriv is None:
+    return None, "no setpriv command to drop capabilities with"
+  prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+  probe = pathlib.Path(tempfile.mkdtemp(prefix="soak_probe_"))
+  probe.chmod(0o555)
+  try:
+    out = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe / 'x')!r}, 'w')"],
+                         capture_output=True, text=True, timeout=60)
+  except (OSError, subprocess.SubprocessError) as error:
+    return None, f"cannot start a child without them ({error})"
+  finally:
+    probe.chmod(0o755)
+    shutil.rmtree(probe, ignore_errors=True)
+  if "PermissionError" not in out.stderr:
+    return None, f"a child without CAP_DAC_OVERRIDE still writes a read-only folder: {out}"
+  return prefix, None
+
+
+#: Set in the soak's own process once it runs in a private mount namespace (disk_full).
+PRIVATE_MOUNTS_ENV = "FEDJAX_HET_SOAK_PRIVATE_MOUNTS"
+
+
+def in_private_mounts(argv: Sequence[str]) -> str | None:
+  """Re-executes this soak in a private mount namespace (`unshare -m`), where it can mount a
+  small tmpfs without touching the machine's mounts; returns (in that process) None, or why
+  it cannot (then disk_full trials are skipped)."""
+  if os.environ.get(PRIVATE_MOUNTS_ENV) == "1":
+    return None
+  unshare = shutil.which("unshare")
+  if unshare is None:
+    return "no unshare command"
+  probe = subprocess.run([unshare, "-m", "--propagation", "private", "true"],
+                         capture_output=True, text=True)
+  if probe.returncode != 0:
+    return f"unshare -m fails: {probe.stderr.strip()[:200]}"
+  os.environ[PRIVATE_MOUNTS_ENV] = "1"
+  os.execv(unshare, [unshare, "-m", "--propagation", "private", sys.executable,
+                     str(pathlib.Path(__file__).resolve()), *argv])
+  return None  # not reached
+
+
+def mount_small_disk(folder: pathlib.Path, size_kib: int) -> str | None:
+  """Mounts a `size_kib` KiB tmpfs at `folder` (in this process's private mount namespace);
+  None, or why it could not."""
+  folder.mkdir(parents=True, exist_ok=True)
+  out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs",
+                        str(folder)], capture_output=True, text=True)
+  return None if out.returncode == 0 else f"mount tmpfs fails: {out.stderr.strip()[:200]}"
+
+
+def fill_disk(folder: pathlib.Path, leave: int) -> int:
+  """Fills the filesystem of `folder` with `folder/filler` until it is full, then frees
+  `leave` bytes of it; the filler's size."""
+  filler = folder / "filler"
+  block = b"\0" * (1 << 16)
+  handle = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  try:
+    for size in (1 << 16, 1 << 12, 1 << 9, 1):
+      try:
+        while True:
+          os.write(handle, block[:size])
+      except OSError:
+        pass
+  finally:
+    os.close(handle)
+  size = max(0, filler.stat().st_size - leave)
+  os.truncate(filler, size)
+  return size
+
+
+def stop_lines(stderr: str) -> tuple[list[str], list[str]]:
+  """(the "error:" lines, the "stopped ..." lines) of a run's stderr."""
+  lines = stderr.splitlines()
+  return ([l for l in lines if l.startswith("error:")],
+          [l for l in lines if l.startswith("stopped ")])
+
+
+def _rounds_in_metrics(workdir: pathlib.Path) -> list[int]:
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  out = []
+  for line in path.read_text(errors="replace").splitlines():
+    try:
+      out.append(int(json.loads(line)["round"]))
+    except (ValueError, KeyError, TypeError):
+      out.append(-1)  # a cut line
+  return out
+
+
+def _leftovers(workdir: pathlib.Path) -> list[str]:
+  """Temporary files an atomic write left (`.<name>.tmp`)."""
+  return sorted(p.name for p in workdir.glob(".*.tmp")) if workdir.is_dir() else []
+
+
+def run_fault_trial(index: int, root: pathlib.Path, reference: pathlib.Path,
+                    env: Mapping[str, str], cache_dir: pathlib.Path, args: argparse.Namespace,
+                    kill_times: KillTimes, kind: str, faults: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+  """One trial of a fault the run must end on, in one line, with a workdir the same command
+  resumes: `unwritable_checkpoints` (the checkpoints folder made read-only up to half a
+  round after a random round's line, the run lacking the privilege to override file
+  permissions), `disk_full` (its disk, a small tmpfs, filled as that to a random 0-64 KiB of
+  free space), or
+  `signal_during_write` (SIGINT or SIGTERM as soon as a checkpoint write's folder appears,
+  with probability 1/4 a second one 0-0.3 s later). The faulted process must exit (status 1
+  for a storage fault, 130 for a signal) within `--fault-timeout` seconds with exactly one
+  line ("error: ..." naming a path in the workdir, or "stopped ..." naming the checkpoint
+  the disk holds) as its last line and no traceback; after a storage fault metrics.jsonl
+  holds no record past the latest checkpoint and no temporary file is left; after a signal
+  the write under way has finished (or, after a second signal, is said to be discarded).
+  The fault is then undone and the same command resumes until it exits 0; the workdir is
+  compared with the reference."""
+  rng = kill_times.rng
+  name = f"{kind}_{index:02d}"
+  base = faults["disk"] if kind == "disk_full" else root
+  workdir = base / name
+  cmd = cli_command(workdir, cache_dir, args.num_rounds, args.config)
+  rounds = kill_times.windows()["rounds"]
+  per_round = max(0.05, (rounds[1] - rounds[0]) / max(1, args.num_rounds - 1))
+  attempts: list[dict[str, Any]] = []
+  problems: list[str] = []
+  injected: dict[str, Any] = {}
+  redraws = 0
+  while True:
+    shutil.rmtree(workdir, ignore_errors=True)
+    at_round = rng.randint(1, args.num_rounds)
+    delay = round(rng.uniform(0.0, 0.5 * per_round), 3)
+    log_path = root / f"{name}_0.log"
+    injected = {"after_round_line": at_round, "delay_s": delay}
+    prefix = faults.get("drop", []) if kind == "unwritable_checkpoints" else []
+    tick = time.perf_counter()
+    with log_path.open("w") as log:
+      process = subprocess.Popen([*prefix, *cmd], stdout=log, stderr=subprocess.STDOUT,
+                                 env=dict(env), cwd=REPO)
+      mark = f"round {at_round}/{args.num_rounds} "
+      while process.poll() is None and mark not in log_path.read_text(errors="replace"):
+        time.sleep(0.01)
+      if kind == "signal_during_write":
+        folder = workdir / "checkpoints"
+        deadline = time.perf_counter() + 10 * per_round + 5
+        seen = None
+        while process.poll() is None and time.perf_counter() < deadline and seen is None:
+          names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+          seen = next((n for n in names if ".orbax-checkpoint-tmp" in n
+                       and int(n.split(".")[0]) >= at_round), None)
+          if seen is None:
+            time.sleep(0.0005)
+        if seen is not None and process.poll() is None:
+          stop = rng.choice((signal.SIGINT, signal.SIGTERM))
+          process.send_signal(stop)
+          injected.update(signal=signal.Signals(stop).name, writing=seen,
+                          writing_round=int(seen.split(".")[0]))
+          if rng.random() < 0.25:
+            time.sleep(rng.uniform(0.0, 0.3))
+            if process.poll() is None:
+              process.send_signal(stop)
+              injected["second_signal"] = True
+      else:
+        time.sleep(delay)
+        if process.poll() is None:
+          if kind == "unwritable_checkpoints":
+            (workdir / "checkpoints").chmod(0o555)
+            injected["read_only"] = "checkpoints"
+          else:
+            injected["free_bytes"] = rng.randint(0, 64 * 1024)
+            injected["filler_bytes"] = fill_disk(faults["disk"], injected["free_bytes"])
+      try:
+        process.wait(timeout=args.fault_timeout)
+        hung = False
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        hung = True
+    stderr = log_path.read_text(errors="replace")
+    first = {"rc": process.returncode, "hung": hung,
+             "wall_s": round(time.perf_counter() - tick, 3), "injected": dict(injected),
+             "checkpoints": checkpoint_state(workdir), "metrics_rounds":
+                 _rounds_in_metrics(workdir), "leftover_tmp_files": _leftovers(workdir)}
+    errors, stops = stop_lines(stderr)
+    first["lines"] = [l[:400] for l in errors + stops]
+    landed = ("signal" in injected if kind == "signal_during_write"
+              else ("read_only" in injected or "filler_bytes" in injected))
+    if (not landed or process.returncode == 0) and redraws < 10 and not hung:
+      # The run finished before the fault could act: start over at another moment.
+      redraws += 1
+      _undo(kind, workdir, faults)
+      continue
+    break
+  attempts.append(first)
+  # What the faulted process must have done.
+  rc, lines = first["rc"], stderr.strip().splitlines()
+  last = lines[-1] if lines else ""
+  committed = first["checkpoints"]["committed"]
+  if hung:
+    problems.append(f"did not exit within {args.fault_timeout} s")
+  elif not landed:
+    problems.append("the fault never landed: the run finished first every time")
+  elif "Traceback" in stderr:
+    problems.append("a traceback in its output")
+  elif kind == "signal_during_write":
+    if rc != 130 or len(stops) != 1 or stops[0] != last or errors:
+      problems.append(f"exit {rc}, stop lines {stops[:3]}, errors {errors[:3]}, last {last!r}")
+    else:
+      said = re.search(r"checkpoint of round (\d+)", stops[0])
+      said = int(said.group(1)) if said else None
+      if committed and said != committed[-1]:
+        problems.append(f"the line names round {said}, the disk holds {committed[-1]}")
+      writing = injected.get("writing_round")
+      discarded = "under way is discarded" in stops[0]
+      if writing is not None and not discarded and writing not in committed:
+        problems.append(f"the write of round {writing} under way did not finish")
+      if discarded and not injected.get("second_signal"):
+        problems.append("a write was discarded after one signal")
+      if first["checkpoints"]["temporary"] and not discarded:
+        problems.append(f"unfinished writes left: {first['checkpoints']['temporary']}")
+  else:
+    words = "no space left on the device writing '" if kind == "disk_full" else "cannot write '"
+    if rc != 1 or len(errors) != 1 or errors[0] != last or stops:
+      problems.append(f"exit {rc}, error lines {errors[:3]}, last {last!r}")
+    elif words not in errors[0] or str(workdir) not in errors[0]:
+      problems.append(f"the error does not name the path: {errors[0][:300]}")
+    newest = committed[-1] if committed else 0
+    past = [r for r in first["metrics_rounds"] if r > newest or r < 0]
+    if past:
+      problems.append(f"metrics.jsonl holds rounds {past} past the latest checkpoint {newest}")
+    if first["leftover_tmp_files"]:
+      problems.append(f"temporary files left: {first['leftover_tmp_files']}")
+    if kind == "disk_full" and first["checkpoints"]["temporary"]:
+      problems.append(f"unfinished writes left: {first['checkpoints']['temporary']}")
+  _undo(kind, workdir, faults)
+  # The same command resumes until it exits 0.
+  while not attempts[-1].get("hung") and attempts[-1]["rc"] != 0 and (
+      len(attempts) < args.max_attempts):
+    attempt = run_once(cmd, env, root / f"{name}_{len(attempts)}.log", workdir,
+                       args.num_rounds, None)
+    attempts.append(attempt)
+  finished = attempts[-1]["rc"] == 0 and len(attempts) > 1
+  differences = list(problems)
+  if not finished and not problems:
+    differences.append(f"did not finish: exit status {attempts[-1]['rc']} after "
+                       f"{len(attempts)} processes")
+  if finished:
+    differences += compare_runs(reference, workdir)
+  logs = [(root / f"{name}_{k}.log").read_text(errors="replace") for k in range(len(attempts))]
+  trial = {"kind": kind, "trial": index, "kills": 0, "redraws": redraws,
+           "phases": [], "details": [], "delays_s": [], "damaged": [], "injected": injected,
+           "faulted_process": first, "warnings": [w for log in logs for w in warning_lines(log)],
+           "refusals": first["lines"], "identical": not differences,
+           "outcome": "identical" if not differences else "failed",
+           "differences": differences[:50], "attempts": attempts,
+           "leftover_temporary_checkpoints": checkpoint_state(workdir)["temporary"],
+           "workdir": str(workdir)}
+  if not differences and kind == "disk_full":
+    shutil.rmtree(workdir, ignore_errors=True)  # the small disk holds one trial at a time
+  return trial
+
+
+def _undo(kind: str, workdir: pathlib.Path, faults: Mapping[str, Any]) -> None:
+  """Undoes a fault: the checkpoints folder writable again, the filler deleted."""
+  if kind == "unwritable_checkpoints" and (workdir / "checkpoints").is_dir():
+    (workdir / "checkpoints").chmod(0o755)
+  if kind == "disk_full":
+    (faults["disk"] / "filler").unlink(missing_ok=True)
+
+
+KINDS = ("kill", "corrupt_checkpoint", "truncate_checkpoint", "damage_metrics", "concurrent",
+         "flip_record", "flip_identity", "unwritable_checkpoints", "disk_full",
+         "signal_during_write")
+#: The kinds a soak runs unless --kinds names others.
+DEFAULT_KINDS = KINDS[:5]
+#: The kinds that inject a fault the run must end on (`run_fault_trial`).
+FAULT_KINDS = ("unwritable_checkpoints", "disk_full", "signal_during_write")
 
 
 def _trial_line(trial: Mapping[str, Any], total: int) -> str:
@@ -669,6 +1019,17 @@ def _trial_line(trial: Mapping[str, Any], total: int) -> str:
             f" ({trial['refusal'] or 'no refusal'})")
   kills = "; ".join(f"{d:5.2f} s {detail}" for d, detail in zip(trial["delays_s"],
                                                                trial["details"]))
+  if trial["kind"] in FAULT_KINDS:
+    injected = trial["injected"]
+    what = {"unwritable_checkpoints": "checkpoints read-only", "disk_full":
+            f"disk filled to {injected.get('free_bytes', '?')} B free",
+            "signal_during_write": f"{injected.get('signal', 'no signal')} writing "
+                                   f"{injected.get('writing', '?')}"
+                                   + (" (+ a second)" if injected.get("second_signal") else "")
+            }[trial["kind"]]
+    line = (trial["refusals"] or ["no line"])[-1]
+    return (f"{where}: {what} after round {injected.get('after_round_line')}'s line -> exit "
+            f"{trial['faulted_process']['rc']}: {line[:160]} -> {trial['outcome']}")
   damaged = "; ".join(f"{d['action']} {d['file']}" for d in trial["damaged"])
   return (f"{where}: {trial['kills']} kill(s) [{kills}]"
           + (f", {damaged}" if damaged else "")
@@ -678,7 +1039,7 @@ def _trial_line(trial: Mapping[str, Any], total: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--kinds", default=",".join(KINDS),
+  parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
                       help=f"comma-separated trial kinds, of {','.join(KINDS)}")
   parser.add_argument("--trials-per-kind", "--trials", dest="trials", type=int, default=20)
   parser.add_argument("--config", default="digits_fcclplus_quick",
@@ -694,6 +1055,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       help="the most seconds between the two starts of a concurrent trial")
   parser.add_argument("--time-limit-s", type=float, default=0.0,
                       help="start no trial after this many seconds (0: no limit)")
+  parser.add_argument("--fault-timeout", type=float, default=180.0,
+                      help="seconds a faulted process has to exit (fault kinds)")
+  parser.add_argument("--disk-kib", type=int, default=4096,
+                      help="size of the tmpfs the disk_full trials' workdirs live on")
   parser.add_argument("--max-attempts", type=int, default=6,
                       help="processes per trial before giving up")
   parser.add_argument("--tmp-dir", default=None, help="parent of the temporary folder")
@@ -712,6 +1077,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   env = child_env(root)
   print(f"soak: {args.trials} trials of each of {','.join(kinds)}, {args.config}, seed "
         f"{args.seed}, {args.num_rounds} rounds, in {root}", flush=True)
+  # What the fault kinds need; a kind whose fault cannot be made here is skipped, with why.
+  faults: dict[str, Any] = {}
+  skipped: dict[str, str] = {}
+  if "unwritable_checkpoints" in kinds:
+    faults["drop"], reason = drop_file_permission_override()
+    if reason:
+      skipped["unwritable_checkpoints"] = reason
+  if "disk_full" in kinds:
+    faults["disk"] = root / "disk"
+    reason = ("not in a private mount namespace (run the script itself: it re-executes under "
+              "unshare -m)" if os.environ.get(PRIVATE_MOUNTS_ENV) != "1"
+              else mount_small_disk(faults["disk"], args.disk_kib))
+    if reason:
+      skipped["disk_full"] = reason
+  for kind, reason in skipped.items():
+    print(f"skipping {kind}: {reason}", flush=True)
 
   def command(workdir: pathlib.Path) -> list[str]:
     return cli_command(workdir, cache_dir, args.num_rounds, args.config)
@@ -779,6 +1160,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "reference": ref, "control": control,
         "kill_windows_s": {"first": {k: list(v) for k, v in windows.items()},
                            "last": {k: list(v) for k, v in kill_times.windows().items()}},
+        "skipped_kinds": skipped,
+        "faults": {"unwritable_checkpoints": "the run without CAP_DAC_OVERRIDE / "
+                   "CAP_DAC_READ_SEARCH (uid 0 keeps its files)" if os.geteuid() == 0 else
+                   "an unprivileged user",
+                   "disk_full": f"a {args.disk_kib} KiB tmpfs in a private mount namespace",
+                   "fault_timeout_s": args.fault_timeout},
         "results": trials, "temporary_folder": str(root),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "platform": platform.platform(), "load_average": list(os.getloadavg())},
@@ -796,7 +1183,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         trial = run_concurrent_trial(index, root, reference, env, cache_dir, args,
                                      kill_times.rng)
       else:
-        trial = run_trial(index, root, reference, env, cache_dir, args, kill_times, kind)
+        if kind in skipped:
+          continue
+        if kind in FAULT_KINDS:
+          trial = run_fault_trial(index, root, reference, env, cache_dir, args, kill_times,
+                                  kind, faults)
+        else:
+          trial = run_trial(index, root, reference, env, cache_dir, args, kill_times, kind)
       kind_wall[kind] += time.perf_counter() - tick
       trial["wall_s"] = round(time.perf_counter() - tick, 2)
       trials.append(trial)
@@ -827,4 +1220,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+  if any("disk_full" in a for a in sys.argv[1:]):
+    why_not = in_private_mounts(sys.argv[1:])  # re-executes; returns when it cannot
+    if why_not:
+      print(f"disk_full: {why_not}", flush=True)
   sys.exit(0 if main(sys.argv[1:])["all_identical"] else 1)

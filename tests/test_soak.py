@@ -254,3 +254,48 @@ def test_soak_resume_three_kills_end_identical(tmp_path):
   failed = [(t["trial"], t["details"], t["differences"][:3]) for t in summary["results"]
             if not t["identical"]]
   assert summary["identical"] == 3, failed
+
+
+def _run_item(folder):
+  item = folder / "run" / "metadata"
+  item.parent.mkdir(parents=True)
+  item.write_text(json.dumps({
+      "identity": {"config": {"seed": 0, "local.lr": 0.001, "num_rounds": 10,
+                              "name": "x"}, "data": {"fingerprint": "ab12"}},
+      "records": [{"round": 1, "train/local/ce/mnist": 2.3136296272277832,
+                   "eval/intra/mnist": 10.0}], "state_sha256": "0f"}))
+  return item
+
+
+@pytest.mark.parametrize("what", ["record", "identity"])
+def test_flip_run_item_changes_one_digit_of_one_number_and_keeps_the_json_valid(tmp_path, what):
+  for seed in range(20):
+    folder = tmp_path / f"{what}{seed}"
+    item = _run_item(folder)
+    before = item.read_text()
+    done = soak.flip_run_item(folder, what, random.Random(seed))
+    after = item.read_text()
+    assert len(done) == 1 and done[0]["action"] == f"flipped a digit of the {what}"
+    assert len(before) == len(after)
+    differ = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+    assert len(differ) == 1 and before[differ[0]].isdigit() and after[differ[0]].isdigit()
+    assert float(done[0]["from"]) != float(done[0]["to"])
+    old, new = json.loads(before), json.loads(after)
+    part = "records" if what == "record" else "identity"
+    assert old[part] != new[part]
+    assert {k: v for k, v in old.items() if k != part} == {
+        k: v for k, v in new.items() if k != part}
+
+
+def test_checkpoint_state_leaves_out_the_unreadable_folder(tmp_path):
+  for name in ("1", "2", "unreadable", "3.orbax-checkpoint-tmp"):
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  assert soak.checkpoint_state(tmp_path) == {"committed": [1, 2],
+                                             "temporary": ["3.orbax-checkpoint-tmp"]}
+
+
+def test_stop_lines_split_error_and_stop_lines():
+  log = ("I1128 round 1/4\nerror: no space left on the device writing '/w/x'\n"
+         "stopped at round 2; rerun the same command\n")
+  assert soak.stop_lines(log) == (["error: no space left on the device writing '/w/x'"],
+                                  ["stopped at round 2; rerun the same command"])
