@@ -23,7 +23,7 @@ The protocol here (the paper gives no details; every choice is ours):
   * Optimiser. The run's `config.local`: optimiser, momentum, weight decay,
     batch size, at ONE constant learning rate (`new_client_lr`): by default
     `local.lr`, the rate a client starts a run with ("config"); "last" takes
-    the rate of the run's last round (`fedavg.local_lr_schedule`), or a
+    the rate of the run's last round (`fedavg_family.local_lr_schedule`), or a
     number. The optimiser state is kept across the epochs: training for E
     epochs is one local phase of E epochs, exactly what
     `engine.local.make_local_trainer` computes with `epochs=E` (same batch
@@ -69,7 +69,7 @@ import numpy as np
 
 from fedjax_het import checkpointing, evaluation, models, reporting
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.algorithms import fedavg, fedfusion, fedmmd
+from fedjax_het.algorithms import fedavg_family, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.data import partition as partition_lib
 from fedjax_het.data._base import Split
@@ -255,27 +255,27 @@ def global_start(config: ml_collections.ConfigDict, setup: Any, server: Any) -> 
   if method == "fedfusion":
     group = fedfusion.fused_setup(config, setup).groups[0]
     variables = fedfusion.load_global_trunk(server)
-    return ClientStart(group, variables, fedavg.cross_entropy_objective(group),
+    return ClientStart(group, variables, fedavg_family.cross_entropy_objective(group),
                        {"global": variables}, fedfusion_trainable_mask,
                        f"FedFusion-{config.fedfusion.fusion}: the server's fused model, frozen "
                        "global trunk loaded from the server's trunk; trunk, fusion and "
                        "classifier trained on cross-entropy")
-  group = fedavg.the_group(setup, method)
+  group = fedavg_family.the_group(setup, method)
   if method == "fedmmd":
     return ClientStart(group, server, fedmmd.make_objective(config)(group), {"global": server},
                        None, f"FedMMD: the server model; its local objective (CE + "
                        f"{float(config.fedmmd.weight):g} x {config.fedmmd.constraint}) with the "
                        "received model as the frozen global stream")
-  return ClientStart(group, server, fedavg.cross_entropy_objective(group), {"global": server},
-                     None, "FedAvg: the server model, trained on cross-entropy")
+  return ClientStart(group, server, fedavg_family.cross_entropy_objective(group),
+                     {"global": server}, None, "FedAvg: the server model, trained on cross-entropy")
 
 
 def random_start(config: ml_collections.ConfigDict, setup: Any) -> ClientStart:
   """The reference: the run's plain model at a random initialisation, cross-entropy."""
-  group = fedavg.the_group(setup, str(config.algorithm))
+  group = fedavg_family.the_group(setup, str(config.algorithm))
   key = jax.random.fold_in(jax.random.key(int(config.seed)), _STREAM * 8 + _RANDOM_INIT)
   variables = models.init_variables(group.model, key)
-  return ClientStart(group, variables, fedavg.cross_entropy_objective(group),
+  return ClientStart(group, variables, fedavg_family.cross_entropy_objective(group),
                      {"global": variables}, None,
                      f"random initialisation of {group.name}, trained on cross-entropy")
 
@@ -284,12 +284,12 @@ def new_client_lr(config: ml_collections.ConfigDict, choice: str | float = "conf
   """The new client's (constant) learning rate.
 
   "config": `config.local.lr` (the rate of a run's first round); "last": the
-  rate of the run's last round (`fedavg.local_lr_schedule`); a number: itself.
+  rate of the run's last round (`fedavg_family.local_lr_schedule`); a number: itself.
   """
   if isinstance(choice, str) and choice in LR_CHOICES:
     if choice == "config":
       return float(config.local.lr)
-    schedule = fedavg.local_lr_schedule(config.local, int(config.num_rounds))
+    schedule = fedavg_family.local_lr_schedule(config.local, int(config.num_rounds))
     return float(schedule(int(config.num_rounds) - 1))
   try:
     value = float(choice)

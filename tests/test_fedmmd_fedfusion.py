@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het.algorithms import common, fedavg, fedfusion, fedmmd
+from fedjax_het.algorithms import common, fedavg, fedavg_family, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import optim
 from fedjax_het.models.base import Classifier, MLPTail
@@ -107,13 +107,13 @@ def test_fedmmd_local_step_is_the_hand_gradient_of_ce_plus_lambda_constraint(con
 def _fedmmd_and_local_loss(monkeypatch, config, setup):
   """(FedMMD from `config`, the local objective of `setup`'s only group as FedMMD trains it:
   with `config.models.dropout_rate` in the model's tail)."""
-  captured, make_family = {}, fedavg.make_family
+  captured, make_family = {}, fedavg_family.make_family
 
   def capture(cfg, s, *, name, objective_for, **kwargs):  # keeps the local objective
     captured["loss_fn"] = objective_for(common.with_model_dropout(cfg, s).groups[0])
     return make_family(cfg, s, name=name, objective_for=objective_for, **kwargs)
 
-  monkeypatch.setattr(fedavg, "make_family", capture)
+  monkeypatch.setattr(fedavg_family, "make_family", capture)
   algorithm = fedmmd.make_fedmmd(config, setup)
   return algorithm, captured["loss_fn"]
 

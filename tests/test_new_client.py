@@ -11,7 +11,7 @@ import pytest
 
 from fedjax_het import evaluation, models, new_client as nc
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.algorithms import fedavg
+from fedjax_het.algorithms import fedavg_family
 from fedjax_het.config import load_module
 from fedjax_het.data import partition as partition_lib
 from fedjax_het.data.augment import normalizer
@@ -162,7 +162,7 @@ def test_epoch_by_epoch_training_is_the_library_local_trainer():
   """E epochs of `make_epoch_trainer`, one call per epoch, = make_local_trainer(epochs=E)."""
   model = TinyBatchNorm()
   group = ClientGroup(name="a", model=model, clients=(0,), num_slots=1)
-  loss_fn = fedavg.cross_entropy_objective(group)
+  loss_fn = fedavg_family.cross_entropy_objective(group)
   size, batch, epochs = 13, 4, 3
   rng = np.random.default_rng(0)
   images = jnp.asarray(rng.integers(0, 255, (size, 32, 32, 3), dtype=np.uint8))

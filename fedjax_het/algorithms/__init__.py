@@ -60,9 +60,17 @@ A class-incremental method's `make(config, setup)` receives a
 (test_images, test_labels, num_seen))` gives per-class (correct, total,
 predicted) counts; the one trainer runs it like any other.
 
-The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs, fedmmd, fedfusion) shares `fedavg.make_family`;
-members pass their local objective and, where needed, its hooks (per-client
-state, extra server state, per-client constants from the data).
+The FedAvg family (fedavg, fedprox, moon, fedproc, fedrs, fedmmd, fedfusion) shares
+`fedavg_family.make_family`; members pass their local objective and, where needed, its hooks
+(per-client state, extra server state, per-client constants from the data).
+
+Shared modules hold what several methods use, and a method's module imports them, never
+another method's module (`tests/test_import_graph.py`): `common` (cross-group targets,
+forwards, the public-data methods' stages, evaluation, communication bytes),
+`fedavg_family` (the FedAvg round with a pluggable local objective), `private_training`
+(every participant on its own data: SOLO's phase, private updates, pretraining, warm start),
+`htfl_common` (the HtFLlib methods' pieces, above) and `cil_replay` (the exemplar memory and
+replay blocks of the class-incremental methods, iCaRL + FL's round).
 
 How to add a method (the whole recipe; `tests/test_round_api.py` does it with a
 toy FedAvg in the test file alone):

@@ -294,7 +294,7 @@ def with_model_dropout(config: Any, setup: Setup) -> Setup:
   every fully connected hidden layer in local training, with the step's key
   (`apply_model(rng=...)`, folded from the client's key, so a resumed run draws the same
   masks); none in evaluation or in frozen streams (eval mode). Every FedAvg-family method
-  applies it (`fedavg.make_family`). A rate of 0, or a config without the field, returns
+  applies it (`fedavg_family.make_family`). A rate of 0, or a config without the field, returns
   `setup` itself.
   """
   rate = model_dropout_rate(config)

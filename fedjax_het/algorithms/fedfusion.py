@@ -76,7 +76,7 @@ import ml_collections
 import optax
 
 from fedjax_het import validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.engine import aggregation
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.errors import ConfigError
@@ -122,7 +122,7 @@ def fused_setup(config: ml_collections.ConfigDict, setup: Setup) -> Setup:
   its tail with `config.models.dropout_rate` (`common.with_model_dropout`)."""
   fusion = common.check_choice("fedfusion.fusion", config.fedfusion.fusion, FUSION_OPERATORS)
   conv_init = common.check_choice("fedfusion.conv_init", config.fedfusion.conv_init, CONV_INITS)
-  group = fedavg.the_group(common.with_model_dropout(config, setup), "fedfusion")
+  group = fedavg_family.the_group(common.with_model_dropout(config, setup), "fedfusion")
   # `model_on_public` stays the fused model too (FedFusion itself has no public batch).
   public_model = (None if group.public_model is None
                   else fuse(group.public_model, fusion, conv_init))
@@ -137,14 +137,14 @@ def make_fedfusion(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm
   server_tx = aggregation.server_optimizer_from_config(config.server)
   if fusion in ("multi", "single"):
     server_tx = gamma_ema_server_tx(server_tx, ema)
-  return fedavg.make_family(
-      config, fused_setup(config, setup), name="fedfusion", objective_for=fedavg.cross_entropy_objective,
-      prepare_server=load_global_trunk, server_tx=server_tx,
-      decay_mask=fedfusion_trainable_mask, communicated=without_global_trunk)
+  return fedavg_family.make_family(
+      config, fused_setup(config, setup), name="fedfusion",
+      objective_for=fedavg_family.cross_entropy_objective, prepare_server=load_global_trunk,
+      server_tx=server_tx, decay_mask=fedfusion_trainable_mask, communicated=without_global_trunk)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.fedfusion = ml_collections.ConfigDict({
       "fusion": "conv",     # FedFusion Eq. 6-8: "conv" | "multi" | "single"
       "gamma_ema": 0.9,     # multi/single: server EMA of gamma (the code's mu); 0: plain mean
@@ -154,7 +154,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "fedfusion")
   validation.check(config, "fedfusion.fusion", validation.choice(FUSION_OPERATORS),
                    f"one of {FUSION_OPERATORS}")

@@ -37,7 +37,7 @@ Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
 FedFusion code's p; 0 or absent in their `_nodropout` variants) puts the
 dropout the paper's CNNs have (Sec. 4.1) after their fully connected layers,
 active in local training only, never in the frozen global stream
-(`common.with_model_dropout`, applied by `fedavg.make_family`). So with
+(`common.with_model_dropout`, applied by `fedavg_family.make_family`). So with
 dropout, "features" compares the local stream's dropped-out features with
 the global stream's full ones, and "trunk" compares two maps no dropout
 touches.
@@ -59,14 +59,14 @@ import jax
 import ml_collections
 
 from fedjax_het import losses, models, validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.engine.api import Algorithm, Setup
 
 CONSTRAINTS = ("mmd", "l2")
 OUTPUTS = ("features", "logits", "trunk")
 
 
-def make_objective(config: ml_collections.ConfigDict) -> fedavg.ObjectiveFor:
+def make_objective(config: ml_collections.ConfigDict) -> fedavg_family.ObjectiveFor:
   """group -> FedMMD's local loss (Eq. 3-5) from `config.fedmmd`; `aux["global"]` is the stream."""
   cfg = config.fedmmd
   constraint = common.check_choice("fedmmd.constraint", cfg.constraint, CONSTRAINTS)
@@ -120,12 +120,13 @@ def streams_fn(group, outputs: str, *, train: bool):
 
 def make_fedmmd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedMMD from `config.fedmmd`, `config.fedavg`, `config.local`, `config.server` (and
-  `config.models.dropout_rate`, read by `fedavg.make_family`)."""
-  return fedavg.make_family(config, setup, name="fedmmd", objective_for=make_objective(config))
+  `config.models.dropout_rate`, read by `fedavg_family.make_family`)."""
+  return fedavg_family.make_family(config, setup, name="fedmmd",
+                                   objective_for=make_objective(config))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.fedmmd = ml_collections.ConfigDict({
       "constraint": "mmd",          # "mmd" (paper, Eq. 5) | "l2" (the authors' final code)
       "weight": 0.1,                # lambda (paper: 0.1 for MMD; code's L2: 0.001 / 0.01)
@@ -137,7 +138,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "fedmmd")
   validation.check(config, "fedmmd.constraint", validation.choice(CONSTRAINTS),
                    f"one of {CONSTRAINTS}")

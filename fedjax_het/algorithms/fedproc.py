@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, models, validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
 from fedjax_het.engine.api import Algorithm, Setup
@@ -114,7 +114,7 @@ def make_fedproc(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   schedule = common.check_choice("fedproc.alpha_schedule", cfg.alpha_schedule, ALPHA_SCHEDULES)
   constant_alpha = float(cfg.alpha)
   num_rounds, num_classes = setup.num_rounds, setup.num_classes
-  group = fedavg.the_group(setup, "fedproc")
+  group = fedavg_family.the_group(setup, "fedproc")
   dim = group.model.feature_dim
 
   def alpha_at(round_index):
@@ -152,17 +152,17 @@ def make_fedproc(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     return prototypes, {"prototype_classes": jnp.sum(prototypes["mask"]).astype(jnp.float32)}
 
   prototype_bytes = num_classes * dim * 4  # float32
-  prototypes = fedavg.ServerState(
+  prototypes = fedavg_family.ServerState(
       name="prototypes",
       init=lambda: {"vectors": jnp.zeros((num_classes, dim)),
                     "mask": jnp.zeros((num_classes,), bool)},
       update=update, bytes_up=prototype_bytes, bytes_down=prototype_bytes)
-  return fedavg.make_family(config, setup, name="fedproc", objective_for=objective_for,
-                            server_state=prototypes)
+  return fedavg_family.make_family(config, setup, name="fedproc", objective_for=objective_for,
+                                   server_state=prototypes)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.fedproc = ml_collections.ConfigDict({
       "temperature": 1.0,            # tau of the prototype InfoNCE (benchmark code: plain cosines)
       "alpha_schedule": "linear",    # "linear": alpha = 1 - r / (E - 1); "constant": fedproc.alpha
@@ -172,7 +172,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "fedproc")
   validation.check(config, "fedproc.temperature", validation.positive, "a number > 0")
   validation.check(config, "fedproc.alpha_schedule", validation.choice(ALPHA_SCHEDULES),

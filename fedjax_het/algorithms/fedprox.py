@@ -20,7 +20,7 @@ from __future__ import annotations
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.engine.api import Algorithm, Setup
 
 
@@ -40,16 +40,16 @@ def make_fedprox(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
     return loss_fn
 
-  return fedavg.make_family(config, setup, name="fedprox", objective_for=objective_for)
+  return fedavg_family.make_family(config, setup, name="fedprox", objective_for=objective_for)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.fedprox = ml_collections.ConfigDict({"mu": 0.01})  # FedProx Eq. 2; FCCL+ benchmark value
   return c
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "fedprox")
   validation.check(config, "fedprox.mu", lambda x: x >= 0, "a number >= 0")

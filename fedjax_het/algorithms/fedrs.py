@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.engine.api import Algorithm, Setup
 
 
@@ -108,12 +108,12 @@ def make_fedrs(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                                                                     members.sizes)
     return {"class_scale": jax.vmap(lambda c: count_scale(c, alpha))(counts)}
 
-  return fedavg.make_family(config, setup, name="fedrs", objective_for=objective_for,
-                            client_constants=client_constants)
+  return fedavg_family.make_family(config, setup, name="fedrs", objective_for=objective_for,
+                                   client_constants=client_constants)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.fedrs = ml_collections.ConfigDict({
       "alpha": 0.5,     # missing-class scaling (FCCL+ Table VII)
       "form": "paper",  # "paper": present/missing; "count": the authors' code's count scaling
@@ -122,7 +122,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "fedrs")
   validation.check(config, "fedrs.alpha", lambda x: 0 <= x <= 1, "a number in [0, 1]")
   validation.check(config, "fedrs.form", validation.choice(FORMS), f"one of {FORMS}")

@@ -48,7 +48,7 @@ import jax
 import ml_collections
 
 from fedjax_het import losses, validation
-from fedjax_het.algorithms import common, fedavg
+from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.engine.api import Algorithm, Setup
 
 
@@ -74,15 +74,15 @@ def make_moon(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
     return loss_fn
 
-  previous_model = fedavg.ClientState(
+  previous_model = fedavg_family.ClientState(
       init=lambda variables: {"previous": variables},  # the initial global model
       update=lambda old, trained: {"previous": trained})  # sampled clients only
-  return fedavg.make_family(config, setup, name="moon", objective_for=objective_for,
-                            client_state=previous_model)
+  return fedavg_family.make_family(config, setup, name="moon", objective_for=objective_for,
+                                   client_state=previous_model)
 
 
 def default_config() -> ml_collections.ConfigDict:
-  c = fedavg.family_default_config()
+  c = fedavg_family.family_default_config()
   c.moon = ml_collections.ConfigDict({
       "mu": 1.0,            # weight of l_con (FCCL+ Table VII)
       "temperature": 0.5,   # tau of l_con (FCCL+ Table VII)
@@ -91,7 +91,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  fedavg.validate_config(config)
+  fedavg_family.validate_config(config)
   validation.require_section(config, "moon")
   validation.check(config, "moon.mu", lambda x: x >= 0, "a number >= 0")
   validation.check(config, "moon.temperature", validation.positive, "a number > 0")
