@@ -1,4 +1,6 @@
-"""The package's import graph has no cycle (imports inside functions count too)."""
+"""The package's import graph has no cycle (imports inside functions count too), and no
+registered method's module imports another registered method's module (shared pieces live in
+shared modules)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,66 @@ def test_cil_holds_building_blocks_only():
       assert not {i for i in imports if i.startswith(("fedjax_het.algorithms", "fedjax_het.train",
                                                       "fedjax_het.experiment",
                                                       "fedjax_het.stream_experiment"))}, name
+
+
+def method_modules() -> dict[str, str]:
+  """{module: registered method names}: the module that defines each registered `make`."""
+  from fedjax_het import algorithms  # pylint: disable=import-outside-toplevel
+  out: dict[str, str] = {}
+  for name, method in algorithms.METHODS.items():
+    module = method.make.__module__
+    out[module] = f"{out[module]}, {name}" if module in out else name
+  return out
+
+
+def algorithms_imports(source: str, module: str) -> set[str]:
+  """The `fedjax_het.algorithms` modules that `module`'s `source` imports, in any form.
+
+  `import fedjax_het.algorithms.x`, `from fedjax_het.algorithms import x`,
+  `from fedjax_het.algorithms.x import y` and the relative forms (`from . import x`,
+  `from .x import y`), at the top or inside functions.
+  """
+  prefix = "fedjax_het.algorithms."
+  package = module.split(".")[:-1]
+  found = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = package[:len(package) - node.level + 1] if node.level else []
+      base = ".".join(base + ([node.module] if node.module else []))
+      names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+    else:
+      continue
+    found.update(".".join(name.split(".")[:3]) for name in names if name.startswith(prefix))
+  return found
+
+
+def test_algorithms_imports_reads_every_form():
+  source = ("import fedjax_het.algorithms.a\n"
+            "import fedjax_het.algorithms.b as bee\n"
+            "from fedjax_het.algorithms import c, d as dee\n"
+            "from fedjax_het.algorithms.e import thing\n"
+            "def f():\n  from fedjax_het.algorithms import g\n"
+            "from . import h\n"
+            "from .i import thing\n"
+            "from ..algorithms import j\n"
+            "import fedjax_het.engine.local\n"
+            "from fedjax_het import algorithms\n")
+  assert algorithms_imports(source, "fedjax_het.algorithms.m") == {
+      f"fedjax_het.algorithms.{m}" for m in "abcdeghij"}
+
+
+def test_no_method_module_imports_another_method_module():
+  """A method's module builds on shared modules (`common`, `cil_replay`, `fedavg_family`,
+  `private_training`, `htfl_common`, ...), never on another registered method's module."""
+  methods = method_modules()
+  assert {"fedjax_het.algorithms.fedavg", "fedjax_het.algorithms.glfc",
+          "fedjax_het.algorithms.solo"} <= set(methods)
+  modules = _modules()
+  found = []
+  for module in sorted(methods):
+    imports = algorithms_imports(modules[module].read_text(), module)
+    for other in sorted(imports & set(methods) - {module}):
+      found.append(f"{module} ({methods[module]}) imports {other} ({methods[other]})")
+  assert not found, "\n".join(found)
