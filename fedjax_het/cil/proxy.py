@@ -258,7 +258,7 @@ def client_prototype_gradients(model: Any, variables: Any, encoder: Any, encoder
     classes: (S,) int32 the classes to share (-1: an empty slot).
     class_mask: (C,) bool seen classes (the perturbation's BCE spans them).
     key: PRNG key of the feature noise.
-    forward: `glfc.make_eval_forward(...)`: variables, uint8 images ->
+    forward: `cil_replay.make_eval_forward(...)`: variables, uint8 images ->
       (features, logits) in eval mode.
     preprocess: the dataset normalisation (float [0, 1] -> model input).
     proxy: the settings.
