@@ -34,6 +34,7 @@ of the log unless FEDJAX_HET_TRACEBACK is set: the trainer reports the error in 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -152,9 +153,13 @@ class Checkpointer:
     # The checkpoint's folders are made in the calling thread: where they cannot be made,
     # `save` raises at once (made in the background, orbax's writer threads would wait for
     # them until its 300 s signal timeout and keep the process from exiting).
+    synchronous_folders = ({"async_options": ocp.AsyncOptions(
+        create_directories_asynchronously=False)}
+        if "create_directories_asynchronously" in {
+            f.name for f in dataclasses.fields(ocp.AsyncOptions)} else {})  # where orbax has it
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True,
-        async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+        **synchronous_folders)
     handlers = {"state": ocp.StandardCheckpointHandler(), "run": ocp.JsonCheckpointHandler()}
     for attempt in range(3):
       try:
