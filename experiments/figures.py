@@ -28,7 +28,7 @@ run had it), local_loss reads metrics.jsonl only. The runs side by side must
 have the same participants. --out: a .png file, or a folder that receives
 <figure>.png (default: <workdir>/figures/ for one run, <common parent>/figures/
 for several). Needs matplotlib and, for tsne, scikit-learn: pip install -e ".[figures]".
-Interpretations (which images, which layer, which mean): fedjax_het/figures.py and
+Interpretations (which images, which layer, which mean): fedjax_het/studies/figures.py and
 docs/figures.md.
 """
 
@@ -45,7 +45,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python experiments/figures.py` from a source checkout
   sys.path.insert(0, str(REPO))
 
-from fedjax_het import figures  # noqa: E402  pylint: disable=g-import-not-at-top
+from fedjax_het.studies import figures  # noqa: E402  pylint: disable=g-import-not-at-top
 from fedjax_het.errors import UserError, wants_traceback  # noqa: E402  pylint: disable=g-import-not-at-top
 
 FIGURES = ("tsne", "heatmaps", "local_loss")

@@ -86,7 +86,7 @@ def run_report(args: argparse.Namespace, *, command: str = "",
   from fedjax_het import models  # pylint: disable=g-import-not-at-top
   from fedjax_het import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from fedjax_het.cil import gradient_inversion as gi  # pylint: disable=g-import-not-at-top
-  from fedjax_het.cil import privacy  # pylint: disable=g-import-not-at-top
+  from fedjax_het.studies import privacy  # pylint: disable=g-import-not-at-top
   from fedjax_het.data.augment import normalizer  # pylint: disable=g-import-not-at-top
   from fedjax_het.data.incremental import (  # pylint: disable=g-import-not-at-top
       build_class_incremental_stream)

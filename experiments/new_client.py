@@ -9,7 +9,7 @@ Yao et al. (FedFusion / FedMMD paper, Sec. 4.3.2, Fig. 6) let a new client
 join a trained federation and count the local epochs it needs to converge,
 starting from each method's global model. For every FINISHED run given in
 --runs (a workdir of experiments/train.py; the final checkpoint is restored
-with the run's own config from its run.json, `fedjax_het.new_client`):
+with the run's own config from its run.json, `fedjax_het.studies.new_client`):
 
   * the new client starts from the run's global model (FedAvg / FedMMD: the
     server model; FedFusion: the fused model with its frozen global trunk
@@ -62,7 +62,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python experiments/new_client.py` from a source checkout
   sys.path.insert(0, str(REPO))
 
-from fedjax_het import new_client as nc  # noqa: E402  pylint: disable=g-import-not-at-top
+from fedjax_het.studies import new_client as nc  # noqa: E402  pylint: disable=g-import-not-at-top
 from fedjax_het import workdir as workdir_lib  # noqa: E402  pylint: disable=g-import-not-at-top
 from fedjax_het.errors import (  # noqa: E402  pylint: disable=g-import-not-at-top
     ConfigError, UserError, wants_traceback)

@@ -1,8 +1,20 @@
 """fedjax_het: heterogeneous federated learning research in JAX/Flax.
 
-Sub-packages:
-  losses: pure, jit-compiled loss functions of FCCL, FCCL+, GLFC, FedMMD and
-    the benchmark baselines (keyword-only, vmappable over a client axis).
+The layers, each importing only the ones above it:
+  losses, models, data   pure losses; the model zoo; data sources, scenarios, partitions
+  engine                 the blocks a round is built from (client groups, local scans, the
+                         public phase, aggregation, optimisers, programs per stage)
+  algorithms, cil        one module per method (`make(config, setup) -> Algorithm`), the
+                         shared modules they build on; class-incremental building blocks
+  config, validation     the run-wide config and its checks, the methods' sections
+  experiment, stream_experiment, seed_stack
+                         a run built from its config (domain / partitioned, task stream,
+                         several seeds as one program), trace_cache and resources beside them
+  train                  train_and_evaluate: the one loop over a run (workdir, checkpointing,
+                         evaluation, reporting, plots)
+  grid, reports, studies the papers' tables as resumable cells and their documents; what
+                         the papers measure from finished runs
+docs/engine.md maps every module.
 """
 
 __version__ = "0.1.0"

@@ -198,3 +198,23 @@ def test_benchmarks_readme_lists_every_script():
   assert scripts
   missing = [s for s in scripts if f"`{s}`" not in index]
   assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
+def test_engine_md_maps_every_module_subpackage_and_method():
+  from fedjax_het import algorithms  # pylint: disable=g-import-not-at-top
+  text = (ROOT / "docs" / "engine.md").read_text()
+  block = text.split("## Where things are", 1)[1].split("```")[1]
+  package = ROOT / "fedjax_het"
+  missing = [f"fedjax_het/{p.name}" for p in sorted(package.glob("*.py"))
+             if p.name != "__init__.py" and f"fedjax_het/{p.name}" not in block]
+  missing += [f"fedjax_het/{d.name}/" for d in sorted(package.iterdir())
+              if d.is_dir() and (d / "__init__.py").exists() and f"fedjax_het/{d.name}/" not in block]
+  for sub in ("losses", "models", "data", "engine", "algorithms", "cil", "reports", "studies"):
+    names = [p.stem for p in sorted((package / sub).glob("*.py")) if p.name != "__init__.py"]
+    missing += [f"{sub}/{n}.py" for n in names
+                if not re.search(rf"\b{re.escape(n)}(\.py)?\b", block)]
+  for name, method in algorithms.METHODS.items():  # the module that defines each make
+    module = method.make.__module__.rsplit(".", 1)[-1]
+    if not re.search(rf"\b{re.escape(module)}\b", block):
+      missing.append(f"method {name} ({module}.py)")
+  assert not missing, f"docs/engine.md's map lacks: {missing}"

@@ -1,4 +1,4 @@
-"""The FCCL / FCCL+ figures (`fedjax_het.figures`, `experiments/figures.py`).
+"""The FCCL / FCCL+ figures (`fedjax_het.studies.figures`, `experiments/figures.py`).
 
 Each figure's data is checked against an independent computation: the
 cross-correlation matrices against FCCL Eq. 1 written in NumPy, the t-SNE
@@ -23,7 +23,7 @@ import types
 import numpy as np
 import pytest
 
-from fedjax_het import figures
+from fedjax_het.studies import figures
 from fedjax_het.losses.fccl import FCCM_EPS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.cil import privacy
+from fedjax_het.studies import privacy
 from fedjax_het.config import load_module
 from fedjax_het.errors import ConfigError
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import evaluation, models, new_client as nc
+from fedjax_het import evaluation, models
+from fedjax_het.studies import new_client as nc
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fedavg_family
 from fedjax_het.config import load_module

@@ -140,7 +140,7 @@ class RestoredRun:
 
 def method_name(config: Any) -> str:
   """The paper's name of the run's method ("FCCL", "FCCL+", "SOLO (CE only)", else its own)."""
-  from fedjax_het.new_client import method_label  # pylint: disable=g-import-not-at-top
+  from fedjax_het.studies.new_client import method_label  # pylint: disable=g-import-not-at-top
   method = str(config.algorithm)
   if method == "fcclplus" and config.fcclplus.get("local_distillation", "fntd") != "fntd":
     return f"FCCL+ (local {config.fcclplus.local_distillation})"
@@ -168,7 +168,7 @@ def _check_workdir(workdir: pathlib.Path, flag: str) -> None:
 
 def _run_config(workdir: pathlib.Path, flag: str) -> Any:
   """The run's config from its run.json (one line naming the flag when it cannot be read)."""
-  from fedjax_het.new_client import config_from_run_record  # pylint: disable=g-import-not-at-top
+  from fedjax_het.studies.new_client import config_from_run_record  # pylint: disable=g-import-not-at-top
   try:
     return config_from_run_record(json.loads((workdir / "run.json").read_text()))
   except (OSError, KeyError, TypeError, ValueError, WorkdirError) as error:
@@ -186,7 +186,7 @@ def load_run(workdir: str | pathlib.Path, *, flag: str = "--workdirs") -> Restor
   the run had it), the state is the checkpoint of round `config.num_rounds`.
   A run of the class-incremental task stream is refused.
   """
-  from fedjax_het import new_client  # pylint: disable=g-import-not-at-top
+  from fedjax_het.studies import new_client  # pylint: disable=g-import-not-at-top
   from fedjax_het.algorithms import get_method  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   workdir = pathlib.Path(workdir)
