@@ -174,6 +174,7 @@ class Checkpointer:
           raise
         time.sleep(0.5)
     self._pending: int | None = None  # the round of a write under way (or failed, unseen)
+    self._last: int | None = None     # the round of the latest write started
 
   def latest_round(self) -> int | None:
     """The round of the newest complete checkpoint, or None."""
@@ -242,7 +243,7 @@ class Checkpointer:
     if digest is not None:
       document[DIGEST_KEY] = digest
     document[RUN_DIGEST_KEY] = run_digest(document)
-    self._pending = round_index
+    self._pending = self._last = round_index
     try:
       self._manager.save(round_index, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), run=ocp.args.JsonSave(document)))
@@ -338,6 +339,13 @@ class Checkpointer:
     except KeyboardInterrupt:
       raise
     except BaseException:
-      self._manager.close()
+      try:
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-except (the failed write's error is reported)
+        pass
       raise
-    self._manager.close()
+    try:
+      self._manager.close()  # writes what orbax keeps beside the checkpoints (a full disk...)
+    except Exception as error:  # pylint: disable=broad-except
+      self._pending = self._last
+      self._failed(error)

@@ -360,6 +360,8 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   # is held; a second one discards it), the records are flushed.
   closed = _close_all(checkpointers, writers, wait=not isinstance(ended, StopForced),
                       stopping=isinstance(ended, KeyboardInterrupt))
+  if isinstance(closed, OSError):  # an operating-system error that names no errno
+    raise closed
   if isinstance(ended, OSError):
     if storage_error(ended) is None:
       raise ended
@@ -432,10 +434,13 @@ def _close_all(checkpointers: list[Any], writers: list[Any], *, wait: bool,
           continue
         try:
           checkpointer.close()
-        except StorageError as error:
-          first = first or error
+        except (StorageError, OSError) as error:
+          first = first or storage_error(error) or error
       for writer in writers:
-        writer.close()
+        try:
+          writer.close()
+        except OSError as error:
+          first = first or storage_error(error) or error
   except KeyboardInterrupt as error:
     first = first or error
   return first

@@ -255,3 +255,27 @@ def test_a_damaged_manifest_falls_back_with_one_warning_and_no_traceback(
   warnings = [r for r in caplog.records if "cannot be restored" in r.getMessage()]
   assert len(warnings) == 1 and "round 2" in warnings[0].getMessage()
   _assert_same_run(tmp_path, reference, want["state"])
+
+
+def test_a_full_disk_that_names_no_file_names_the_checkpoint_folder(tmp_path, monkeypatch):
+  """Orbax writes the run item and its metadata with Python's own writes: on a full disk they
+  raise OSError(ENOSPC) naming no file, and closing the manager raises it again (its metadata
+  store); the one error names the checkpoint's folder and the write's round."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  from fedjax_het.errors import StorageError  # pylint: disable=import-outside-toplevel
+  full = lambda *_: OSError(errno.ENOSPC, "No space left on device")  # noqa: E731
+  fail_checkpoint_writes(monkeypatch, 2, full)
+  close = ocp.CheckpointManager.close
+
+  def failing_close(self):
+    close(self)
+    raise full()
+
+  monkeypatch.setattr(ocp.CheckpointManager, "close", failing_close)
+  with pytest.raises(StorageError) as error:
+    train_and_evaluate(tiny_config("solo"), tmp_path)
+  assert str(error.value).startswith(
+      f"no space left on the device writing {str(tmp_path / 'checkpoints' / '2')!r} (the "
+      "checkpoint of round 2); training stopped at round ")
+  assert [r["round"] for r in _metrics(tmp_path)] == [1]
