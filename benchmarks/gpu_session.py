@@ -27,6 +27,16 @@ step, so a call cut short keeps what it measured; every step's output goes to
     authors' and the tuned torch loops.
   * `table`: `speed_table.py --first-round OUT/full.json --pytorch
     OUT/pytorch.json`, the engine/torch table from the two.
+  * `cells`: `experiments/reproduce.py --queue=gpu --scale=paper` with the time
+    left (less `CELLS_MARGIN_SECS`) as its deadline: the next unfinished
+    paper-scale cells (FCCL+ and BASE on Office31 first), each finished or
+    interrupted cell and the tables mirrored into `OUT/results/` as they land
+    (`--copy-to`), the shipped `results/` of the checkout as the results directory;
+    a later call resumes an interrupted cell from the checkpoints copied back.
+  * `mid_cells`: the same for `--queue=mid --scale=mid` (FCCL+ Tables VIII/IX at mid
+    scale), after the paper-scale cells.
+`--cells-seeds` (default 0,1,2) and `--cells-scale` (e.g. quick, to try the step on a
+CPU) set the cells steps' seeds and the `cells` step's scale.
 
 `--plan` picks steps by name (comma-separated; the default is every step, more
 than one 9-minute call holds: pick what fits). On one H200 the full config's
@@ -57,7 +67,9 @@ import time
 import timing  # benchmarks/, beside this script
 
 HERE = pathlib.Path(__file__).resolve().parent
-STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table")
+STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table", "cells", "mid_cells")
+#: Seconds a cells step leaves before the deadline for the runner to stop its cell and copy.
+CELLS_MARGIN_SECS = 30.0
 #: Limits of each step, seconds (each is also cut at the deadline; "flags": each flag set).
 LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
 TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
@@ -161,6 +173,8 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
   parser.add_argument("--step-rows", default="efficientnet_b0:gemm_taps,efficientnet_b0:xla,"
                       "mobilenet_v2:gemm_taps,mobilenet_v2:xla")
+  parser.add_argument("--cells-seeds", default="0,1,2", help="seeds of the cells steps")
+  parser.add_argument("--cells-scale", default="paper", help="scale of the `cells` step")
   args = parser.parse_args()
   plan = [s for s in args.plan.split(",") if s]
   unknown = sorted(set(plan) - set(STEPS))
@@ -238,6 +252,14 @@ def main() -> None:
                           "--pytorch", str(out / "pytorch.json"),
                           "--out", str(out / "table.json"), *overrides],
                 limit=LIMITS["table"], env=env)
+  for step, queue, scale in (("cells", "gpu", args.cells_scale), ("mid_cells", "mid", "mid")):
+    if step in plan:
+      deadline = max(0.0, session.remaining() - CELLS_MARGIN_SECS)
+      session.run(step, [python, str(HERE.parent / "experiments" / "reproduce.py"),
+                         f"--queue={queue}", f"--scale={scale}", f"--seeds={args.cells_seeds}",
+                         f"--deadline-secs={deadline:.0f}", f"--copy-to={out}",
+                         f"--results-dir={HERE.parent / 'results'}"],
+                  limit=deadline + CELLS_MARGIN_SECS / 2, env=env)
   session.report["total_secs"] = time.monotonic() - session.start
   session.save()
   print(json.dumps(session.report, indent=1))

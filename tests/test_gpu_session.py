@@ -90,3 +90,16 @@ def test_flag_sets_are_gathered_in_one_file(tmp_path):
     assert flags[name]["XLA_FLAGS"] == step["XLA_FLAGS"]
     assert flags[name]["rows"][0]["step_ms"] > 0
   assert not list(tmp_path.glob("flags_*.json"))
+
+
+def test_the_cells_steps_run_the_prepared_queues_under_the_time_left(tmp_path):
+  done = _run(tmp_path, "--plan", "cells,mid_cells", "--deadline-secs", "0",
+              "--cells-seeds", "0")
+  assert done.returncode == 0, done.stderr
+  steps = json.loads((tmp_path / "session.json").read_text())["steps"]
+  cells, mid = steps["cells"]["command"], steps["mid_cells"]["command"]
+  assert cells[1].endswith("experiments/reproduce.py")
+  assert cells[2:6] == ["--queue=gpu", "--scale=paper", "--seeds=0", "--deadline-secs=0"]
+  assert mid[2:4] == ["--queue=mid", "--scale=mid"]
+  assert f"--copy-to={tmp_path}" in cells and f"--results-dir={REPO / 'results'}" in cells
+  assert steps["cells"]["status"] == steps["mid_cells"]["status"] == "skipped: no time left"
