@@ -291,8 +291,9 @@ class Checkpointer:
   def restore(self, round_index: int, like: Any) -> Any:
     """Restores round `round_index` with the structure, dtypes and shardings of `like`.
 
-    Raises `CorruptCheckpointError` when the restored arrays do not match the SHA-256 saved
-    with them (bytes of the checkpoint changed on disk: orbax reads them without noticing).
+    Raises `CorruptCheckpointError` when the restored arrays, or the run item that holds
+    their SHA-256, do not match the SHA-256 saved with them (bytes of the checkpoint changed
+    on disk: orbax reads them without noticing).
     """
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
     unnamed = self._unnamed(round_index)
