@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="mirror the cells' files and the tables into DIR/<results>/")
   parser.add_argument("--separate-seeds", action="store_true",
                       help="train every seed on its own (default: a row's fresh seeds as one "
-                      "vmapped program where their shapes agree; never with a deadline)")
+                      "vmapped program where their shapes agree)")
   parser.add_argument("--retrain-copies", action="store_true",
                       help="train every cell (default: a fresh cell whose run another table "
                       "holds finished, same config and seed, is copied from it)")

@@ -512,14 +512,25 @@ def train_recorded(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
   return status
 
 
+#: The exit status of a child whose seeds cannot train as one program (nothing trained).
+NOT_STACKED = 4
+
+
 def _child_main(spec_path: str) -> int:
-  """`python -m fedjax_het.grid <spec>`: trains the pickled cell of a deadline run."""
+  """`python -m fedjax_het.grid <spec>`: trains the pickled cell of a deadline run, or (a
+  spec with "group") a row's fresh seeds as one program; NOT_STACKED when they cannot be."""
   spec = pickle.loads(pathlib.Path(spec_path).read_bytes())
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                       datefmt="%H:%M:%S")
   from fedjax_het.engine import xla_cpu  # pylint: disable=g-import-not-at-top
-  xla_cpu.set_xla_cpu_scheduler(spec["config"].get("xla_cpu_scheduler", "auto"))
+  first = spec["configs"][spec["group"][0]] if "group" in spec else spec["config"]
+  xla_cpu.set_xla_cpu_scheduler(first.get("xla_cpu_scheduler", "auto"))
   try:
+    if "group" in spec:
+      stacked = _train_stacked(spec["group"], spec["configs"], pathlib.Path(spec["results_dir"]),
+                               spec["overrides"], spec["custom"], {}, spec["label"],
+                               lambda line: print(line, flush=True))
+      return 0 if stacked else NOT_STACKED
     train_recorded(spec["config"], pathlib.Path(spec["cell_dir"]), spec["meta"])
   except UserError as error:
     pathlib.Path(spec_path + ".error").write_text(str(error))
@@ -527,19 +538,18 @@ def _child_main(spec_path: str) -> int:
   return 0
 
 
-def _train_in_child(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
-                    meta: Mapping[str, Any], *, timeout: float, echo: Callable[[str], None]
-                    ) -> str:
-  """Trains the cell in a child process stopped after `timeout` seconds; its status."""
+def _run_child(spec: Mapping[str, Any], timeout: float) -> tuple[int | None, str | None, float]:
+  """Runs `python -m fedjax_het.grid` on the pickled `spec` for at most `timeout` seconds:
+  (its exit status, None when the deadline stopped it; its UserError's message or None;
+  its seconds)."""
   with tempfile.TemporaryDirectory(prefix="fedjax_het_cell_") as tmp:
-    spec = pathlib.Path(tmp) / "cell.pkl"
-    spec.write_bytes(pickle.dumps({"config": config, "cell_dir": str(cell_dir),
-                                   "meta": dict(meta)}))
+    path = pathlib.Path(tmp) / "cell.pkl"
+    path.write_bytes(pickle.dumps(dict(spec)))
     tick = time.perf_counter()
     # The child imports this package from the same checkout, wherever the command started.
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    child = subprocess.Popen([sys.executable, "-m", "fedjax_het.grid", str(spec)],
-                             env={**os.environ, "PYTHONPATH": path})
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    child = subprocess.Popen([sys.executable, "-m", "fedjax_het.grid", str(path)],
+                             env={**os.environ, "PYTHONPATH": python_path})
     try:
       code = child.wait(timeout=max(timeout, 1.0))
     except subprocess.TimeoutExpired:
@@ -549,21 +559,61 @@ def _train_in_child(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
       except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
-      echo(f"{meta['label']}: stopped at the deadline after {time.perf_counter() - tick:.1f} s "
-           "(its checkpoints stay; rerun to resume)")
-      update_cell_record(cell_dir, meta, status="interrupted",
-                         seconds=time.perf_counter() - tick)
-      return "interrupted"
-    error = pathlib.Path(str(spec) + ".error")
-    if error.exists():
-      update_cell_record(cell_dir, meta, status="failed", seconds=time.perf_counter() - tick)
-      raise UserError(f"{meta['label']}: {error.read_text()}")
-    if code != 0:
-      update_cell_record(cell_dir, meta, status="failed", seconds=time.perf_counter() - tick)
-      raise RuntimeError(f"{meta['label']}: its training process exited with status {code} "
-                         "(its output is above)")
-    record = _read_json(cell_dir / CELL_FILE) or {}
-    return str(record.get("status", "stopped"))
+      return None, None, time.perf_counter() - tick
+    error = pathlib.Path(str(path) + ".error")
+    return code, error.read_text() if error.exists() else None, time.perf_counter() - tick
+
+
+def _train_in_child(config: ml_collections.ConfigDict, cell_dir: pathlib.Path,
+                    meta: Mapping[str, Any], *, timeout: float, echo: Callable[[str], None]
+                    ) -> str:
+  """Trains the cell in a child process stopped after `timeout` seconds; its status."""
+  code, error, seconds = _run_child({"config": config, "cell_dir": str(cell_dir),
+                                     "meta": dict(meta)}, timeout)
+  if code is None:
+    echo(f"{meta['label']}: stopped at the deadline after {seconds:.1f} s "
+         "(its checkpoints stay; rerun to resume)")
+    update_cell_record(cell_dir, meta, status="interrupted", seconds=seconds)
+    return "interrupted"
+  if error is not None:
+    update_cell_record(cell_dir, meta, status="failed", seconds=seconds)
+    raise UserError(f"{meta['label']}: {error}")
+  if code != 0:
+    update_cell_record(cell_dir, meta, status="failed", seconds=seconds)
+    raise RuntimeError(f"{meta['label']}: its training process exited with status {code} "
+                       "(its output is above)")
+  record = _read_json(cell_dir / CELL_FILE) or {}
+  return str(record.get("status", "stopped"))
+
+
+def _train_stacked_in_child(group: Sequence[Cell], configs: Mapping[Cell, Any],
+                            results_dir: pathlib.Path, overrides: Sequence[str], custom: bool,
+                            statuses: dict[str, str], label: str, *, timeout: float,
+                            echo: Callable[[str], None]) -> str:
+  """`_train_stacked` in a child process stopped after `timeout` seconds: "trained",
+  "interrupted" (each seed's checkpoints stay; the next invocation resumes the seeds one by
+  one) or "not stacked" (nothing trained: the seeds train one by one)."""
+  code, error, seconds = _run_child(
+      {"group": list(group), "configs": {c: configs[c] for c in group},
+       "results_dir": str(results_dir), "overrides": list(overrides), "custom": custom,
+       "label": label}, timeout)
+  metas = [_meta(c, significant_overrides(overrides, configs[c]), custom) for c in group]
+  if code == NOT_STACKED:
+    return "not stacked"
+  if code is None:
+    echo(f"{label}: seeds {', '.join(str(c.seed) for c in group)} stopped at the deadline "
+         f"after {seconds:.1f} s (their checkpoints stay; rerun to resume)")
+    for cell, meta in zip(group, metas):
+      if cell.directory(results_dir).exists():
+        update_cell_record(cell.directory(results_dir), meta, status="interrupted")
+      statuses[cell.label] = "interrupted"
+    return "interrupted"
+  if error is not None or code != 0:
+    raise (UserError(f"{label}: {error}") if error is not None else RuntimeError(
+        f"{label}: its training process exited with status {code} (its output is above)"))
+  for cell in group:
+    statuses[cell.label] = "trained"
+  return "trained"
 
 
 # --- the grid -----------------------------------------------------------------------------------
@@ -779,9 +829,10 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
         echo: Callable[[str], None] = print) -> dict[str, Any]:
   """Trains, resumes or skips every cell in order; rewrites each table's outputs after each.
 
-  With `stack_seeds` (and no child process), a fresh cell trains together with the other
-  fresh cells of its table, setting and row that differ from it only by the seed: one
-  vmapped program for those seeds (`fedjax_het.seed_stack`), each into its own cell. Seeds
+  With `stack_seeds`, a fresh cell trains together with the other fresh cells of its table,
+  setting and row that differ from it only by the seed: one vmapped program for those seeds
+  (`fedjax_het.seed_stack`), each into its own cell (with a deadline, in one child process
+  stopped at the deadline; the next invocation resumes its seeds one by one). Seeds
   whose data differ in shape, or whose program would need leaner (slower) convolutions to
   fit in memory than one seed alone, train one by one.
 
@@ -851,7 +902,8 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
       twin = twin_of(cell) if cell.label not in statuses else None
       group = (_seed_group(cell, cells[index:], configs, results_dir,
                            lambda c: twin_of(c) is not None)
-               if stack_seeds and not isolate and train is None and twin is None else [])
+               if stack_seeds and train is None and twin is None else [])
+      remaining = None if deadline_secs is None else deadline_secs - (time.monotonic() - tick)
       if cell.label in statuses:  # trained beside an earlier cell of its row
         pass
       elif twin is not None:
@@ -860,9 +912,18 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
         statuses[cell.label] = "copied"
         echo(f"{label}: copied from {twin.relative_to(results_dir).as_posix()} (the same run, "
              f"finished there), {_summary_line(cell, cell_dir)}")
-      elif len(group) > 1 and _train_stacked(group, configs, results_dir, overrides, custom,
-                                             statuses, label, echo):
+      elif len(group) > 1 and not isolate and _train_stacked(
+          group, configs, results_dir, overrides, custom, statuses, label, echo):
         pass
+      elif (len(group) > 1 and isolate and remaining is not None
+            and remaining >= min_cell_secs
+            and _train_stacked_in_child(group, configs, results_dir, overrides, custom,
+                                        statuses, label, timeout=remaining, echo=echo)
+            != "not stacked"):
+        if statuses[cell.label] == "interrupted":
+          deadline_reached = True
+          for rest in cells[index:]:
+            statuses.setdefault(rest.label, "not started")
       elif is_finished(cell_dir, config):
         statuses[cell.label] = "skipped"
         if (_read_json(cell_dir / CELL_FILE) or {}).get("status") != "finished":
@@ -870,7 +931,6 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
                                              custom), status="finished")
         echo(f"{label}: skipped (finished earlier), {_summary_line(cell, cell_dir)}")
       else:
-        remaining = None if deadline_secs is None else deadline_secs - (time.monotonic() - tick)
         if remaining is not None and remaining < min_cell_secs:
           deadline_reached = True
           for rest in cells[index - 1:]:

@@ -732,3 +732,37 @@ def test_a_users_cells_go_to_their_own_directory_beside_the_shipped_ones(tmp_pat
   assert base == ("| BASE (solo) | 21.50 (1) | 12.50 ± 1.41 (2) | 61.50 (1) | 52.50 ± 1.41 (2) | "
                   "25.68 | 73.14 |")
   assert "| FedMD | – | – | – | – | 26.38 | 80.70 |" in lines
+
+
+@pytest.mark.slow  # two child processes compiling tiny FedAvg rounds: about a minute on 2 cores
+def test_under_a_deadline_a_rows_seeds_train_as_one_program_in_a_child(tmp_path, monkeypatch,
+                                                                        tmp_path_factory):
+  """The GPU command's mode: a row's fresh seeds as one program in one child process; stopped
+  at the deadline, the seeds resume one by one from their own checkpoints."""
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  table = tables.get_table("fedfusion_table2")
+  cells = grid.plan(table, "quick", [0, 1], ["fedavg"])
+  lines = []
+
+  def configure(config, cell):
+    _tiny(config, cell)
+    config.num_rounds = 6
+
+  common = dict(configure=configure, echo=lines.append)
+  done = grid.run(cells, results_dir=tmp_path / "a", deadline_secs=900, min_cell_secs=1,
+                  **common)
+  assert set(done["statuses"].values()) == {"trained"}
+  for cell in cells:
+    record = json.loads((cell.directory(tmp_path / "a") / "cell.json").read_text())
+    assert record["status"] == "finished" and record["stacked_seeds"] == [0, 1]
+  # A deadline inside the program: both seeds interrupted, then each resumes alone.
+  first = grid.run(cells, results_dir=tmp_path / "b", deadline_secs=6, min_cell_secs=1,
+                   **common)
+  assert list(first["statuses"].values()) == ["interrupted", "interrupted"]
+  second = grid.run(cells, results_dir=tmp_path / "b", deadline_secs=900, min_cell_secs=1,
+                    **common)
+  assert set(second["statuses"].values()) <= {"resumed", "trained"}
+  for cell in cells:
+    record = json.loads((cell.directory(tmp_path / "b") / "cell.json").read_text())
+    assert record["status"] == "finished"
