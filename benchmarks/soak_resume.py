@@ -409,9 +409,13 @@ def compare_runs(reference: pathlib.Path, candidate: pathlib.Path) -> list[str]:
 class KillTimes:
   """Random kill times, from the timelines of the uninterrupted full runs seen so far.
 
-  The windows are medians over the control and every later run that trained all rounds
-  without being killed: the load of a shared machine changes how long a run takes.
+  The windows are medians over the latest `RECENT` of the control and the later runs that
+  trained all rounds without being killed: the load of a shared machine changes how long a
+  run takes, and windows drawn from runs under another load miss the run (a kill time past
+  its end).
   """
+
+  RECENT = 7
 
   def __init__(self, rng: random.Random, round_focus: float):
     self.rng, self.round_focus = rng, round_focus
@@ -424,7 +428,8 @@ class KillTimes:
       self.runs.append((attempt["wall_s"], marks["compiled"], marks["last_round"]))
 
   def windows(self) -> dict[str, tuple[float, float]]:
-    wall, compiled, last = (float(np.median(column)) for column in zip(*self.runs))
+    recent = self.runs[-self.RECENT:]
+    wall, compiled, last = (float(np.median(column)) for column in zip(*recent))
     return {"whole run": (0.0, wall), "rounds": (compiled, last)}
 
   def draw(self, window: str | None = None) -> tuple[float, str]:

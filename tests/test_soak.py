@@ -154,6 +154,15 @@ def test_kill_times_use_median_windows_of_full_runs():
     assert window == "rounds" and 5.0 <= delay <= 7.0
 
 
+def test_kill_times_follow_the_latest_full_runs():
+  kill_times = soak.KillTimes(random.Random(0), round_focus=1.0)
+  full = {"killed": False, "rc": 0, "resumed_from": None}
+  for wall in [20.0] * 5 + [6.0] * soak.KillTimes.RECENT:  # the machine's load fell
+    kill_times.add({**full, "wall_s": wall, "timeline_s": {"compiled": wall / 2,
+                                                           "last_round": wall - 1}})
+  assert kill_times.windows() == {"whole run": (0.0, 6.0), "rounds": (3.0, 5.0)}
+
+
 def _folder(tmp_path):
   folder = tmp_path / "checkpoints" / "3"
   (folder / "state" / "d").mkdir(parents=True)
