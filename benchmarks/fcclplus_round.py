@@ -44,7 +44,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _digits_config(variant: str):
-  c = load_module(REPO / "experiments/configs/digits.py").get_config(variant)
+  c = load_module(REPO / "fedjax_het/configs/digits.py").get_config(variant)
   c.logging.progress = False
   c.logging.tensorboard = False
   c.compilation_cache_dir = ""

@@ -3,7 +3,7 @@
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/fedavg_scale.py \
         --out benchmarks/results/fedavg_scale__cifar10_fedavg__<device>.json
 
-Setting: `experiments/configs/cifar10.py:fedavg` (100 clients, Dirichlet(0.5), the FedAvg
+Setting: `fedjax_het/configs/cifar10.py:fedavg` (100 clients, Dirichlet(0.5), the FedAvg
 CIFAR CNN, batch 50, local SGD), with a cohort of 10, 50 and 100 clients per round. On a
 CPU the defaults shrink the per-client work (`--train-size 10000`: 100 images per client,
 `--epochs 1`) so that a round takes seconds; `--train-size 0 --epochs 5` is the paper
@@ -49,7 +49,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def _config(cohort_size: int, train_size: int, epochs: int, conv_impl: str,
             client_loop: str = "auto", partition: str = "dirichlet"):
-  c = load_module(REPO / "experiments/configs/cifar10.py").get_config("fedavg")
+  c = load_module(REPO / "fedjax_het/configs/cifar10.py").get_config("fedavg")
   c.fedavg.clients_per_round = cohort_size
   c.scenario.train_size = train_size
   c.scenario.test_size = 500

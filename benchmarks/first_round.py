@@ -83,10 +83,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def load_config(name: str, overrides: Sequence[str] = ()):
   """`<scenario>_<variant>` (as experiments/train.py takes it) -> its ConfigDict, with each
   `field=value` of `overrides` set (`set_field`)."""
-  from fedjax_het.config import load_module  # pylint: disable=g-import-not-at-top
-  scenario, _, variant = name.partition("_")
-  module = load_module(REPO / "experiments/configs" / f"{scenario}.py")
-  config = module.get_config(variant) if variant else module.get_config()
+  from fedjax_het import configs  # pylint: disable=g-import-not-at-top
+  config = configs.get_config(name)
   for item in overrides:
     field, value = item.split("=", 1)
     set_field(config, field, value)

@@ -1048,7 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       help=f"comma-separated trial kinds, of {','.join(KINDS)}")
   parser.add_argument("--trials-per-kind", "--trials", dest="trials", type=int, default=20)
   parser.add_argument("--config", default="digits_fcclplus_quick",
-                      help="the experiments/configs name, shrunk by TINY_FLAGS")
+                      help="a fedjax_het/configs name, shrunk by TINY_FLAGS")
   parser.add_argument("--seed", type=int, default=0, help="seed of the kill times and damage")
   parser.add_argument("--num-rounds", type=int, default=6)
   parser.add_argument("--second-kill", type=float, default=0.3,

@@ -5,7 +5,7 @@
       [--seeds=0,1,2] [--workdir=results] [--set field=value ...] [--verbose]
 
 Configs: names as experiments/train.py takes them ("cifar100_glfc_quick" ->
-experiments/configs/cifar100.py variant "glfc_quick", or "<path>.py:<variant>"). Every
+fedjax_het/configs/cifar100.py variant "glfc_quick", or "<path>.py:<variant>"). Every
 config must be class-incremental (scenario.name = "class_incremental") and all must share
 one task layout (scenario.num_tasks and the classes per task), so that the columns align;
 otherwise the run stops before training and names the configs. The cells train through

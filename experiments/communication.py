@@ -4,7 +4,7 @@
   python experiments/communication.py --render         # rewrite the block from the record
   python experiments/communication.py --check          # exit 1 if the block is stale
 
-For each row of `ROWS` the scenario's config (`experiments/configs/<scenario>.py`, the
+For each row of `ROWS` the scenario's config (`fedjax_het/configs/<scenario>.py`, the
 paper setting) builds the method on shapes alone: zero-filled private data of one row per
 participant (the counts do not depend on the private sizes), `scenario.public_size` public
 images, the config's backbones and widths. One round is traced with `jax.make_jaxpr` (no
@@ -46,7 +46,7 @@ DOC = REPO / "docs" / "communication.md"
 RECORD = REPO / "benchmarks" / "results" / "communication__{scenario}__shapes.json"
 SCENARIOS = {"digits": 10}  # scenario -> classes
 
-#: (config variant of experiments/configs/<scenario>.py, with " field=value" overrides, what a
+#: (config variant of fedjax_het/configs/<scenario>.py, with " field=value" overrides, what a
 #: participant sends up / gets down on each public batch or once a round, FCCL+ Table II
 #: "Comm. Cost" (Table IV for a module), Table III "Para. Space", Table II / IV Digits inter
 #: accuracy). "" where the paper gives nothing.
@@ -114,7 +114,7 @@ def traced_bytes(algorithm: api.Algorithm, data: api.FederatedArrays) -> tuple[i
 def measure(scenario: str) -> dict[str, Any]:
   """{"scenario", "public_size", "public_batch", "rows": [{variant, participants, bytes_up,
   bytes_down, ...}]}: every row of `ROWS` traced on the scenario's paper config."""
-  configs = load_module(REPO / "experiments" / "configs" / f"{scenario}.py")
+  configs = load_module(REPO / "fedjax_het" / "configs" / f"{scenario}.py")
   rows, public_size, public_batch = [], None, None
   for variant, *_ in ROWS:
     name, *overrides = variant.split()

@@ -212,7 +212,7 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
             if status == "-" and grid.find_twin(cell, config, results_dir) is not None:
               status = "- (a copy is ready)"
             statuses.append(status)
-          config = f"{pathlib.PurePath(setting.config).name}:{row.variant}" + (
+          config = f"{tables_lib.config_file_name(setting.config)}:{row.variant}" + (
               " +" + ",".join(f"{k}={v!r}" for k, v in row.overrides) if row.overrides else "")
           rows.append((tables_lib.cell_name(table, setting, row, seed), *statuses, config))
     width = max(len(r[0]) for r in rows)
@@ -273,7 +273,8 @@ def dry_run(cells: Sequence[grid.Cell], results_dir: pathlib.Path, overrides: Se
           status, "retrain? (finished with a different config: stops the run)"
           if status == "different config" else f"resume ({status})")
     echo(f"[{index}/{len(cells)}] {cell.label}: {action}; "
-         f"{cell.setting.config}:{cell.row.config_variant(cell.scale)} -> {path}")
+         f"{tables_lib.config_file_name(cell.row.config or cell.setting.config)}:"
+         f"{cell.row.config_variant(cell.scale)} -> {path}")
 
 
 def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:

@@ -4,7 +4,7 @@
       [--methods=fedavg,fedmmd,fedmmd_l2,fedfusion_single,fedfusion_multi,fedfusion_conv] \\
       [--seeds=0,1,2] [--quick] [--workdir=results] [--set field=value ...] [--verbose]
 
-Settings: those of experiments/configs/_two_stream.py: cifar10 binary | iid | classes5 |
+Settings: those of fedjax_het/configs/_two_stream.py: cifar10 binary | iid | classes5 |
 classes2, mnist binary | shards | permuted. The grid of the six method tokens (FedAvg, FedMMD with its MMD and the
 authors' L2 constraint, FedFusion with each fusion operator) trains through
 `fedjax_het.grid` as experiments/reproduce.py's tables do, into
@@ -33,8 +33,8 @@ from fedjax_het.reports import tables
 
 
 def settings() -> dict[str, tuple[str, ...]]:
-  """{dataset: its settings} of experiments/configs/_two_stream.py."""
-  two_stream = grid.load_config_file("experiments/configs/_two_stream.py")
+  """{dataset: its settings} of fedjax_het/configs/_two_stream.py."""
+  two_stream = grid.load_config_file("fedjax_het/configs/_two_stream.py")
   return {d: tuple(s) for d, s in two_stream.SETTINGS.items()}
 
 

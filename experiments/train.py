@@ -1,7 +1,7 @@
-"""Trains a federated method from an ml_collections config (see experiments/configs/).
+"""Trains a federated method from an ml_collections config (see fedjax_het/configs/).
 
   python experiments/train.py --config=digits_fcclplus_quick
-  python experiments/train.py --config=experiments/configs/digits.py:fccl --config.num_rounds=5
+  python experiments/train.py --config=fedjax_het/configs/digits.py:fccl --config.num_rounds=5
 
 A mistake in the config, the data or the workdir prints one line saying what is
 wrong and exits with status 1; `--verbose` (or FEDJAX_HET_TRACEBACK=1) shows the
@@ -64,7 +64,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def expand_config_name(argv: list[str]) -> list[str]:
-  """--config=<scenario>_<variant> -> --config=experiments/configs/<scenario>.py:<variant>
+  """--config=<scenario>_<variant> -> --config=fedjax_het/configs/<scenario>.py:<variant>
   (`fedjax_het.grid.resolve_config_name`); a config file path is left as it is."""
   from fedjax_het import grid  # pylint: disable=g-import-not-at-top (starts no JAX backend)
   from fedjax_het.errors import ConfigError  # pylint: disable=g-import-not-at-top

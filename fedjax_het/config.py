@@ -3,7 +3,7 @@
 `base_config(algorithm)` is the run-wide part below merged with the sections the
 method module declares (`default_config()` of the registered method, e.g.
 `config.collaborative`, `config.local`, `config.<method>`). Scenario files
-(`experiments/configs/<scenario>.py`) start from it and override what differs.
+(`fedjax_het/configs/<scenario>.py`) start from it and override what differs.
 `validate_config` checks the run-wide fields here and asks the method to check
 its sections; every error names the field and the allowed values. The config is
 read once into Python constants by the method's `make`; it never enters a jitted
@@ -37,11 +37,10 @@ SHARED_SECTIONS = ("scenario", "models", "eval", "checkpoint", "sharding", "logg
 
 
 def load_module(path: str | os.PathLike) -> types.ModuleType:
-  """Imports a Python file by path: a config file, or a helper its siblings share.
+  """Imports a Python file by path: a user's config file (`--config=path.py:arg`).
 
-  Config files are loaded by path (`--config=path.py:arg`), not as a package,
-  so a config file imports a shared sibling with
-  `load_module(pathlib.Path(__file__).with_name("_shared.py"))`.
+  The library's configs are the modules of `fedjax_het.configs`, imported as such (a family
+  imports a shared sibling as `from fedjax_het.configs import _two_stream`).
   """
   path = pathlib.Path(path)
   spec = importlib.util.spec_from_file_location(f"fedjax_het_config_{path.stem}", path)
@@ -120,7 +119,7 @@ def base_config(algorithm: str) -> ml_collections.ConfigDict:
   # or "fcclplus_code" (the FCCL+ code's: CIFAR-100 with Tiny-ImageNet's statistics).
   c.scenario.public_normalization = "library"
   # scenario.office_test ("held_out" | "whole_domain"): declared by the Office configs
-  # (experiments/configs/office.py) only, so other runs' configs stay as they were.
+  # (fedjax_het/configs/office.py) only, so other runs' configs stay as they were.
   # scenario.name="partitioned": one labelled dataset split over many clients.
   c.scenario.dataset = "mnist"           # mnist | cifar10
   c.scenario.dataset_source = "real"     # the .npz bundle; "tfds"; "folder:<path>"

@@ -60,6 +60,7 @@ from typing import Any
 
 import ml_collections
 
+from fedjax_het import configs as configs_lib
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import load_module
 from fedjax_het.errors import (ConfigError, RoundTooLargeError, UserError, WorkdirError,
@@ -218,9 +219,12 @@ def significant_overrides(overrides: Sequence[str],
 
 
 @functools.lru_cache(maxsize=None)
-def load_config_file(path: str) -> Any:
-  """A config file (a path relative to the repository, or absolute) as a module, loaded once."""
-  return load_module(REPO / path)
+def load_config_file(name: str) -> Any:
+  """A config module: a family of `fedjax_het.configs` ("digits"), or a config file (a path
+  relative to the repository, or absolute) loaded once."""
+  if (CONFIGS_DIR / f"{name}.py").is_file():
+    return configs_lib.module(name)
+  return load_module(REPO / name)
 
 
 def cell_config(cell: Cell, overrides: Sequence[str] = (),
@@ -994,7 +998,7 @@ def run(cells: Sequence[Cell], *, results_dir: str | pathlib.Path = DEFAULT_RESU
 
 # --- configs given as such (the class-incremental alias, notebooks) ---------------------------
 
-CONFIGS_DIR = REPO / "experiments" / "configs"
+CONFIGS_DIR = configs_lib.DIRECTORY
 
 
 def add_alias_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1013,26 +1017,19 @@ def add_alias_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_config_name(name: str) -> tuple[pathlib.Path, str]:
   """(config file, variant) of a config name as experiments/train.py takes it.
 
-  "<scenario>_<variant>" (e.g. "cifar100_glfc_quick") -> experiments/configs/<scenario>.py
-  and "<variant>"; a scenario whose file name holds underscores (imagenet_subset.py) is the
-  longest such prefix naming a config file ("imagenet_subset_glfc" -> imagenet_subset.py,
-  "glfc"); "<path>.py[:<variant>]" -> that file and variant ("" for none).
+  "<scenario>_<variant>" (e.g. "cifar100_glfc_quick") -> the config module's file in
+  fedjax_het/configs/ (cifar100.py) and "<variant>"; a scenario whose name holds underscores
+  (imagenet_subset) is the longest such prefix naming a config family
+  ("imagenet_subset_glfc" -> imagenet_subset.py, "glfc"); "<path>.py[:<variant>]" -> that
+  file and variant ("" for none).
   """
-  match = re.fullmatch(r"([A-Za-z0-9]+)(?:_([A-Za-z0-9_]+))?", name)
-  if match:
-    scenario, variant = match.groups()
-    parts = name.split("_")
-    for cut in range(len(parts), 1, -1):
-      longer = "_".join(parts[:cut])
-      if (CONFIGS_DIR / f"{longer}.py").exists():
-        scenario, variant = longer, "_".join(parts[cut:]) or None
-        break
-    path = CONFIGS_DIR / f"{scenario}.py"
-    if not path.exists():
-      known = sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if not p.stem.startswith("_"))
-      raise ConfigError(f"{name!r}: no experiments/configs/{scenario}.py; known scenarios: "
-                        f"{', '.join(known)}.")
-    return path, variant or ""
+  if re.fullmatch(r"[A-Za-z0-9_]+", name):
+    split = configs_lib.split_name(name)
+    if split is None:
+      raise ConfigError(f"{name!r}: no config family {name.split('_')[0]!r} in fedjax_het/configs; "
+                        f"the families: {', '.join(configs_lib.families())}.")
+    family, variant = split
+    return CONFIGS_DIR / f"{family}.py", variant
   path, _, variant = name.partition(":")
   if not pathlib.Path(path).is_file():
     raise ConfigError(f"{name!r} names no config file ({path} does not exist).")
@@ -1042,7 +1039,8 @@ def resolve_config_name(name: str) -> tuple[pathlib.Path, str]:
 def load_config(name: str) -> ml_collections.ConfigDict:
   """The config a name resolves to (`resolve_config_name`); ConfigError for a bad variant."""
   path, variant = resolve_config_name(name)
-  module = load_config_file(str(path.resolve()))
+  module = load_config_file(path.stem if path.resolve().parent == CONFIGS_DIR
+                            else str(path.resolve()))
   try:
     return module.get_config(variant) if variant else module.get_config()
   except ValueError as error:

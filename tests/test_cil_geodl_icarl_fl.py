@@ -19,7 +19,7 @@ from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
 from tests.tiny_models import TinyMLP
 from tests.tiny_runs import evaluate_seen, rounds_across_a_task_change, tiny_replay
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs" / "cifar100.py"
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "fedjax_het" / "configs" / "cifar100.py"
 
 # ----------------------------------------------------------------------------- NumPy references
 

@@ -194,7 +194,7 @@ def test_resume_is_bit_identical(tmp_path):
 
 
 def test_experiment_configs_validate():
-  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  module = load_module(pathlib.Path(__file__).parents[1] / "fedjax_het/configs/cifar100.py")
   quick, fedavg_quick = module.get_config("glfc_quick"), module.get_config("fedavg_cil_quick")
   paper = module.get_config("glfc")
   for config in (quick, paper):
@@ -250,7 +250,7 @@ def test_glfc_ablations_train(stream):
 
 
 def test_ablation_configs():
-  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  module = load_module(pathlib.Path(__file__).parents[1] / "fedjax_het/configs/cifar100.py")
   paper = module.get_config("glfc")
   assert paper.glfc.use_gradient_compensation and paper.glfc.use_relation_distillation
   assert (paper.glfc.gc_weight, paper.glfc.rd_weight, paper.glfc.first_task_gc_weight) == (

@@ -25,7 +25,7 @@ from tests.test_cil_train import (tiny_cil_config, tiny_settings, tiny_stream,
 from tests.tiny_models import TinyLinear, TinyMLP
 from tests.tiny_runs import tiny_replay
 
-CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py"
+CONFIGS = pathlib.Path(__file__).parents[1] / "fedjax_het/configs/cifar100.py"
 
 
 @pytest.fixture(scope="module")

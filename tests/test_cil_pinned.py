@@ -3,7 +3,7 @@
 GLFC, iCaRL + FL and FedAvg on the task stream are registered methods trained by
 `fedjax_het.train.train_and_evaluate`. These pins are the numbers of their tiny runs
 (`tests.test_cil_train.tiny_cil_config`: default suite) and of their quick configs
-(`experiments/configs/cifar100.py` `<method>_quick` on the synthetic stream: slow suite),
+(`fedjax_het/configs/cifar100.py` `<method>_quick` on the synthetic stream: slow suite),
 seed 0, recorded under this suite's conftest (4 simulated CPU devices: XLA:CPU then rounds
 differently than with one) with jax/jaxlib `RECORDED_WITH_JAX` on x86-64: the Table 1 numbers of
 results.json (accuracy on the seen classes after each task, their average, forgetting),
@@ -32,7 +32,7 @@ METHODS = ("fedavg_cil", "icarl_fl", "glfc")
 def _config(scale, method):
   if scale == "tiny":
     return tiny_cil_config(method)
-  config = load_module(REPO / "experiments/configs/cifar100.py").get_config(f"{method}_quick")
+  config = load_module(REPO / "fedjax_het/configs/cifar100.py").get_config(f"{method}_quick")
   config.scenario.source = "synthetic"
   config.compilation_cache_dir = ""
   config.logging.progress = False

@@ -298,7 +298,7 @@ def test_validation_errors_name_the_field(field, value, allowed):
 
 
 def test_experiment_configs_validate():
-  module = load_module(pathlib.Path(__file__).parents[1] / "experiments/configs/cifar100.py")
+  module = load_module(pathlib.Path(__file__).parents[1] / "fedjax_het/configs/cifar100.py")
   assert len(module.VARIANTS) == 5 * len(module.METHODS)
   for variant in module.VARIANTS:  # every method x {T=10, _tasks5, _tasks10, _tasks20, _quick}
     config = module.get_config(variant)

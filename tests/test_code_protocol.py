@@ -20,8 +20,8 @@ from fedjax_het.engine import api, clients, public
 from tests.test_office_configs import REPO
 from tests.tiny_models import TinyBatchNorm, TinyLinear, TinyMLP
 
-digits = load_module(REPO / "experiments" / "configs" / "digits.py")
-office = load_module(REPO / "experiments" / "configs" / "office.py")
+digits = load_module(REPO / "fedjax_het" / "configs" / "digits.py")
+office = load_module(REPO / "fedjax_het" / "configs" / "office.py")
 
 STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 

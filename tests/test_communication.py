@@ -144,7 +144,7 @@ def test_the_record_holds_what_the_methods_count_now(method):
   Digits paper config (4 participants, 10 classes, 5000 public images in batches of 512)."""
   record = json.loads(communication.record_path("digits").read_text())
   row = next(r for r in record["rows"] if r["variant"] == method)
-  config = load_module(REPO / "experiments" / "configs" / "digits.py").get_config(method)
+  config = load_module(REPO / "fedjax_het" / "configs" / "digits.py").get_config(method)
   module = fcclplus if method == "fcclplus" else MODULES[method]
   counted = module.communication_bytes(config, _setup(["a", "b", "c", "d"]),
                                        int(config.scenario.public_size))

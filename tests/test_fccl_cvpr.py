@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def _load(name):
   spec = importlib.util.spec_from_file_location(f"{name}_config",
-                                                REPO / "experiments" / "configs" / f"{name}.py")
+                                                REPO / "fedjax_het" / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -130,7 +130,7 @@ def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_facto
   monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
   spec = importlib.util.spec_from_file_location("digits_config",
-                                                REPO / "experiments/configs/digits.py")
+                                                REPO / "fedjax_het/configs/digits.py")
   digits = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(digits)
   c = digits.get_config(f"{method}_quick")

@@ -287,7 +287,7 @@ def test_digits_family_member_trains_end_to_end_with_one_trace(method, tmp_path,
   chex.clear_trace_counter()
   monkeypatch.setattr(rounds, "make_round_fn", make_guarded_round_fn)
   spec = importlib.util.spec_from_file_location("digits_config",
-                                                REPO / "experiments/configs/digits.py")
+                                                REPO / "fedjax_het/configs/digits.py")
   digits = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(digits)
   c = digits.get_config(f"{method}_quick")

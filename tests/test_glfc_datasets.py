@@ -21,7 +21,7 @@ from fedjax_het.errors import ConfigError
 from fedjax_het.reports import paper_numbers, tables
 from fedjax_het.train import train_and_evaluate
 
-CONFIGS = pathlib.Path(__file__).parents[1] / "experiments/configs"
+CONFIGS = pathlib.Path(__file__).parents[1] / "fedjax_het/configs"
 
 
 def _write_tinyimagenet(directory: pathlib.Path, classes: int = 4, train: int = 6,

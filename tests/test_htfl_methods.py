@@ -491,7 +491,7 @@ def test_quick_config_trains_end_to_end(method, tmp_path, monkeypatch):
   from fedjax_het.config import load_module  # pylint: disable=import-outside-toplevel
   from fedjax_het.train import train_and_evaluate  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("FEDJAX_HET_DATA_DIR", data_dir)
-  c = load_module("experiments/configs/htfl.py").get_config(
+  c = load_module("fedjax_het/configs/htfl.py").get_config(
       f"cifar10_practical_htfe2_{method}_quick")
   c.num_rounds = 1
   c.compilation_cache_dir = ""

@@ -12,7 +12,7 @@ from fedjax_het.config import load_module, validate_config
 from fedjax_het.data import partition as partition_lib
 from fedjax_het.data import partitioned
 
-htfl = load_module("experiments/configs/htfl.py")
+htfl = load_module("fedjax_het/configs/htfl.py")
 
 
 def test_pathological_partition_hands_out_classes_in_label_order():

@@ -25,7 +25,7 @@ from fedjax_het.train import train_and_evaluate
 from tests.tiny_models import TinyBatchNorm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MNIST = load_module(ROOT / "experiments" / "configs" / "mnist.py")
+MNIST = load_module(ROOT / "fedjax_het" / "configs" / "mnist.py")
 TINY = {"num_rounds": 1, "scenario.train_size": 200, "scenario.test_size": 100,
         "local.epochs": 1, "logging.progress": False, "compilation_cache_dir": "",
         "logging.plots": False}

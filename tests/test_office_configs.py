@@ -1,4 +1,4 @@
-"""Office configs (experiments/configs/office.py): variants, paper settings, test protocol, errors."""
+"""Office configs (fedjax_het/configs/office.py): variants, paper settings, test protocol, errors."""
 
 import importlib.util
 import json
@@ -28,8 +28,8 @@ def _load(path, name):
   return module
 
 
-office = _load(REPO / "experiments" / "configs" / "office.py", "office_config")
-digits = _load(REPO / "experiments" / "configs" / "digits.py", "digits_config_for_office")
+office = _load(REPO / "fedjax_het" / "configs" / "office.py", "office_config")
+digits = _load(REPO / "fedjax_het" / "configs" / "digits.py", "digits_config_for_office")
 from tests.test_train import cli  # noqa: E402  (experiments/train.py defines absl flags: load once)
 
 #: Office-Caltech classes of the bundle (alphabetical).
@@ -126,7 +126,7 @@ def test_paper_backbones_top_k_and_temperature_per_scenario():
 
 def test_cli_maps_office_names_to_the_config_file():
   argv = cli.expand_config_name(["train.py", "--config=office_office31_fcclplus_quick"])
-  assert argv[1] == f"--config={REPO / 'experiments/configs/office.py'}:office31_fcclplus_quick"
+  assert argv[1] == f"--config={REPO / 'fedjax_het/configs/office.py'}:office31_fcclplus_quick"
 
 
 def test_office_test_field_is_validated():

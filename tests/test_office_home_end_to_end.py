@@ -83,7 +83,7 @@ def test_the_archive_becomes_the_bundle_and_the_fccl_table3_scenario(office_home
   # FCCL Table 3's scenario (office.py:home_fccl_homogeneous_quick) reads every domain of it.
   monkeypatch.setenv(data.DATA_DIR_ENV, str(bundle))
   monkeypatch.setenv(data.CACHE_DIR_ENV, str(tmp_path_factory.getbasetemp() / "home_cache"))
-  office = load_module(REPO / "experiments" / "configs" / "office.py")
+  office = load_module(REPO / "fedjax_het" / "configs" / "office.py")
   config = office.get_config("home_fccl_homogeneous_quick")
   config.scenario.public_size = 32
   config.scenario.private_sizes.update(PRIVATE_SIZES)

@@ -132,8 +132,8 @@ def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
     (["--config=digits_solo_quick", "--config.num_rounds=abc"], "--config.num_rounds=abc"),
     (["--config=digits_solo_quick", "--config.local.lr=abc"],
      "could not convert string to float: 'abc' (run with --verbose"),  # the closing quote
-    (["--config=experiments/configs/digits.py:nosuch"], "got 'nosuch'"),
-    (["--config=experiments/configs/nofile.py"], "no config file 'experiments/configs/nofile.py'"),
+    (["--config=fedjax_het/configs/digits.py:nosuch"], "got 'nosuch'"),
+    (["--config=fedjax_het/configs/nofile.py"], "no config file 'fedjax_het/configs/nofile.py'"),
     (["--config=digits_solo_quick", "--num_rounds=3"], "prefix: --config.num_rounds=..."),
     (["--config=digits_solo_quick", "--config.scenario.private_sizes.mnist=-5"],
      "config.scenario.private_sizes.mnist must be an integer >= 1"),

@@ -1,8 +1,11 @@
 """The README's set-up commands and CI stay in sync; the docs' generated parts stay current."""
 
 import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,7 +23,7 @@ def test_readme_has_exactly_two_setup_commands_main_job_and_tests():
   assert "pytest" not in setup[0] and "pytest" in setup[1]
   # The main job is the quick heterogeneous Digits FCCL+ run, through a config that exists.
   assert setup[0].rstrip().endswith("python experiments/train.py --config=digits_fcclplus_quick")
-  assert (ROOT / "experiments" / "configs" / "digits.py").is_file()
+  assert (ROOT / "fedjax_het" / "configs" / "digits.py").is_file()
 
 
 def test_ci_runs_the_readme_install_and_test_command():
@@ -89,3 +92,17 @@ def test_readme_results_rewrite_replaces_a_stale_block():
   assert "old numbers" not in new and new.startswith("a\n") and new.endswith("b\n")
   for name in script.BLOCKS["digits_quick"]:
     assert f"--config={name}`" in new and runs[name]["table"] in new
+
+
+def test_a_config_builds_from_outside_the_repository(tmp_path):
+  # The configs are modules of the installed package: no path into the repository needed.
+  code = ("from fedjax_het.configs import get_config, families; "
+          "c = get_config('digits_fcclplus_quick'); print(c.name, c.num_rounds, len(families()))")
+  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=300, check=False,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["digits_fcclplus_quick", "5", "8"]
+  for path in (ROOT / "fedjax_het" / "configs").glob("*.py"):
+    text = path.read_text()
+    assert "sys.path" not in text and "load_module(" not in text, path.name

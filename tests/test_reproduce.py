@@ -271,8 +271,8 @@ def test_dry_run_prints_the_gpu_queue_in_priority_order(tmp_path, capsys):
       "glfc_table1/paper/glfc_no_crd__seed0", "glfc_table1/paper/glfc_no_proxy__seed0",
       "glfc_table1/paper/glfc__seed0"]
   assert lines[0].startswith("[1/19] fcclplus_office31/paper/fcclplus__seed0: skip (finished); "
-                             "experiments/configs/office.py:office31_fcclplus -> ")
-  assert ": train; experiments/configs/digits.py:solo -> " in lines[3]
+                             "office.py:office31_fcclplus -> ")
+  assert ": train; digits.py:solo -> " in lines[3]
   assert not (tmp_path / "invocations.jsonl").exists()
 
 
@@ -442,8 +442,8 @@ def test_overrides_are_parsed_against_the_field_types():
   assert grid.significant_overrides(["logging.plots=false", "num_rounds=1"], config) == [
       "num_rounds=1"]
   assert grid.resolve_config_name("cifar100_glfc_quick") == (
-      REPO / "experiments" / "configs" / "cifar100.py", "glfc_quick")
-  with pytest.raises(ConfigError, match="known scenarios"):
+      REPO / "fedjax_het" / "configs" / "cifar100.py", "glfc_quick")
+  with pytest.raises(ConfigError, match="the families: cifar10, cifar100, digits"):
     grid.resolve_config_name("nosuchscenario_x")
 
 

@@ -264,7 +264,7 @@ def test_toy_method_config_is_its_own_and_validated(toy_method):
 
 def _digits(variant):
   spec = importlib.util.spec_from_file_location("digits_config",
-                                                REPO / "experiments/configs/digits.py")
+                                                REPO / "fedjax_het/configs/digits.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(variant)

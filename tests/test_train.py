@@ -31,7 +31,7 @@ def _load(path, name):
   return module
 
 
-digits = _load(REPO / "experiments" / "configs" / "digits.py", "digits_config")
+digits = _load(REPO / "fedjax_het" / "configs" / "digits.py", "digits_config")
 cli = _load(REPO / "experiments" / "train.py", "train_cli")
 
 
@@ -282,11 +282,11 @@ def test_unknown_method_lists_the_registered_ones():
 
 def test_cli_maps_bare_config_names_to_config_files():
   argv = cli.expand_config_name(["train.py", "--config=digits_fcclplus", "--config.num_rounds=2"])
-  assert argv[1] == f"--config={REPO / 'experiments/configs/digits.py'}:fcclplus"
+  assert argv[1] == f"--config={REPO / 'fedjax_het/configs/digits.py'}:fcclplus"
   assert argv[2] == "--config.num_rounds=2"
-  explicit = "--config=experiments/configs/digits.py:fccl"
+  explicit = "--config=fedjax_het/configs/digits.py:fccl"
   assert cli.expand_config_name([explicit]) == [explicit]
-  with pytest.raises(SystemExit, match="known scenarios"):
+  with pytest.raises(SystemExit, match="the families: cifar10, cifar100, digits"):
     cli.expand_config_name(["--config=nosuchscenario_fcclplus"])
 
 
@@ -343,7 +343,7 @@ def test_partitioned_scenario_fields_are_validated(field, value, message):
 
 @pytest.mark.parametrize("scenario", ["cifar10", "mnist"])
 def test_every_many_client_variant_builds_and_validates(scenario):
-  module = _load(REPO / "experiments" / "configs" / f"{scenario}.py", f"{scenario}_config")
+  module = _load(REPO / "fedjax_het" / "configs" / f"{scenario}.py", f"{scenario}_config")
   for method in module.FEDAVG_FAMILY:
     for suffix in ("", "_quick"):
       config = module.get_config(method + suffix)
@@ -353,7 +353,7 @@ def test_every_many_client_variant_builds_and_validates(scenario):
   with pytest.raises(ValueError, match="expected <method>"):
     module.get_config("fcclplus")
   argv = cli.expand_config_name([f"--config={scenario}_fedavg_quick"])
-  assert argv == [f"--config={REPO / 'experiments/configs' / scenario}.py:fedavg_quick"]
+  assert argv == [f"--config={REPO / 'fedjax_het/configs' / scenario}.py:fedavg_quick"]
 
 
 def test_a_sparse_eval_every_still_evaluates_the_rounds_the_results_average():

@@ -11,7 +11,7 @@ from fedjax_het.engine import rounds
 from fedjax_het.train import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = {name: load_module(REPO / "experiments" / "configs" / f"{name}.py")
+CONFIGS = {name: load_module(REPO / "fedjax_het" / "configs" / f"{name}.py")
            for name in ("mnist", "cifar10")}
 TWO_STREAM = CONFIGS["mnist"].two_stream
 

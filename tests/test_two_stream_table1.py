@@ -27,8 +27,8 @@ from tests.tiny_federation import LR, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyLinear
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-MNIST = load_module(REPO / "experiments" / "configs" / "mnist.py")
-CIFAR10 = load_module(REPO / "experiments" / "configs" / "cifar10.py")
+MNIST = load_module(REPO / "fedjax_het" / "configs" / "mnist.py")
+CIFAR10 = load_module(REPO / "fedjax_het" / "configs" / "cifar10.py")
 
 
 # ----------------------------------------------------------------------------- dropout default

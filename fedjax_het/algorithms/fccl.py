@@ -42,7 +42,7 @@ epochs (40, 35, 3, 4); the members of an architecture group share a value);
 the pretraining batch is `fccl.pretrain_batch_size` (0: `local.batch_size`).
 The conference protocol (the CVPR code: batch 512 in both phases, constant
 Adam 1e-3 without weight decay, 40 constant-rate pretraining epochs in batches
-of 256) is the `_cvpr` variant of `experiments/configs/digits.py` / `office.py`.
+of 256) is the `_cvpr` variant of `fedjax_het/configs/digits.py` / `office.py`.
 `fccl.fccm_eps` is the epsilon on FCCM's column variances (default 1e-6, the
 library's guard against a constant column; the authors' code has none: 0).
 

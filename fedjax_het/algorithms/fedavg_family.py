@@ -33,7 +33,7 @@ Dropout (`config.models.dropout_rate`; absent or 0: none): every family member t
 `common.with_model_dropout`'s model, dropout after the fully connected hidden layers of the
 model's tail in local training only (never in evaluation or in a frozen stream). The FedMMD /
 FedFusion paper settings set 0.2 for every method they compare, FedAvg included, as the
-authors' FedFusion code does for all its models (`experiments/configs/_two_stream.py`); the
+authors' FedFusion code does for all its models (`fedjax_het/configs/_two_stream.py`); the
 other configs have no dropout.
 
 Evaluation (`fedavg.evaluate`): "global" tests the server model and reports it

@@ -41,7 +41,7 @@ the trunk, fusion and classifier once: the frozen trunk is a copy of the
 received trunk and is never sent.
 
 Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
-`experiments/configs/_two_stream.py` and in `mnist_fedfusion`, the authors'
+`fedjax_het/configs/_two_stream.py` and in `mnist_fedfusion`, the authors'
 code's p for every fusion operator and for FedAvg's model; 0 or absent in their
 `_nodropout` variants) puts dropout after the fully connected layers of the
 classifier C (the tail, fed by the fused map), active in local training only,

@@ -33,7 +33,7 @@ stream runs in eval mode (running BatchNorm statistics, no dropout) and gets
 no gradient.
 
 Dropout: `config.models.dropout_rate` (0.2 in the paper settings of
-`experiments/configs/_two_stream.py` and in `mnist_fedmmd`, the authors'
+`fedjax_het/configs/_two_stream.py` and in `mnist_fedmmd`, the authors'
 FedFusion code's p; 0 or absent in their `_nodropout` variants) puts the
 dropout the paper's CNNs have (Sec. 4.1) after their fully connected layers,
 active in local training only, never in the frozen global stream

@@ -70,7 +70,7 @@ differs):
     BCE averaged over the seen classes (GLFC's code, lr 2.0), not LUCIR's
     softmax CE, so the balance of the two terms differs from the paper's;
     the quick variant uses 1 (5 gave a lower accuracy after every task
-    there, experiments/configs/cifar100.py); 5 is not tuned at the paper's
+    there, fedjax_het/configs/cifar100.py); 5 is not tuned at the paper's
     scale.
   * The distillation runs on every row of the batch (current data and
     exemplars), as the code does, and in task 0 it is computed with weight

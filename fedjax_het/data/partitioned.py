@@ -42,7 +42,7 @@ optionally subsamples it (stratified), and splits the training pool over
     classes it holds, and `eval/inter` its accuracy on the other clients'
     classes. This is the reading of FedFusion's "artificial non-IID
     partitions of CIFAR10" (Table 1 (a), (b)) in
-    `experiments/configs/_two_stream.py`: the authors' code builds each
+    `fedjax_het/configs/_two_stream.py`: the authors' code builds each
     client's test loader from the test images of its class subset
     (`CifarData(subset=...)`).
   * "permuted": the IID split, then every image of client i (training and

@@ -176,7 +176,8 @@ def _variant_text(setting: tables_lib.Setting, row: tables_lib.Row, scale: str) 
   fields = ", ".join(f"{k}={v!r}" for k, v in dict(row.fields(scale)).items())  # last wins
   if not (row.config or setting.config):
     return f"`{row.config_variant(scale)}`"
-  return (f"`{pathlib.PurePath(row.config or setting.config).name}:{row.config_variant(scale)}`"
+  return (f"`{tables_lib.config_file_name(row.config or setting.config)}:"
+          f"{row.config_variant(scale)}`"
           + (f" with {fields}" if fields else ""))
 
 

@@ -594,7 +594,7 @@ GLFC_TABLE3: dict[str, dict[str, Any]] = {
 # --- FedFusion Table 1 ("convergence accuracy", %) ----------------------------------------
 # Columns (a)-(d) as printed, one per Figure 5 panel: (a), (b) "the artificial non-IID
 # partitions of CIFAR10", (c) permuted MNIST, (d) IID CIFAR-10. The paper does not say which
-# partitions (a) and (b) are; our reading (experiments/configs/_two_stream.py) maps them to
+# partitions (a) and (b) are; our reading (fedjax_het/configs/_two_stream.py) maps them to
 # the `classes5` (2 clients x 5 classes) and `classes2` (5 clients x 2 classes) settings,
 # scored as each client's local model on the test images of its own classes: a global
 # accuracy cannot be 89.89% on a split whose FedAvg reaches 72% only after 326 rounds (FedMMD

@@ -16,6 +16,7 @@ A cell is (setting, row, seed) at a scale; `fedjax_het.grid` trains it into
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,7 +46,8 @@ class Row:
       epochs).
     source: where the row's paper numbers come from, when that is more than
       the table's own source (e.g. the conference protocol); "" otherwise.
-    config: the row's config file when it is not its setting's ("").
+    config: the row's config family (a module of `fedjax_het.configs`) when it is not its
+      setting's ("").
   """
   key: str
   label: str
@@ -75,7 +77,8 @@ class Setting:
   Attributes:
     key: "" for a table of one setting, else its name in cell names.
     label: its heading in the rendered table.
-    config: the config file, relative to the repository root.
+    config: the config family (a module of `fedjax_het.configs`, e.g. "digits"); a path
+      to a config file (relative to the repository root) also works.
     rows: the rows, in the paper's order.
     scenario: domain shift: the `paper_numbers.DOMAINS` scenario (the
       columns); partitioned: "<dataset>_<setting>"; class incremental: "".
@@ -174,10 +177,10 @@ CONFERENCE_ROWS = ("solo", "fedmd", "feddf", "fedmatch", "fccl")
 CONFERENCE_SCENARIOS = ("digits", "office_home")
 CONFERENCE_SOURCE = "= FCCL (CVPR 2022) Tables 1/2: the conference protocol"
 #: The variant prefix of each scenario in its config file.
-SCENARIO_CONFIGS = {"digits": ("experiments/configs/digits.py", ""),
-                    "office_caltech": ("experiments/configs/office.py", "caltech_"),
-                    "office31": ("experiments/configs/office.py", "office31_"),
-                    "office_home": ("experiments/configs/office.py", "home_")}
+SCENARIO_CONFIGS = {"digits": ("digits", ""),
+                    "office_caltech": ("office", "caltech_"),
+                    "office31": ("office", "office31_"),
+                    "office_home": ("office", "home_")}
 SCENARIO_LABELS = {"digits": "Digits", "office_caltech": "Office-Caltech",
                    "office31": "Office31", "office_home": "Office-Home"}
 SCENARIO_NOTES = {
@@ -186,7 +189,7 @@ SCENARIO_NOTES = {
                "write; a domain it lacks is the embedded synthetic domain, and the provenance "
                "line says so",),
     "office_caltech": ("the caltech domain needs an image folder: --set "
-                       "scenario.sources.caltech=folder:<path> (experiments/configs/office.py)",),
+                       "scenario.sources.caltech=folder:<path> (fedjax_het/configs/office.py)",),
     "office_home": ("every Office-Home domain needs an image folder: --set "
                     "scenario.sources.<art|clipart|product|real_world>=folder:<path>",),
 }
@@ -599,7 +602,7 @@ def two_stream_setting(dataset: str, setting: str, methods: Sequence[str], *,
   if paper.get("train_images"):
     paper_notes = (f"the paper trains on {paper['train_images']} images",) + paper_notes
   return Setting(key=f"{dataset}_{setting}", label=f"{dataset} {setting}",
-                 config=f"experiments/configs/{dataset}.py", rows=rows,
+                 config=dataset, rows=rows,
                  scenario=f"{dataset}_{setting}", paper=paper, cells_of=cells_of,
                  notes=paper_notes + tuple(notes))
 
@@ -647,7 +650,7 @@ HTFL_NOTES = (
 
 def htfl_setting(dataset: str, skew: str, group: str,
                  methods: Sequence[str] = HTFL_METHODS) -> Setting:
-  """One (dataset, skew, HtFE group) of the HtFL tables (experiments/configs/htfl.py).
+  """One (dataset, skew, HtFE group) of the HtFL tables (fedjax_het/configs/htfl.py).
 
   The paper column: FedTGP's CIFAR-100 practical number of the group where it prints one,
   else FedKTL Table 1's HtFE8 number of the (skew, dataset), named as such in "where".
@@ -666,7 +669,7 @@ def htfl_setting(dataset: str, skew: str, group: str,
   rows = tuple(Row(key=m, label=HTFL_LABELS[m], variant=f"{dataset}_{skew}_{group}_{m}")
                for m in methods)
   return Setting(key=f"{dataset}_{skew}_{group}", label=f"{dataset} {skew}, {group.upper()}",
-                 config="experiments/configs/htfl.py", rows=rows, scenario=f"{dataset}_{skew}",
+                 config="htfl", rows=rows, scenario=f"{dataset}_{skew}",
                  paper={"where": where, "final": final,
                         "notes": ("HtFLlib's metric (best round, pooled over the clients' test "
                                   "splits), mean over 3 runs",)})
@@ -737,20 +740,20 @@ def _glfc_table(tasks: int) -> Table:
       protocol=GLFC_PROTOCOL.replace("T incremental", f"T = {tasks} incremental"),
       family="class_incremental",
       settings=(Setting(key="", label="CIFAR-100",
-                        config="experiments/configs/cifar100.py", rows=rows, paper=paper),),
+                        config="cifar100", rows=rows, paper=paper),),
       kinds=(), notes=tuple(notes))
 
 
 #: GLFC Tables 2 and 3: (table id, paper table, dataset label, config file, tasks T, paper
 #: numbers, notes).
 GLFC_DATASET_TABLES = (
-    ("glfc_table2", "Table 2", "ImageNet-Subset", "experiments/configs/imagenet_subset.py", 10,
+    ("glfc_table2", "Table 2", "ImageNet-Subset", "imagenet_subset", 10,
      numbers.GLFC_TABLE2,
      ("the paper's GeoDL + iCaRL + FL Avg. reads 50.0; its ten accuracies give 49.9",
       "ImageNet-Subset: the image folders <data_dir>/imagenet_subset/{train,val} (100 classes) "
       "read at 224 px, shorter side scaled and centre-cropped; ResNet-18 with the ImageNet "
       "stem")),
-    ("glfc_table3", "Table 3", "Tiny-ImageNet", "experiments/configs/tinyimagenet.py", 20,
+    ("glfc_table3", "Table 3", "Tiny-ImageNet", "tinyimagenet", 20,
      numbers.GLFC_TABLE3,
      ("the paper prints the first 10 of the 20 tasks (10 ... 100 classes seen) and their mean: "
       "its rows stand under the runs' first 10 columns, and Avg. − paper compares the mean of "
@@ -917,6 +920,11 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_digits", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
                                  "fedmatch"))),
 }
+
+
+def config_file_name(config: str) -> str:
+  """The file a setting's or row's config names: "digits" -> "digits.py"; a path -> its name."""
+  return pathlib.PurePath(config).name if config.endswith(".py") else f"{config}.py"
 
 
 def get_table(table_id: str) -> Table:

@@ -6,7 +6,7 @@ Commands (from the repository root):
   python experiments/train.py --config=digits_fcclplus            # paper setting (GPU; fits a
                                                                   # 24 GiB, 2-core CPU: about 20 min a round)
   python experiments/train.py --config=digits_moon_quick          # a FedAvg-family baseline
-  python experiments/train.py --config=experiments/configs/digits.py:fccl \
+  python experiments/train.py --config=fedjax_het/configs/digits.py:fccl \
       --config.num_rounds=5 --workdir=/tmp/fccl
 
 Variants (the part after "digits.py:" or "digits_"):

@@ -13,7 +13,7 @@ Variants: <method>[_quick], method one of the FedAvg family (fedavg, fedprox, mo
 fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
 FedFusion paper settings <method>_<setting>[_<variant>][_nodropout][_quick] with setting
 binary, iid, classes5 or classes2 (FedFusion Table 1 (a) / (b) in our reading; see
-experiments/configs/_two_stream.py, whose CNNs have the papers' dropout, p = 0.2, unless
+fedjax_het/configs/_two_stream.py, whose CNNs have the papers' dropout, p = 0.2, unless
 `_nodropout`), e.g. cifar10_fedmmd_binary, cifar10_fedfusion_iid_multi_quick,
 cifar10_fedavg_classes5_quick. This file's setting (the MOON / FedAvg non-IID
 CIFAR-10 benchmark): 100 clients, Dirichlet(0.5) label skew (Hsu et al. 2019), 10 clients sampled per round, the FedAvg
@@ -32,14 +32,13 @@ Quick variant: 10000 training images over the 100 clients, 10 per round, 10 roun
 
 from __future__ import annotations
 
-import pathlib
 
 import ml_collections
 
-from fedjax_het.config import base_config, load_module
+from fedjax_het.config import base_config
 
 # The FedMMD / FedFusion paper settings (<method>_<setting>[_<variant>][_quick]).
-two_stream = load_module(pathlib.Path(__file__).with_name("_two_stream.py"))
+from fedjax_het.configs import _two_stream as two_stream
 
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
 

@@ -13,13 +13,13 @@ office_caltech10.npz, see "Data"):
       --config.scenario.sources.clipart=folder:/data/OfficeHome/Clipart \
       --config.scenario.sources.product=folder:/data/OfficeHome/Product \
       --config.scenario.sources.real_world="folder:/data/OfficeHome/Real World"
-  python experiments/train.py --config=experiments/configs/office.py:office31_fedavg_quick
+  python experiments/train.py --config=fedjax_het/configs/office.py:office31_fedavg_quick
 
 Variants (the part after "office.py:" or "office_"):
 <scenario>_<method>[_homogeneous][_code|_mid|_quick]
   scenario    caltech (Office-Caltech-10, 10 classes), office31 (31 classes),
               home (Office-Home, 65 classes)
-  method      the methods of experiments/configs/digits.py, set up the same way:
+  method      the methods of fedjax_het/configs/digits.py, set up the same way:
               fcclplus, fccl, solo (BASE: 50 private epochs), rhfl, fedmd, feddf, fedmatch,
               fml, rcfl on the heterogeneous backbones below; fedavg, fedprox, moon, fedproc,
               fedrs: the homogeneous FedAvg family (one global ResNet12, all participants every
@@ -98,14 +98,13 @@ The quick configs show the mechanics, not those numbers.
 
 from __future__ import annotations
 
-import pathlib
 
 import ml_collections
 
-from fedjax_het.config import base_config, load_module
+from fedjax_het.config import base_config
 
 # The methods and their per-method and quick settings are digits.py's.
-digits = load_module(pathlib.Path(__file__).with_name("digits.py"))
+from fedjax_het.configs import digits
 FEDAVG_FAMILY = digits.FEDAVG_FAMILY
 METHODS = digits.METHODS
 

@@ -11,7 +11,7 @@ Commands (from the repository root):
 Variants: <method>[_nodropout][_quick], method one of the FedAvg family (fedavg, fedprox,
 moon, fedproc, fedrs, fedmmd, fedfusion), this file's setting below; and the FedMMD /
 FedFusion paper settings <method>_<setting>[_<variant>][_nodropout][_quick] with setting
-binary, shards or permuted (see experiments/configs/_two_stream.py, whose CNNs have the
+binary, shards or permuted (see fedjax_het/configs/_two_stream.py, whose CNNs have the
 papers' dropout, p = 0.2, unless `_nodropout`).
 
 This file's setting (McMahan et al. 2017, "pathological non-IID"): the 60000 MNIST
@@ -37,14 +37,13 @@ CNN without dropout (no `models.dropout_rate` field).
 
 from __future__ import annotations
 
-import pathlib
 
 import ml_collections
 
-from fedjax_het.config import base_config, load_module
+from fedjax_het.config import base_config
 
 # The FedMMD / FedFusion paper settings (<method>_<setting>[_<variant>][_quick]).
-two_stream = load_module(pathlib.Path(__file__).with_name("_two_stream.py"))
+from fedjax_het.configs import _two_stream as two_stream
 
 FEDAVG_FAMILY = ("fedavg", "fedprox", "moon", "fedproc", "fedrs", "fedmmd", "fedfusion")
 #: The methods of this file's setting that train the CNN with dropout (FedMMD / FedFusion).

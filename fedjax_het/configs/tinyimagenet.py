@@ -2,8 +2,8 @@
 
 Commands (from the repository root):
 
-  python experiments/train.py --config=experiments/configs/tinyimagenet.py:glfc_quick
-  python experiments/train.py --config=experiments/configs/tinyimagenet.py:glfc
+  python experiments/train.py --config=fedjax_het/configs/tinyimagenet.py:glfc_quick
+  python experiments/train.py --config=fedjax_het/configs/tinyimagenet.py:glfc
   python experiments/reproduce.py --table=glfc_table3 --scale=quick   # every row, 3 seeds
   python experiments/reproduce.py --table=glfc_table3 --scale=paper   # GLFC Table 3 setting
 
@@ -12,7 +12,7 @@ Commands (from the repository root):
 Variant names: <method> and <method>_quick, method in fedavg_cil, icarl_fl, glfc,
 glfc_no_cgc, glfc_no_crd, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl, geodl_icarl_fl (the rows of
 GLFC Table 3; Ours-w/oPRS is glfc with --config.glfc.old_model=previous_task_global). Every
-variant is experiments/configs/cifar100.py's config of the same method (learning rate,
+variant is fedjax_het/configs/cifar100.py's config of the same method (learning rate,
 exemplar memory of 2000 images per client, schedule, GLFC's losses and proxy server: see that
 module's docstring) with the dataset replaced.
 
@@ -47,13 +47,11 @@ in metadata.json and results.md); such numbers say nothing about Tiny-ImageNet.
 
 from __future__ import annotations
 
-import pathlib
 
 import ml_collections
 
-from fedjax_het.config import load_module
 
-_SHARED = load_module(pathlib.Path(__file__).with_name("_glfc_datasets.py"))
+from fedjax_het.configs import _glfc_datasets as _SHARED
 METHODS = _SHARED.METHODS
 VARIANTS = _SHARED.variants()
 

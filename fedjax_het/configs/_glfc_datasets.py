@@ -9,13 +9,11 @@ imagenet_subset.py (the config files) call it.
 
 from __future__ import annotations
 
-import pathlib
 
 import ml_collections
 
-from fedjax_het.config import load_module
 
-_CIFAR100 = load_module(pathlib.Path(__file__).with_name("cifar100.py"))
+from fedjax_het.configs import cifar100 as _CIFAR100
 #: The methods (the rows of GLFC Tables 1-3): cifar100.py's.
 METHODS = _CIFAR100.METHODS
 #: Per dataset: (config-name prefix, scenario.dataset, paper-scale tasks, quick image side,
