@@ -187,6 +187,10 @@ class StreamExperiment:
       record["eval/class_total"] = [int(x) for x in total]
     return record
 
+  def diagnostics(self, state: Any) -> None:
+    """The task stream's methods draw no diagnostics (`algorithm.diagnostics` is None)."""
+    del state
+
   def progress_text(self, last: dict[str, Any]) -> str:
     return (f"task {last['task']} acc(seen) {last['eval/accuracy/seen']:.1f}"
             if "eval/accuracy/seen" in last else f"task {last['task']}")

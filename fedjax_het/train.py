@@ -71,10 +71,11 @@ from fedjax_het.errors import (ConfigError, DivergedError, RoundTooLargeError, R
                                StopForced, StorageError, WorkdirError, held_stop,
                                storage_advice, storage_error)
 from fedjax_het.experiment import Experiment
+from fedjax_het.run_contract import Run, RunBuilder
 
 
 def build_experiment(config: ml_collections.ConfigDict, *, mesh: Any = None,
-                     **overrides: Any) -> Any:
+                     **overrides: Any) -> RunBuilder:
   """The run `config` describes: a `StreamExperiment` for a class-incremental method, else an
   `Experiment` (`overrides`: conv_impl, public_conv_impl, scenario)."""
   if get_method(config.algorithm).class_incremental:
@@ -93,7 +94,7 @@ def _log_data_provenance(scenario: Any) -> None:
                     banner, ", ".join(scenario.substituted), banner)
 
 
-def compile_within_memory(run: Any, state: Any, config: ml_collections.ConfigDict,
+def compile_within_memory(run: Run, state: Any, config: ml_collections.ConfigDict,
                            workdirs: list[pathlib.Path], *, with_diagnostics: bool,
                            primary: bool, leaner_convs_for_seeds: bool = True
                            ) -> tuple[Any, Any]:
@@ -235,7 +236,7 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
                          leaner_convs_for_seeds=leaner_convs_for_seeds)
 
 
-def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
+def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
                   workdirs: list[pathlib.Path], *, primary: bool, stop: int,
                   locks: contextlib.ExitStack,
                   leaner_convs_for_seeds: bool = True) -> list[dict[str, Any]]:
@@ -285,7 +286,7 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
   logged = [[reporting.json_record(r) for r in lane] for lane in records]
 
   diagnostics = experiment.algorithm.diagnostics
-  if diagnostics is not None and not getattr(experiment, "has_public", True):
+  if diagnostics is not None and not experiment.has_public:
     diagnostics = None  # drawn on the public batch (engine.api.Diagnostics): none to draw on
   diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
@@ -386,7 +387,7 @@ def _train_locked(run: Any, configs: list[ml_collections.ConfigDict],
                      started=start) from None
 
 
-def _write_results(run: Any, records: list[list[dict[str, Any]]],
+def _write_results(run: Run, records: list[list[dict[str, Any]]],
                    workdirs: list[pathlib.Path], diagnostics: list[dict[int, np.ndarray]],
                    done: int, *, primary: bool, plots: bool, stacked: bool,
                    state: Any) -> list[dict[str, Any]]:
@@ -562,7 +563,7 @@ def _saved_records(checkpointer: Any, round_index: int,
   return records
 
 
-def _restore(run: Any, checkpointers: list[Any], kept_rounds: list[int],
+def _restore(run: Run, checkpointers: list[Any], kept_rounds: list[int],
              workdirs: list[pathlib.Path], *, primary: bool = True) -> tuple[int, Any]:
   """(round, state) of the newest of `kept_rounds` (newest first) every lane can restore. The
   newer checkpoints that cannot be restored are then moved to `checkpoints/unreadable/` (one
