@@ -11,6 +11,14 @@ import tempfile
 
 import pytest
 
+# The default data directory (~/.cache/fedjax_het/data) lies in the cache directory: a session
+# of its own keeps a user's downloaded data out of the tests, which read real data only where
+# FEDJAX_HET_DATA_DIR names it (tests/real_data.py).
+if "FEDJAX_HET_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="fedjax_het_tests_cache_")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["FEDJAX_HET_CACHE_DIR"] = _CACHE
+
 # Keep tests on the CPU even where an accelerator is visible, unless asked.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -1,5 +1,8 @@
 """Loaders: the offline .npz bundle, bad files, image folders, TFDS (mock data)."""
 
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
@@ -156,8 +159,13 @@ def test_missing_file_and_missing_directory(tmp_path, monkeypatch):
   with pytest.raises(data.DataUnavailableError, match=r"digits\.npz: file not found.*"
                                                       + data.DATA_DIR_ENV):
     data.load_npz_digits(tmp_path)
+  # Without data_dir and FEDJAX_HET_DATA_DIR: the default data directory, named in the error.
   monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
-  with pytest.raises(data.DataUnavailableError, match=r"No data directory.*FEDJAX_HET_DATA_DIR"):
+  monkeypatch.setenv(data.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  default = tmp_path / "cache" / "data"
+  with pytest.raises(data.DataUnavailableError,
+                     match=re.escape(f"{default / 'office31.npz'}: file not found") + r".*"
+                           + re.escape(f"download --data_dir {default} office31")):
     data.load_office31()
 
 
@@ -239,7 +247,10 @@ def test_resolve_data_dir_precedence(tmp_path, monkeypatch):
   assert data.resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
   assert data.resolve_data_dir(None) == tmp_path / "env"
   monkeypatch.delenv(data.DATA_DIR_ENV)
-  assert data.resolve_data_dir(None) is None
+  monkeypatch.setenv(data.CACHE_DIR_ENV, str(tmp_path / "cache"))
+  assert data.resolve_data_dir(None) == tmp_path / "cache" / "data"
+  monkeypatch.delenv(data.CACHE_DIR_ENV)
+  assert data.resolve_data_dir(None) == pathlib.Path("~/.cache/fedjax_het/data").expanduser()
 
 
 def test_split_validation():

@@ -123,7 +123,7 @@ def test_opt_in_fallback_substitutes_logs_and_records(tfds_dir, caplog):
   assert warning.startswith("SYNTHETIC SUBSTITUTION in scenario 'digits': mnist (source 'real'), "
                             "usps (source 'real'), svhn (source 'tfds'), syn (source 'real'), "
                             "the public set 'cifar100' are unavailable")
-  assert warning.count("No data directory is configured, so digits.npz") == 1
+  assert warning.count("digits.npz: file not found.") == 1
   assert warning.endswith("Real data: python -m fedjax_het.data.download --data_dir <dir> mnist "
                           "usps svhn cifar100; python -m fedjax_het.data.download --data_dir <dir> "
                           "syn --from <SYN archive> and set scenario.sources.svhn=real "

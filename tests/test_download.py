@@ -470,3 +470,19 @@ def test_from_refuses_an_archive_that_writes_outside_its_folder(tmp_path, monkey
     dl.download("office31", tmp_path / "bundle", from_path=archive)
   assert not (tmp_path / "bundle" / "escaped.txt").exists() and not (tmp_path /
                                                                      "escaped.txt").exists()
+
+
+def test_the_offline_message_names_every_file_the_dataset_needs(monkeypatch, tmp_path, capsys):
+  # MNIST is four files: a failed download names all four and one folder for --from.
+  dataset = dl.DATASETS["mnist"]
+  dead = "http://127.0.0.1:9/"  # the discard port: the connection is refused
+  monkeypatch.setitem(dl.DATASETS, "mnist", dataclasses.replace(dataset, files=tuple(
+      dataclasses.replace(f, urls=(dead + f.filename,)) for f in dataset.files)))
+  assert dl.main(["mnist", "--data_dir", str(tmp_path), "--timeout", "2"]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1
+  assert len(dataset.files) == 4
+  assert "download its 4 files by hand" in err
+  for remote in dataset.files:
+    assert dead + remote.filename in err
+  assert "python -m fedjax_het.data.download mnist --from <that folder>" in err

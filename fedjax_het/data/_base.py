@@ -172,7 +172,14 @@ def stack_clients(splits: Sequence[Split], *, pad_to: int | None = None) -> Stac
 # ----------------------------------------------------------------------------
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path | None:
+def default_data_dir() -> pathlib.Path:
+  """The data directory when neither `data_dir` nor $FEDJAX_HET_DATA_DIR names one: `data/`
+  in the cache directory (`cache_dir()`: ~/.cache/fedjax_het/data by default), where
+  `python -m fedjax_het.data.download` writes and every config reads."""
+  return cache_dir() / "data"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The directory of the offline `.npz` bundle.
 
   Args:
@@ -180,15 +187,16 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path 
 
   Returns:
     `data_dir` if given, else the value of the environment variable
-    FEDJAX_HET_DATA_DIR if set and non-empty, else None. The directory is not
-    checked here; loaders report a missing file with instructions.
+    FEDJAX_HET_DATA_DIR if set and non-empty, else `default_data_dir()`. The
+    directory is not checked here; loaders report a missing file with
+    instructions.
   """
   if data_dir is not None and str(data_dir) != "":
     return pathlib.Path(data_dir).expanduser()
   env = os.environ.get(DATA_DIR_ENV, "")
   if env:
     return pathlib.Path(env).expanduser()
-  return None
+  return default_data_dir()
 
 
 def cache_dir() -> pathlib.Path:

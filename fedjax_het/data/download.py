@@ -725,9 +725,15 @@ def _transfer(url: str, part: pathlib.Path, timeout: float, progress: bool) -> N
 
 
 def _manual_hint(dataset: Dataset, remote: RemoteFile) -> str:
-  """The manual alternative to a failed download: fetch the file by hand, then `--from`."""
-  return (f"download {remote.urls[0]} (see {dataset.homepage}) by hand and run: python -m "
-          f"fedjax_het.data.download {dataset.name} --from <file or folder>")
+  """The manual alternative to a failed download: fetch every file the dataset needs by hand
+  (the failed one first), then `--from`."""
+  files = [remote] + [f for f in dataset.files if f.filename != remote.filename]
+  if len(files) == 1:
+    return (f"download {remote.urls[0]} (see {dataset.homepage}) by hand and run: python -m "
+            f"fedjax_het.data.download {dataset.name} --from <file or folder>")
+  return (f"download its {len(files)} files by hand ({', '.join(f.urls[0] for f in files)}; "
+          f"see {dataset.homepage}), put them in one folder and run: python -m "
+          f"fedjax_het.data.download {dataset.name} --from <that folder>")
 
 
 def fetch(dataset: Dataset, remote: RemoteFile, directory: pathlib.Path, *,
@@ -885,12 +891,8 @@ def _dataset(name: str) -> Dataset:
 
 
 def _data_dir(data_dir: str | os.PathLike | None) -> pathlib.Path:
-  """The data directory (not created here: `_made_for`)."""
-  directory = resolve_data_dir(data_dir)
-  if directory is None:
-    raise DataUnavailableError(f"no data directory: pass --data_dir DIR (data_dir=...) or set "
-                               f"{DATA_DIR_ENV}, the directory the configs read.")
-  return pathlib.Path(directory).expanduser()
+  """The data directory the configs read (`resolve_data_dir`; not created here: `_made_for`)."""
+  return pathlib.Path(resolve_data_dir(data_dir)).expanduser()
 
 
 @contextlib.contextmanager
@@ -1033,10 +1035,7 @@ def status(data_dir: str | os.PathLike | None = None) -> dict[str, str]:
   not record a download (e.g. files copied from elsewhere); "partial": some
   of them (e.g. an Office-Caltech file without its caltech domain).
   """
-  directory = resolve_data_dir(data_dir)
-  if directory is None:
-    return {name: "no data directory" for name in DATASETS}
-  directory = pathlib.Path(directory).expanduser()
+  directory = pathlib.Path(resolve_data_dir(data_dir)).expanduser()
   recorded = read_manifest(directory)["datasets"] if directory.is_dir() else {}
   result = {}
   for name, dataset in DATASETS.items():
@@ -1061,9 +1060,8 @@ def listing(data_dir: str | os.PathLike | None = None) -> str:
     rows.append((name, states[name], "download" if dataset.files else "--from PATH",
                  dataset.size, dataset.licence))
   widths = [max(len(r[i]) for r in rows) for i in range(4)]
-  directory = resolve_data_dir(data_dir)
-  where = directory if directory else f"none (set {DATA_DIR_ENV} or pass --data_dir)"
-  lines = [f"data directory: {where}"]
+  lines = [f"data directory: {resolve_data_dir(data_dir)} (--data_dir, ${DATA_DIR_ENV}, or the "
+           "default)"]
   lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
   return "\n".join(lines)
 
@@ -1077,7 +1075,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("names", nargs="*", metavar="NAME",
                       help=f"datasets to fetch: {', '.join(DATASETS)}")
   parser.add_argument("--data_dir", default=None,
-                      help=f"bundle directory (default ${DATA_DIR_ENV})")
+                      help=f"bundle directory (default: ${DATA_DIR_ENV}, else ~/.cache/fedjax_het/data)")
   parser.add_argument("--from", dest="from_path", default=None, metavar="PATH",
                       help="convert this archive or folder instead of downloading (one NAME)")
   parser.add_argument("--list", action="store_true", help="list the datasets and their status")

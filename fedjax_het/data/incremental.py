@@ -590,12 +590,10 @@ def _load(dataset: str, source: str, data_dir, image_size: int
   fit = "center_crop" if dataset == "imagenet_subset" else "stretch"
   if dataset == "imagenet_subset" and source == "real":
     directory = resolve_data_dir(data_dir)
-    if directory is None or not (directory / IMAGENET_SUBSET_FOLDER).is_dir():
-      where = ("no data directory is configured" if directory is None
-               else f"{directory / IMAGENET_SUBSET_FOLDER} does not exist")
+    if not (directory / IMAGENET_SUBSET_FOLDER).is_dir():
       raise DataUnavailableError(
           f"ImageNet-Subset is read from <data_dir>/{IMAGENET_SUBSET_FOLDER}/ (train/ and "
-          f"val/ image folders) and {where}.")
+          f"val/ image folders) and {directory / IMAGENET_SUBSET_FOLDER} does not exist.")
     source = f"folder:{directory / IMAGENET_SUBSET_FOLDER}"
   train, test, provenance = load_dataset(dataset, source=source, data_dir=data_dir,
                                          image_size=image_size, fit=fit)

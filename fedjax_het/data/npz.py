@@ -10,7 +10,7 @@ variable (`resolve_data_dir`); files are read in place, never copied.
 Everything loaded is validated; problems raise errors that name the file and
 key and say what was expected and what was found:
 
-  * DataUnavailableError: no data directory configured, or the file is missing.
+  * DataUnavailableError: the file is missing from the data directory.
   * DataError: the file is not a readable `.npz` (truncated, corrupt), a key
     is missing, images are not uint8 (N, 32, 32, 3), labels are not integer,
     lie outside [0, num_classes), or their count differs from the images'.
@@ -100,23 +100,16 @@ _READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
 def bundle_path(entry: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-  """Path of a bundle file; DataUnavailableError if no data directory is configured.
+  """Path of a bundle file in the data directory (`resolve_data_dir`).
 
   Args:
     entry: a key of `BUNDLE` (e.g. "digits").
-    data_dir: explicit directory, else $FEDJAX_HET_DATA_DIR.
+    data_dir: explicit directory, else $FEDJAX_HET_DATA_DIR, else the default
+      (~/.cache/fedjax_het/data).
   """
   if entry not in BUNDLE:
     raise ValueError(f"`entry` must be one of {tuple(BUNDLE)}, got {entry!r}.")
-  spec = BUNDLE[entry]
-  directory = resolve_data_dir(data_dir)
-  if directory is None:
-    raise DataUnavailableError(
-        f"No data directory is configured, so {spec.filename} ({spec.description}) cannot be "
-        f"found. Pass data_dir=... or set the environment variable {DATA_DIR_ENV} to the "
-        f"directory holding the fedjax_het .npz bundle (python -m fedjax_het.data.download "
-        f"--data_dir DIR {spec.download} writes it; docs/data.md).")
-  return directory / spec.filename
+  return resolve_data_dir(data_dir) / BUNDLE[entry].filename
 
 
 class _NpzReader:
@@ -128,9 +121,9 @@ class _NpzReader:
     if not path.is_file():
       raise DataUnavailableError(
           f"{path}: file not found. Expected the bundle file {spec.filename} "
-          f"({spec.description}) in {path.parent}. Write it there with: python -m "
-          f"fedjax_het.data.download --data_dir {path.parent} {spec.download} (docs/data.md), "
-          f"or point data_dir / {DATA_DIR_ENV} at the directory that holds it.")
+          f"({spec.description}) in the data directory {path.parent}. Write it there with: "
+          f"python -m fedjax_het.data.download --data_dir {path.parent} {spec.download} "
+          f"(docs/data.md), or point data_dir / {DATA_DIR_ENV} at the directory that holds it.")
     try:
       self._npz = np.load(path, allow_pickle=False)
       self.keys = tuple(self._npz.files)
