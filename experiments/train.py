@@ -271,10 +271,19 @@ def _flag_error(error: BaseException) -> None:
   sys.exit(1)
 
 
+#: The flags that print the usage (absl exits with status 1 after printing it; asked for, the
+#: usage is a success).
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
   try:
     app.run(main, argv=expand_config_name(sys.argv), flags_parser=parse_flags)
+  except SystemExit as exited:
+    if exited.code == 1 and any(a in HELP_FLAGS for a in sys.argv[1:]):
+      sys.exit(0)
+    raise
   except KeyboardInterrupt as stopped:  # before main: the flags, the config file
     _ignore_stop_signals()
     if _verbose():

@@ -149,6 +149,14 @@ def test_flag_and_config_file_mistakes_are_one_line(args, expected, tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
+def test_asking_for_the_usage_is_a_success(flag):
+  out = subprocess.run([sys.executable, "experiments/train.py", flag], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert "--config" in out.stdout + out.stderr
+
+
 def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
   """SIGTERM after round 1, then the same command resumes and Ctrl-C (SIGINT) stops it
   again: each stop is exit 130 and one line naming the round and the checkpoint."""
