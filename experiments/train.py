@@ -273,7 +273,7 @@ def _flag_error(error: BaseException) -> None:
 
 #: The flags that print the usage (absl exits with status 1 after printing it; asked for, the
 #: usage is a success).
-HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+HELP_FLAGS = ("--help", "--helpshort", "--helpfull", "--helpxml")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def test_flag_and_config_file_mistakes_are_one_line(args, expected, tmp_path):
   assert not (tmp_path / "w").exists()
 
 
-@pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
+@pytest.mark.parametrize("flag", ["--help", "--helpshort", "--helpfull"])
 def test_asking_for_the_usage_is_a_success(flag):
   out = subprocess.run([sys.executable, "experiments/train.py", flag], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
