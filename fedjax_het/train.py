@@ -106,9 +106,14 @@ def compile_within_memory(run: Run, state: Any, config: ml_collections.ConfigDic
   one, each with the faster convolutions)."""
   what = f"the round of {len(run.lanes)} seeds as one program" if len(run.lanes) > 1 else (
       "the round")
-  logging.info("compiling %s (the first run on a machine takes minutes; later runs "
-               "reuse the compilation cache%s)", what,
-               f" in {config.compilation_cache_dir}" if config.compilation_cache_dir else "")
+  stages = getattr(run.experiment.algorithm, "stages", None)
+  if stages:  # what compiles: the method's stage programs beside the evaluation
+    what += f" ({', '.join(stage.name for stage in stages)} stages and the evaluation)"
+  logging.info("compiling %s: the first run on a machine takes minutes (about 2 on a 2-core CPU "
+               "for a quick config), later runs reuse the compilation cache%s. XLA may print "
+               "'Very slow compile? If you want to file a bug...' meanwhile: its own note for a "
+               "compile past a few minutes, expected on a first run, nothing to report",
+               what, f" in {config.compilation_cache_dir}" if config.compilation_cache_dir else "")
   tick = time.perf_counter()
   # The evaluation (and diagnostics) compile now too, beside the round: the first round's
   # time, and so the progress bar's ETA, then count training rounds only.
