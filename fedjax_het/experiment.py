@@ -489,21 +489,30 @@ class Experiment:
     """Per-round records from stacked round metrics.
 
     {phase: {group: {metric: (rounds, slots)}}} gives train/<phase>/<metric>/<client>;
-    {phase: {metric: (rounds,)}} (server-side scalars) gives train/<phase>/<metric>.
+    {phase: {metric: (rounds,)}} (server-side scalars) gives train/<phase>/<metric>. A phase
+    whose metrics hold "participated" (1 for the clients a round sampled, 0 for the others: the
+    FedAvg family's cohorts) records the other metrics of the round's participants only, so no
+    writer sees the zeros of clients that did not train.
     """
     metrics = sharding.fetch(metrics)
     records = [{} for _ in range(num_rounds)]
     group_names = {g.name for g in self.groups}
+
+    def per_client(values, metric, r):
+      stacked = {g: np.asarray(v[metric])[r] for g, v in values.items()}  # (slots,)
+      return scatter_to_participants(self.groups, stacked, self.setup.num_participants)
+
     for phase, values in metrics.items():
       if set(values) <= group_names and all(isinstance(v, Mapping) for v in values.values()):
         names = next(iter(values.values())).keys()
-        for metric in names:
-          stacked = {g: np.asarray(v[metric]) for g, v in values.items()}  # (rounds, slots)
-          for r in range(num_rounds):
-            per_client = scatter_to_participants(self.groups, {g: x[r] for g, x in stacked.items()},
-                                                 self.setup.num_participants)
-            for name, value in zip(self.client_names, per_client):
-              records[r][f"train/{phase}/{metric}/{name}"] = float(value)
+        for r in range(num_rounds):
+          trained = (per_client(values, "participated", r) if "participated" in names
+                     else [1.0] * len(self.client_names))
+          for metric in names:
+            for name, value, took_part in zip(self.client_names, per_client(values, metric, r),
+                                              trained):
+              if took_part or metric == "participated":
+                records[r][f"train/{phase}/{metric}/{name}"] = float(value)
       else:
         for metric, value in values.items():
           for r in range(num_rounds):

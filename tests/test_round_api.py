@@ -185,7 +185,8 @@ def test_a_method_defined_in_a_test_file_trains_end_to_end(toy_method, tmp_path)
     assert len(took_part) == 2
     assert record["train/server/cohort_rows"] == sum(sizes[n] for n in took_part)
     assert all(record[f"train/local/loss/{n}"] > 0 for n in took_part)
-    assert all(record[f"train/local/loss/{n}"] == 0 for n in names if n not in took_part)
+    # The clients a round did not sample have no loss record (no writer sees their zeros).
+    assert all(f"train/local/loss/{n}" not in record for n in names if n not in took_part)
   last = records[-1]
   # One global model: intra_k + 3 inter_k is the sum of its 4 domain accuracies, for every k.
   totals = [last[f"eval/intra/{n}"] + 3 * last[f"eval/inter/{n}"] for n in names]
