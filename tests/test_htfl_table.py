@@ -5,7 +5,7 @@ import pytest
 from fedjax_het import grid
 from fedjax_het.config import validate_config
 from fedjax_het.reports import paper_numbers as P
-from fedjax_het.reports import tables
+from fedjax_het.reports import partitioned, tables
 
 
 def test_the_table_lists_every_method_for_htfe2_and_htfe4():
@@ -37,9 +37,31 @@ def test_htfl_accuracy_is_the_best_pooled_round_beside_the_last_three_mean():
              {"round": 3, "eval/intra/c0": 100.0, "eval/intra/c1": 20.0,
               "eval/intra/mean": 60.0},
              {"round": 4, "train/local/loss/c0": 1.0}]
-  got = tables.htfl_accuracy(records, sizes)
+  got = partitioned.htfl_accuracy(records, sizes)
   # pooled: (500 + 300) / 40 = 20, (0 + 1800) / 40 = 45, (1000 + 600) / 40 = 40
   assert got["htfllib"] == pytest.approx(45.0) and got["best_round"] == 2
   assert got["library"] == pytest.approx(40.0)
-  assert tables.htfl_accuracy([], sizes) == {"htfllib": None, "best_round": None,
+  assert partitioned.htfl_accuracy([], sizes) == {"htfllib": None, "best_round": None,
                                             "library": None}
+
+
+def test_the_htfl_block_sets_htfllibs_metric_beside_the_papers(tmp_path):
+  # Two seeds of FedProto on HtFE2: per seed the best round pooled over the clients' test
+  # splits (sizes 30 and 10); the paper's number goes beside that metric, not the last-3 mean.
+  table = tables.get_table("htfl_cifar10_practical")
+  setting = table.settings[0]
+  sizes = {"c0": 30, "c1": 10}
+  cells = {"fedproto": {}}
+  for seed, accs in ((0, [(40.0, 60.0), (50.0, 10.0)]), (1, [(20.0, 20.0), (30.0, 70.0)])):
+    records = [{"round": r + 1, "eval/intra/c0": a, "eval/intra/c1": b,
+                "eval/intra/mean": (a + b) / 2} for r, (a, b) in enumerate(accs)]
+    cells["fedproto"][seed] = {"records": records, "metadata": {"test_sizes": sizes},
+                               "results": {"intra": {"AVG": (accs[-1][0] + accs[-1][1]) / 2}}}
+  text, numbers = partitioned.render_setting(table, setting, cells, show_diff=False)
+  # Seed 0: pooled 45.0 then 40.0 -> 45.0; seed 1: 20.0 then 40.0 -> 40.0.
+  stat = numbers["htfllib"]["fedproto"]
+  assert stat["per_seed"] == {0: 45.0, 1: 40.0} and stat["n"] == 2
+  printed = setting.paper["final"]["fedproto"]
+  assert f"| FedProto | 2 | 42.50 ± 3.54 (paper {printed:.2f}) |" in text
+  final = text.split("Final accuracy (FedFusion Table 1 layout")[1].split("\n\n")[2]
+  assert "(paper" not in final  # the last-3 mean has no paper number beside it

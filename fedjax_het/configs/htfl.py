@@ -44,7 +44,7 @@ system/run_me.sh; the same in both):
     `-t 3` runs). This library reports each client's accuracy on its own split
     (eval/intra/<client>, `htfl.eval_domains="own"`; inter is then NaN: not evaluated) and the
     mean over clients of the last `eval.last_rounds` = 3 rounds; the HtFLlib number follows
-    from metrics.jsonl and metadata.json's test sizes (`reports.tables.htfl_accuracy`).
+    from metrics.jsonl and metadata.json's test sizes (`reports.partitioned.htfl_accuracy`).
     Every round is evaluated (`eval.every = 1`).
 
 Data (`scenario.dataset` = "<dataset>_pfllib", `data.partitioned`): PFLlib pools CIFAR's

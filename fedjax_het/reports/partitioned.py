@@ -214,6 +214,27 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   }
 
 
+def htfl_accuracy(records: Sequence[Mapping[str, Any]], test_sizes: Mapping[str, int], *,
+                  last_rounds: int = 3) -> dict[str, Any]:
+  """Both numbers of an HtFL cell from its metrics.jsonl records and metadata.json's
+  "test_sizes" ({client domain: rows}).
+
+  Returns {"htfllib": the best evaluated round's accuracy over all clients' test splits
+  pooled, Σ_k acc_k n_k / Σ_k n_k (HtFLlib's `evaluate` and `average_data`), "best_round",
+  "library": the mean over the last `last_rounds` evaluated rounds of eval/intra/mean (the
+  clients' unweighted mean)}; None entries without evaluated rounds.
+  """
+  names = [n for n in test_sizes if any(f"eval/intra/{n}" in r for r in records)]
+  total = float(sum(test_sizes[n] for n in names))
+  pooled = [(int(r["round"]), sum(float(r[f"eval/intra/{n}"]) * test_sizes[n] for n in names)
+             / total) for r in records if names and all(f"eval/intra/{n}" in r for n in names)]
+  means = [float(r["eval/intra/mean"]) for r in records if "eval/intra/mean" in r]
+  best = max(pooled, key=lambda pair: pair[1]) if pooled else (None, None)
+  return {"htfllib": best[1], "best_round": best[0],
+          "library": float(sum(means[-last_rounds:]) / len(means[-last_rounds:]))
+          if means else None}
+
+
 # --- formatting ---------------------------------------------------------------------------
 
 
@@ -355,6 +376,7 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
     show_diff: the runs are in the paper's setting (adds final − paper).
   """
   paper = setting.paper or {}
+  htfllib = paper.get("metric") == "htfllib"  # the paper's numbers are HtFLlib's metric
   done = {r.key: dict(cells[r.key]) for r in setting.rows if cells.get(r.key)}
   targets = cell_targets(done)
   summary = summarize(done, targets=targets, reference=table.base or REFERENCE)
@@ -371,9 +393,30 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
            "mean(FedAvg), \"> x%\" when FedAvg is censored, \"< x%\" when the row is, n/a when "
            "both are (each has a seed that never reached the target).",
            "", f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})", "",
-           final_table(summary, rows, paper, show_diff=show_diff), ""]
+           final_table(summary, rows, {} if htfllib else paper, show_diff=show_diff), ""]
+  numbers_htfllib = {}
+  if htfllib:
+    per_row = {row: {s: htfl_accuracy(c.get("records", []),
+                                      c.get("metadata", {}).get("test_sizes", {}))["htfllib"]
+                     for s, c in per_seed.items()} for row, per_seed in done.items()}
+    numbers_htfllib = {row: common.seed_stat({s: v for s, v in values.items() if v is not None})
+                       for row, values in per_row.items()
+                       if any(v is not None for v in values.values())}
+    lines = [common.markdown_row(["method", "n", "HtFLlib's metric (%)"]),
+             common.markdown_rule(3)]
+    for key, label in rows:
+      stat, printed = numbers_htfllib.get(key), paper.get("final", {}).get(key)
+      lines.append(common.markdown_row([
+          label, str(stat["n"]) if stat else "0",
+          common.format_cell(stat["mean"], stat["std"], printed) if stat else
+          "–" if printed is None else f"– (paper {printed:.2f})"]))
+    parts += [f"HtFLlib's metric, as the paper reports it: each run's best evaluated round, its "
+              f"accuracy pooled over the clients' test splits; the paper's number beside it "
+              f"({paper.get('where', '')})", "", "\n".join(lines), ""]
   comparison = seed_by_seed(summary, [r.key for r in setting.rows])
   numbers: dict[str, Any] = {"summary": summary, "paper": dict(paper)}
+  if htfllib:
+    numbers["htfllib"] = numbers_htfllib
   if comparison is not None:
     labels = dict(rows)
     reference = common.short_label(labels.get(comparison["reference"],

@@ -635,7 +635,8 @@ HTFL_NOTES = (
     "final accuracy: the library's number, each client's accuracy on its own test split "
     "(eval/intra), mean over the clients, mean of the last 3 rounds; the papers print "
     "HtFLlib's number, the best round's accuracy over all clients' test splits pooled "
-    "(`htfl_accuracy` computes it from a cell's metrics.jsonl and metadata.json)",
+    "(`reports.partitioned.htfl_accuracy` computes it from a cell's metrics.jsonl and "
+    "metadata.json; the block sets it beside the paper's)",
     "FedMD and FCCL+ need a public set, which a partitioned scenario does not load "
     "(`Experiment.build_scenario` passes none for scenario.name='partitioned'): they have no "
     "row here",
@@ -670,30 +671,9 @@ def htfl_setting(dataset: str, skew: str, group: str,
                for m in methods)
   return Setting(key=f"{dataset}_{skew}_{group}", label=f"{dataset} {skew}, {group.upper()}",
                  config="htfl", rows=rows, scenario=f"{dataset}_{skew}",
-                 paper={"where": where, "final": final,
+                 paper={"where": where, "final": final, "metric": "htfllib",
                         "notes": ("HtFLlib's metric (best round, pooled over the clients' test "
                                   "splits), mean over 3 runs",)})
-
-
-def htfl_accuracy(records: Sequence[Mapping[str, Any]], test_sizes: Mapping[str, int], *,
-                  last_rounds: int = 3) -> dict[str, Any]:
-  """Both numbers of an HtFL cell from its metrics.jsonl records and metadata.json's
-  "test_sizes" ({client domain: rows}).
-
-  Returns {"htfllib": the best evaluated round's accuracy over all clients' test splits
-  pooled, Σ_k acc_k n_k / Σ_k n_k (HtFLlib's `evaluate` and `average_data`), "best_round",
-  "library": the mean over the last `last_rounds` evaluated rounds of eval/intra/mean (the
-  clients' unweighted mean)}; None entries without evaluated rounds.
-  """
-  names = [n for n in test_sizes if any(f"eval/intra/{n}" in r for r in records)]
-  total = float(sum(test_sizes[n] for n in names))
-  pooled = [(int(r["round"]), sum(float(r[f"eval/intra/{n}"]) * test_sizes[n] for n in names)
-             / total) for r in records if names and all(f"eval/intra/{n}" in r for n in names)]
-  means = [float(r["eval/intra/mean"]) for r in records if "eval/intra/mean" in r]
-  best = max(pooled, key=lambda pair: pair[1]) if pooled else (None, None)
-  return {"htfllib": best[1], "best_round": best[0],
-          "library": float(sum(means[-last_rounds:]) / len(means[-last_rounds:]))
-          if means else None}
 
 
 # --- class incremental: GLFC --------------------------------------------------------------
