@@ -7,7 +7,7 @@ from fedjax_het import config as config_lib
 from fedjax_het import data
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.data import incremental
-from experiments.configs import cifar100
+from fedjax_het.configs import cifar100
 
 
 @pytest.fixture(autouse=True)
