@@ -73,9 +73,10 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
-  from fedjax_het import grid, seed_stack  # pylint: disable=import-outside-toplevel
+  from fedjax_het import configs as configs_lib  # pylint: disable=import-outside-toplevel
+  from fedjax_het import seed_stack  # pylint: disable=import-outside-toplevel
   from fedjax_het.config import load_module  # pylint: disable=import-outside-toplevel
-  path, variant = grid.resolve_config_name(args.config)
+  path, variant = configs_lib.resolve_name(args.config)
   config = load_module(path).get_config(variant)
   config.compilation_cache_dir = ""
   config.logging.progress = False

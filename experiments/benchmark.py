@@ -24,8 +24,10 @@ if str(REPO) not in sys.path:  # `python experiments/benchmark.py` from a source
   sys.path.insert(0, str(REPO))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from fedjax_het import grid
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import arguments
+from fedjax_het.grid import cells as cells_lib
+from fedjax_het.grid import runner
 from fedjax_het.reports import tables
 
 SCENARIOS = ("digits", "office31", "office_caltech", "office_home")
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--scenario", required=True, help=", ".join(SCENARIOS))
   parser.add_argument("--methods", default=",".join(tables.FCCLPLUS_METHODS),
                       help="comma-separated, default: %(default)s")
-  grid.add_alias_arguments(parser)
+  arguments.add_alias_arguments(parser)
   return parser
 
 
@@ -48,13 +50,14 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     raise ConfigError(f"--scenario={args.scenario!r} is not allowed; allowed scenarios: "
                       f"{', '.join(SCENARIOS)}.")
   table = tables.get_table(f"fcclplus_{args.scenario}")
-  cells = grid.plan(table, "quick" if args.quick else "paper", grid.parse_seeds(args.seeds),
-                    grid.parse_list(args.methods, "methods"))
-  grid.run(cells, results_dir=args.workdir, overrides=args.overrides, echo=echo)
+  cells = cells_lib.plan(table, "quick" if args.quick else "paper",
+                         arguments.parse_seeds(args.seeds),
+                         arguments.parse_list(args.methods, "methods"))
+  runner.run(cells, results_dir=args.workdir, overrides=args.overrides, echo=echo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  return grid.run_cli(build_parser(), argv, run)
+  return arguments.run_cli(build_parser(), argv, run)
 
 
 if __name__ == "__main__":

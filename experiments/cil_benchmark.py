@@ -31,9 +31,12 @@ if str(REPO) not in sys.path:  # `python experiments/cil_benchmark.py` from a so
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import ml_collections
 
-from fedjax_het import grid
 from fedjax_het.data import incremental
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import arguments
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
+from fedjax_het.grid import runner
 from fedjax_het.reports import class_incremental as cil_report
 
 SCENARIO = "class_incremental"
@@ -82,16 +85,16 @@ def run_cil_benchmark(configs: Mapping[str, ml_collections.ConfigDict], seeds: S
   built = {}
   for name, config in configs.items():
     copy = ml_collections.ConfigDict(config.to_dict())
-    grid.apply_overrides(copy, overrides)
+    arguments.apply_overrides(copy, overrides)
     built[name] = copy
   check_layouts(built)
   quick = all(name.endswith("_quick") for name in configs)
-  return grid.run_configs(
+  return runner.run_configs(
       configs, seeds, family="class_incremental", table_id=TABLE_ID,
       scale="quick" if quick else "paper", overrides=overrides,
       labels={n: cil_report.method_label(c) for n, c in built.items()},
       title="class-incremental configs in the GLFC Table 1 layout",
-      results_dir=pathlib.Path(workdir) if workdir else grid.DEFAULT_RESULTS, echo=echo)
+      results_dir=pathlib.Path(workdir) if workdir else cells_lib.DEFAULT_RESULTS, echo=echo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,9 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  return grid.run_cli(build_parser(), argv, lambda args, echo: run_cil_benchmark(
-      {n: grid.load_config(n) for n in grid.parse_list(args.configs, "configs")},
-      grid.parse_seeds(args.seeds), workdir=args.workdir, overrides=args.overrides, echo=echo))
+  return arguments.run_cli(build_parser(), argv, lambda args, echo: run_cil_benchmark(
+      {n: cell_configs.load_config(n) for n in arguments.parse_list(args.configs, "configs")},
+      arguments.parse_seeds(args.seeds), workdir=args.workdir, overrides=args.overrides, echo=echo))
 
 
 if __name__ == "__main__":

@@ -65,9 +65,15 @@ if str(REPO) not in sys.path:  # `python experiments/reproduce.py` from a source
   sys.path.insert(0, str(REPO))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from fedjax_het import grid
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import arguments
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
+from fedjax_het.grid import progress
+from fedjax_het.grid import provenance
+from fedjax_het.grid import runner
+from fedjax_het.grid import twins
 from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
@@ -128,25 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _tables(args: argparse.Namespace) -> list[tables_lib.Table]:
   if args.table is None:
     return list(tables_lib.TABLES.values())
-  return [tables_lib.get_table(t) for t in grid.parse_list(args.table, "table")]
+  return [tables_lib.get_table(t) for t in arguments.parse_list(args.table, "table")]
 
 
-def _cells(args: argparse.Namespace) -> list[grid.Cell]:
-  seeds = grid.parse_seeds(args.seeds or "0")
+def _cells(args: argparse.Namespace) -> list[cells_lib.Cell]:
+  seeds = arguments.parse_seeds(args.seeds or "0")
   if args.queue and args.table:
     raise ConfigError("--queue and --table exclude each other: pass one.")
   if args.queue:
     if args.methods or args.settings:
       raise ConfigError("--methods and --settings do not apply to --queue (its rows are "
                         "fixed in fedjax_het/reports/tables.py QUEUES).")
-    return grid.queue_plan(args.queue, args.scale, seeds)
+    return cells_lib.queue_plan(args.queue, args.scale, seeds)
   if not args.table:
     raise ConfigError("pass --table=<id> (or --queue=<name>, --list); table ids: "
                       f"{', '.join(tables_lib.TABLES)}.")
-  methods = grid.parse_list(args.methods, "methods") if args.methods else None
-  settings = grid.parse_list(args.settings, "settings") if args.settings else None
+  methods = arguments.parse_list(args.methods, "methods") if args.methods else None
+  settings = arguments.parse_list(args.settings, "settings") if args.settings else None
   return [c for table in _tables(args)
-          for c in grid.plan(table, args.scale, seeds, methods, settings)]
+          for c in cells_lib.plan(table, args.scale, seeds, methods, settings)]
 
 
 #: The seeds `--list` counts a table's cells over (the tables' three seeds) unless --seeds.
@@ -156,7 +162,7 @@ SUMMARY_SEEDS = (0, 1, 2)
 def _recorded_status(cell_dir: pathlib.Path) -> str | None:
   """The status a cell's cell.json records (None without a readable one)."""
   try:
-    return json.loads((cell_dir / grid.CELL_FILE).read_text()).get("status")
+    return json.loads((cell_dir / provenance.CELL_FILE).read_text()).get("status")
   except (OSError, ValueError):
     return None
 
@@ -175,7 +181,7 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
       if scale not in table.scales:
         counts.append(f"{scale} -")
         continue
-      cells = grid.plan(table, scale, seeds)
+      cells = cells_lib.plan(table, scale, seeds)
       done = sum(_recorded_status(c.directory(results_dir)) == "finished" for c in cells)
       counts.append(f"{scale} {done}/{len(cells)}")
     echo(f"{table.id:<{width}}  {'  '.join(f'{c:<11}' for c in counts)}  {table.title}")
@@ -206,10 +212,10 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
             if scale not in table.scales:
               statuses.append("n/a")
               continue
-            cell = grid.Cell(table, setting, row, seed, scale)
-            path, config = cell.directory(results_dir), grid.cell_config(cell)
-            status = grid.cell_status(path, config) if path.exists() else "-"
-            if status == "-" and grid.find_twin(cell, config, results_dir) is not None:
+            cell = cells_lib.Cell(table, setting, row, seed, scale)
+            path, config = cell.directory(results_dir), cell_configs.cell_config(cell)
+            status = progress.cell_status(path, config) if path.exists() else "-"
+            if status == "-" and twins.find_twin(cell, config, results_dir) is not None:
               status = "- (a copy is ready)"
             statuses.append(status)
           config = f"{tables_lib.config_file_name(setting.config)}:{row.variant}" + (
@@ -223,7 +229,7 @@ def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
 
 def shipped(results_dir: pathlib.Path) -> bool:
   """Whether `results_dir` is the repository's own results/."""
-  return pathlib.Path(results_dir).resolve() == grid.DEFAULT_RESULTS.resolve()
+  return pathlib.Path(results_dir).resolve() == cells_lib.DEFAULT_RESULTS.resolve()
 
 
 def write_beside(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,
@@ -235,7 +241,7 @@ def write_beside(tables: Sequence[tables_lib.Table], scale: str, results_dir: pa
       continue
     path = out / BESIDE_FILE
     workdir_lib.write_atomic(path, document.render_beside(table, scale, results_dir,
-                                                          grid.DEFAULT_RESULTS))
+                                                          cells_lib.DEFAULT_RESULTS))
     echo(f"report: {path}: your cells beside the shipped ones and the paper's")
 
 
@@ -245,27 +251,27 @@ def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.
   docs/results.md block; for another directory, its beside_shipped.md."""
   if not shipped(results_dir):
     for table in tables:
-      grid.write_outputs(table, scale, results_dir, figures=False)
+      runner.write_outputs(table, scale, results_dir, figures=False)
       echo(f"report: {results_dir / table.id / scale / 'table.md'} rewritten")
     write_beside(tables, scale, results_dir, echo)
     return
   text = doc.read_text() if doc.exists() else ""
   for table in tables:
     markdown, _ = document.render(table, scale, results_dir)
-    grid.write_outputs(table, scale, results_dir, figures=False)
+    runner.write_outputs(table, scale, results_dir, figures=False)
     text = document.rewrite(text, table.id, scale, markdown)
     echo(f"report: {doc} block {table.id}:{scale} rewritten from {results_dir / table.id / scale}")
   doc.parent.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_atomic(doc, text)
 
 
-def dry_run(cells: Sequence[grid.Cell], results_dir: pathlib.Path, overrides: Sequence[str],
+def dry_run(cells: Sequence[cells_lib.Cell], results_dir: pathlib.Path, overrides: Sequence[str],
             echo: Callable[[str], None]) -> None:
   for index, cell in enumerate(cells, start=1):
-    config = grid.cell_config(cell, overrides)
+    config = cell_configs.cell_config(cell, overrides)
     path = cell.directory(results_dir)
-    status = grid.cell_status(path, config) if path.exists() else "-"
-    twin = grid.find_twin(cell, config, results_dir) if status == "-" else None
+    status = progress.cell_status(path, config) if path.exists() else "-"
+    twin = twins.find_twin(cell, config, results_dir) if status == "-" else None
     if twin is not None:
       action = f"copy (the same run, finished in {twin.relative_to(results_dir).as_posix()})"
     else:
@@ -284,9 +290,9 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
                       f"{', '.join(tables_lib.SCALES)}.")
   if args.list:
     if args.cells:
-      list_tables(_tables(args), grid.parse_seeds(args.seeds or "0"), results_dir, echo)
+      list_tables(_tables(args), arguments.parse_seeds(args.seeds or "0"), results_dir, echo)
     else:
-      seeds = grid.parse_seeds(args.seeds) if args.seeds else SUMMARY_SEEDS
+      seeds = arguments.parse_seeds(args.seeds) if args.seeds else SUMMARY_SEEDS
       summarize_tables(_tables(args), seeds, results_dir, echo)
     return
   if args.report:
@@ -303,7 +309,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     from fedjax_het.engine import xla_cpu
     xla_cpu.set_xla_cpu_scheduler("auto")
   try:
-    grid.run(cells, results_dir=results_dir, overrides=args.overrides,
+    runner.run(cells, results_dir=results_dir, overrides=args.overrides,
              deadline_secs=args.deadline_secs, min_cell_secs=args.min_cell_secs,
              copy_to=args.copy_to, stack_seeds=not args.separate_seeds,
              copy_twins=not args.retrain_copies, echo=echo)
@@ -313,7 +319,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  return grid.run_cli(build_parser(), argv, run)
+  return arguments.run_cli(build_parser(), argv, run)
 
 
 if __name__ == "__main__":

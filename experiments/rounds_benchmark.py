@@ -26,15 +26,18 @@ if str(REPO) not in sys.path:  # `python experiments/rounds_benchmark.py` from a
   sys.path.insert(0, str(REPO))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from fedjax_het import grid
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import arguments
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
+from fedjax_het.grid import runner
 from fedjax_het.reports import tables
 
 
 
 def settings() -> dict[str, tuple[str, ...]]:
   """{dataset: its settings} of fedjax_het/configs/_two_stream.py."""
-  two_stream = grid.load_config_file("fedjax_het/configs/_two_stream.py")
+  two_stream = cell_configs.load_config_file("fedjax_het/configs/_two_stream.py")
   return {d: tuple(s) for d, s in two_stream.SETTINGS.items()}
 
 
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--setting", required=True, help="e.g. permuted, binary, shards, iid")
   parser.add_argument("--methods", default=",".join(tables.TWO_STREAM_METHODS),
                       help="comma-separated, default: %(default)s")
-  grid.add_alias_arguments(parser)
+  arguments.add_alias_arguments(parser)
   return parser
 
 
@@ -59,19 +62,19 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
   if args.setting not in known[args.dataset]:
     raise ConfigError(f"--setting={args.setting!r} is not allowed for {args.dataset}; allowed "
                       f"settings: {', '.join(known[args.dataset])}.")
-  methods = grid.parse_list(args.methods, "methods")
+  methods = arguments.parse_list(args.methods, "methods")
   unknown = [m for m in methods if m not in tables.TWO_STREAM_METHODS]
   if unknown:
     raise ConfigError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; allowed "
                       f"methods: {', '.join(tables.TWO_STREAM_METHODS)}.")
   table = tables.two_stream_table(args.dataset, args.setting)
-  cells = grid.plan(table, "quick" if args.quick else "paper", grid.parse_seeds(args.seeds),
-                    methods)
-  grid.run(cells, results_dir=args.workdir, overrides=args.overrides, echo=echo)
+  cells = cells_lib.plan(table, "quick" if args.quick else "paper",
+                         arguments.parse_seeds(args.seeds), methods)
+  runner.run(cells, results_dir=args.workdir, overrides=args.overrides, echo=echo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  return grid.run_cli(build_parser(), argv, run)
+  return arguments.run_cli(build_parser(), argv, run)
 
 
 if __name__ == "__main__":

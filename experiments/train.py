@@ -65,15 +65,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def expand_config_name(argv: list[str]) -> list[str]:
   """--config=<scenario>_<variant> -> --config=fedjax_het/configs/<scenario>.py:<variant>
-  (`fedjax_het.grid.resolve_config_name`); a config file path is left as it is."""
-  from fedjax_het import grid  # pylint: disable=g-import-not-at-top (starts no JAX backend)
+  (`fedjax_het.configs.resolve_name`); a config file path is left as it is."""
+  from fedjax_het import configs as configs_lib  # pylint: disable=g-import-not-at-top (no JAX)
   from fedjax_het.errors import ConfigError  # pylint: disable=g-import-not-at-top
   out = []
   for arg in argv:
     name = arg.removeprefix("--config=")
     if name != arg and re.fullmatch(r"[A-Za-z0-9]+(?:_[A-Za-z0-9_]+)?", name):
       try:
-        path, variant = grid.resolve_config_name(name)
+        path, variant = configs_lib.resolve_name(name)
       except ConfigError as error:
         raise SystemExit(f"--config={name}: {error}") from None
       arg = f"--config={path}" + (f":{variant}" if variant else "")

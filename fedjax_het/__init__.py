@@ -12,8 +12,10 @@ The layers, each importing only the ones above it:
                          several seeds as one program), trace_cache and resources beside them
   train                  train_and_evaluate: the one loop over a run (workdir, checkpointing,
                          evaluation, reporting, plots)
-  grid, reports, studies the papers' tables as resumable cells and their documents; what
-                         the papers measure from finished runs
+  grid, reports, studies the papers' tables as resumable cells (grid: which cells, their
+                         configs, progress and cell.json provenance, training them alone,
+                         as stacked seeds or in a child process under a deadline) and
+                         their documents; what the papers measure from finished runs
 docs/engine.md maps every module.
 """
 

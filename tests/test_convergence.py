@@ -6,8 +6,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from fedjax_het import grid
 from fedjax_het.config import load_module
+from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import convergence, tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ DOMAINS = ("amazon", "dslr", "webcam")
 def _write(results_dir, row, seed, curve, rounds=40):
   """A finished mid-scale Office31 cell whose AVG accuracies per round are `curve(kind, r)`."""
   table = tables.get_table("fcclplus_office31")
-  cell = grid.plan(table, "mid", [seed], [row])[0]
+  cell = cells_lib.plan(table, "mid", [seed], [row])[0]
   path = cell.directory(results_dir)
   path.mkdir(parents=True, exist_ok=True)
   records = [{"round": r, **{f"eval/{k}/mean": curve(k, r) for k in ("inter", "intra")}}
@@ -115,7 +115,7 @@ def test_docs_results_md_holds_the_study_of_what_results_holds():
 def test_base_after_the_papers_50_epochs_is_set_beside_the_method_at_the_last_round(results):
   # BASE at mid scale trains 20 local epochs a round: the paper's 50 epochs end in round 3.
   for seed in range(3):
-    cell = grid.plan(tables.get_table("fcclplus_office31"), "mid", [seed], ["solo"])[0]
+    cell = cells_lib.plan(tables.get_table("fcclplus_office31"), "mid", [seed], ["solo"])[0]
     (cell.directory(results) / "run.json").write_text(json.dumps(
         {"config": {"local.epochs": 20}}))
   text, numbers = convergence.render(tables.get_table("fcclplus_office31"), "mid", results)

@@ -209,7 +209,8 @@ def test_engine_md_maps_every_module_subpackage_and_method():
              if p.name != "__init__.py" and f"fedjax_het/{p.name}" not in block]
   missing += [f"fedjax_het/{d.name}/" for d in sorted(package.iterdir())
               if d.is_dir() and (d / "__init__.py").exists() and f"fedjax_het/{d.name}/" not in block]
-  for sub in ("losses", "models", "data", "engine", "algorithms", "cil", "reports", "studies"):
+  for sub in ("losses", "models", "data", "engine", "algorithms", "cil", "reports", "studies",
+              "grid"):
     names = [p.stem for p in sorted((package / sub).glob("*.py")) if p.name != "__init__.py"]
     missing += [f"{sub}/{n}.py" for n in names
                 if not re.search(rf"\b{re.escape(n)}(\.py)?\b", block)]

@@ -18,10 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import grid, workdir
+from fedjax_het import workdir
 from fedjax_het.algorithms import fccl
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import tables
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
@@ -140,14 +142,14 @@ def test_each_table_row_averages_where_its_paper_does():
   """FCCL Table 3: between the phases (FCCL Sec. 4.1), ResNet-18 for all; FCCL+ Table XV:
   after the local phase (the benchmark code), ResNet12 for all, FedRS in its count form."""
   for scale in ("quick", "paper"):
-    [table3] = grid.plan(tables.get_table("fccl_table3"), scale, [0], ["fccl"])
-    config = grid.cell_config(table3)
+    [table3] = cells_lib.plan(tables.get_table("fccl_table3"), scale, [0], ["fccl"])
+    config = cell_configs.cell_config(table3)
     assert config.fccl.average_parameters and config.fccl.own_slot == "previous"
     assert config.fccl.average_placement == "between_phases"
     assert tuple(config.models.architectures) == ("resnet18",) * 4
     table15 = tables.get_table("fcclplus_table15")
-    for cell in grid.plan(table15, scale, [0], ["fccl", "fedrs"]):
-      config = grid.cell_config(cell)
+    for cell in cells_lib.plan(table15, scale, [0], ["fccl", "fedrs"]):
+      config = cell_configs.cell_config(cell)
       assert set(config.models.architectures) == {"resnet12"}
       if cell.row.key == "fccl":
         assert config.fccl.average_parameters and config.fccl.own_slot == "current"

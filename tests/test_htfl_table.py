@@ -2,8 +2,9 @@
 
 import pytest
 
-from fedjax_het import grid
 from fedjax_het.config import validate_config
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import paper_numbers as P
 from fedjax_het.reports import partitioned, tables
 
@@ -12,9 +13,9 @@ def test_the_table_lists_every_method_for_htfe2_and_htfe4():
   table = tables.get_table("htfl_cifar10_practical")
   assert table.family == "partitioned"
   assert [s.key for s in table.settings] == ["cifar10_practical_htfe2", "cifar10_practical_htfe4"]
-  cells = grid.plan(table, "quick", [0, 1, 2])
+  cells = cells_lib.plan(table, "quick", [0, 1, 2])
   assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS)
-  config = grid.cell_config(cells[0])
+  config = cell_configs.cell_config(cells[0])
   validate_config(config)
   assert config.name.endswith("_quick_seed0") and config.scenario.dataset == "cifar10_pfllib"
   for setting in table.settings:

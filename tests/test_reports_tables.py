@@ -4,10 +4,11 @@
 import numpy as np
 import pytest
 
-from fedjax_het import grid
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import document
 from fedjax_het.reports import paper_numbers as P
 from fedjax_het.reports import tables
@@ -34,8 +35,8 @@ def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
     assert set(table.scales) <= set(tables.SCALES) and {"quick", "paper"} <= set(table.scales)
     for scale in table.scales:
       names = set()
-      for cell in grid.plan(table, scale, [0, 1]):
-        config = grid.cell_config(cell)
+      for cell in cells_lib.plan(table, scale, [0, 1]):
+        config = cell_configs.cell_config(cell)
         validate_config(config)
         assert config.seed == cell.seed and config.name.endswith(f"_seed{cell.seed}")
         assert config.name.endswith(f"quick_seed{cell.seed}") == (scale == "quick")
@@ -45,26 +46,27 @@ def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
           for part in field.split("."):
             node = node[part]
           assert node == value, (cell.label, field)
-        names.add(cell.directory(grid.DEFAULT_RESULTS))
-      assert len(names) == len(grid.plan(table, scale, [0, 1])), table.id
+        names.add(cell.directory(cells_lib.DEFAULT_RESULTS))
+      assert len(names) == len(cells_lib.plan(table, scale, [0, 1])), table.id
 
 
 def test_the_fccl_rows_follow_their_papers_protocols():
-  plus = grid.plan(tables.get_table("fcclplus_digits"), "paper", [0], ["fccl"])[0]
-  assert grid.cell_config(plus).fccl.own_slot == "current"  # FCCL+'s benchmark FCCL
-  conference = grid.plan(tables.get_table("fccl_tables1_2"), "paper", [0], ["fccl"])[0]
-  assert grid.cell_config(conference).fccl.own_slot == "previous"  # the conference code
-  homogeneous = grid.plan(tables.get_table("fccl_table3"), "quick", [0])
-  assert {tuple(grid.cell_config(c).models.architectures) for c in homogeneous} == {
+  plus = cells_lib.plan(tables.get_table("fcclplus_digits"), "paper", [0], ["fccl"])[0]
+  assert cell_configs.cell_config(plus).fccl.own_slot == "current"  # FCCL+'s benchmark FCCL
+  conference = cells_lib.plan(tables.get_table("fccl_tables1_2"), "paper", [0], ["fccl"])[0]
+  assert cell_configs.cell_config(conference).fccl.own_slot == "previous"  # the conference code
+  homogeneous = cells_lib.plan(tables.get_table("fccl_table3"), "quick", [0])
+  assert {tuple(cell_configs.cell_config(c).models.architectures) for c in homogeneous} == {
       ("resnet18",) * 4}
-  ablation = {c.row.key: grid.cell_config(c) for c in
-              grid.plan(tables.get_table("fcclplus_table10"), "quick", [0], settings=["digits"])}
+  ablation = {c.row.key: cell_configs.cell_config(c) for c in
+              cells_lib.plan(tables.get_table("fcclplus_table10"), "quick", [0],
+                             settings=["digits"])}
   assert ablation["fccm"].fcclplus.use_fisl is False
   assert ablation["fisl"].fcclplus.use_fccm is False
   assert {k: c.fcclplus.local_distillation for k, c in ablation.items() if k != "solo"} == {
       "fccm": "dual", "fisl": "dual", "fccm_fisl": "dual", "fcclplus": "fntd"}
-  glfc = {c.row.key: grid.cell_config(c) for c in
-          grid.plan(tables.get_table("glfc_tasks20"), "paper", [0])}
+  glfc = {c.row.key: cell_configs.cell_config(c) for c in
+          cells_lib.plan(tables.get_table("glfc_tasks20"), "paper", [0])}
   assert {c.scenario.num_tasks for c in glfc.values()} == {20}
   assert glfc["glfc_no_proxy"].glfc.old_model == "previous_task_global"
   assert glfc["glfc"].glfc.old_model == "proxy"
@@ -74,8 +76,8 @@ def test_the_fccl_rows_follow_their_papers_protocols():
 
 
 def _configs(table_id, scale, settings=None):
-  return {c.row.key: grid.cell_config(c)
-          for c in grid.plan(tables.get_table(table_id), scale, [0], settings=settings)}
+  return {c.row.key: cell_configs.cell_config(c)
+          for c in cells_lib.plan(tables.get_table(table_id), scale, [0], settings=settings)}
 
 
 def _differing_fields(a, b):
@@ -178,8 +180,8 @@ def test_fcclplus_figures_7_and_9_public_sets_for_fccm_and_the_fntd_teacher():
 def test_table16_ewc_rows_and_the_fml_and_rcfl_rows_of_fccl_tables_1_to_3():
   table16 = tables.get_table("fcclplus_table16")
   assert [s.key for s in table16.settings] == ["digits", "office31"]
-  cells = {c.row.key: grid.cell_config(c) for c in
-           grid.plan(table16, "quick", [0], settings=["office31"])}
+  cells = {c.row.key: cell_configs.cell_config(c) for c in
+           cells_lib.plan(table16, "quick", [0], settings=["office31"])}
   assert {k: (c.fcclplus.local_distillation, c.fcclplus.ewc_weight) for k, c in cells.items()
           if k != "fcclplus"} == {"ewc_001": ("ewc", 0.01), "ewc_01": ("ewc", 0.1),
                                   "ewc_07": ("ewc", 0.7), "ewc_1": ("ewc", 1.0)}
@@ -201,9 +203,9 @@ def test_table16_ewc_rows_and_the_fml_and_rcfl_rows_of_fccl_tables_1_to_3():
   assert homogeneous.settings[0].paper["inter"]["fml"]["art"] == 39.56
   assert homogeneous.settings[0].paper["intra"]["rcfl"]["real_world"] == 58.58
   for method in ("fml", "rcfl"):
-    [cell] = grid.plan(homogeneous, "quick", [0], [method])
-    assert grid.cell_config(cell).algorithm == method
-    assert tuple(grid.cell_config(cell).models.architectures) == ("resnet18",) * 4
+    [cell] = cells_lib.plan(homogeneous, "quick", [0], [method])
+    assert cell_configs.cell_config(cell).algorithm == method
+    assert tuple(cell_configs.cell_config(cell).models.architectures) == ("resnet18",) * 4
 
 
 def test_a_shared_setting_has_the_same_rows_and_cells():
@@ -212,11 +214,11 @@ def test_a_shared_setting_has_the_same_rows_and_cells():
   assert one.cells_of == "fedfusion_table2"
   assert [(r.key, r.variant, r.quick_variant, r.overrides) for r in one.rows] == [
       (r.key, r.variant, r.quick_variant, r.overrides) for r in two.rows]
-  for a, b in zip(grid.plan(tables.get_table("fedfusion_table1"), "quick", [0],
+  for a, b in zip(cells_lib.plan(tables.get_table("fedfusion_table1"), "quick", [0],
                             settings=["mnist_permuted"]),
-                  grid.plan(tables.get_table("fedfusion_table2"), "quick", [0])):
-    assert a.directory(grid.DEFAULT_RESULTS) == b.directory(grid.DEFAULT_RESULTS)
-    assert a.directory(grid.DEFAULT_RESULTS).parts[-3:] == (
+                  cells_lib.plan(tables.get_table("fedfusion_table2"), "quick", [0])):
+    assert a.directory(cells_lib.DEFAULT_RESULTS) == b.directory(cells_lib.DEFAULT_RESULTS)
+    assert a.directory(cells_lib.DEFAULT_RESULTS).parts[-3:] == (
         "fedfusion_table2", "quick", f"{b.row.key}__seed0")
 
 
@@ -350,17 +352,17 @@ def test_rows_and_settings_are_selected_by_name():
   with pytest.raises(ConfigError, match=r"--methods: unknown row\(s\) 'moon' of table "
                      r"fcclplus_table15; allowed: solo, fedavg, "):
     tables.select_rows(table, ["moon"])
-  cells = grid.plan(table, "quick", [1, 0], ["fedavg"], ["office31"])
+  cells = cells_lib.plan(table, "quick", [1, 0], ["fedavg"], ["office31"])
   assert [c.label for c in cells] == ["fcclplus_table15/quick/office31__fedavg__seed1",
                                       "fcclplus_table15/quick/office31__fedavg__seed0"]
   with pytest.raises(ConfigError, match="--settings: unknown setting"):
-    grid.plan(table, "quick", [0], settings=["home"])
+    cells_lib.plan(table, "quick", [0], settings=["home"])
   with pytest.raises(ConfigError, match="--scale='full' is not allowed for table "
                      "fcclplus_table15; allowed scales: quick, mid, paper"):
-    grid.plan(table, "full", [0])
+    cells_lib.plan(table, "full", [0])
   with pytest.raises(ConfigError, match="--scale='mid' is not allowed for table "
                      "fedmmd_mnist_shards; allowed scales: quick, paper"):
-    grid.plan(tables.get_table("fedmmd_mnist_shards"), "mid", [0])
+    cells_lib.plan(tables.get_table("fedmmd_mnist_shards"), "mid", [0])
   assert tables.two_stream_variant("fedfusion_conv", "permuted", quick=True) == \
       "fedfusion_permuted_conv_quick"
   assert tables.two_stream_variant("fedavg", "shards") == "fedavg_shards"
@@ -375,8 +377,8 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
     assert any("no-dropout rows" in note for note in table.settings[0].notes)
     assert any("conv-trunk row" in note for note in table.settings[0].notes)
     for scale in table.scales:
-      configs = {cell.row.key: workdir_lib.flatten_config(grid.cell_config(cell))
-                 for cell in grid.plan(table, scale, [0])}
+      configs = {cell.row.key: workdir_lib.flatten_config(cell_configs.cell_config(cell))
+                 for cell in cells_lib.plan(table, scale, [0])}
       for method in ("fedavg", "fedmmd"):
         with_dropout, without = configs[method], configs[f"{method}_nodropout"]
         assert with_dropout["models.dropout_rate"] == 0.2, (table_id, scale, method)
@@ -390,12 +392,12 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
 
 
 def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
-  cells = grid.queue_plan("mid", "mid", [0, 1])
+  cells = cells_lib.queue_plan("mid", "mid", [0, 1])
   assert [c.label for c in cells[:3]] == ["fcclplus_office31/mid/fcclplus__seed0",
                                           "fcclplus_office31/mid/solo__seed0",
                                           "fcclplus_office31/mid/fccl__seed0"]
   assert len(cells) == 2 * 2 * 7 and cells[14].label == "fcclplus_office31/mid/fcclplus__seed1"
   for cell in cells[:14]:
-    config = grid.cell_config(cell)
+    config = cell_configs.cell_config(cell)
     validate_config(config)
     assert (config.num_rounds, config.models.width) == (40, 0.125)

@@ -10,10 +10,15 @@ import subprocess
 import numpy as np
 import pytest
 
-from fedjax_het import grid
+from fedjax_het import configs as configs_lib
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import load_module
 from fedjax_het.errors import ConfigError, WorkdirError
+from fedjax_het.grid import arguments
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
+from fedjax_het.grid import provenance
+from fedjax_het.grid import runner
 from fedjax_het.reports import document, tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -26,17 +31,17 @@ REAL = {d: "npz:/data/digits.npz" for d in ("mnist", "usps")} | {
 
 def _cell(table_id, row, seed, scale="quick", setting=None):
   table = tables.get_table(table_id)
-  return next(c for c in grid.plan(table, scale, [seed], [row],
+  return next(c for c in cells_lib.plan(table, scale, [seed], [row],
                                    [setting] if setting else None))
 
 
 def write_cell(results_dir, cell, numbers, *, rounds=None, status="finished", sources=REAL,
                seconds=10.0, device="cpu (test)", commit="abc1234def", overrides=()):
   """A finished (or partial) cell as the grid leaves it, without training."""
-  config = grid.cell_config(cell)
+  config = cell_configs.cell_config(cell)
   path = cell.directory(results_dir)
   path.mkdir(parents=True, exist_ok=True)
-  rounds = grid.expected_rounds(config) if rounds is None else rounds
+  rounds = cell_configs.expected_rounds(config) if rounds is None else rounds
   (path / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n"
                                               for r in range(1, rounds + 1)))
   if status == "finished":
@@ -126,7 +131,7 @@ def test_unfinished_cells_are_not_in_the_table(tmp_path):
 
 def test_report_rewrites_the_block_idempotently_and_the_check_sees_edits(tmp_path, capsys,
                                                                         monkeypatch):
-  monkeypatch.setattr(grid, "DEFAULT_RESULTS", tmp_path / "results")  # the shipped results
+  monkeypatch.setattr(cells_lib, "DEFAULT_RESULTS", tmp_path / "results")  # the shipped results
   _digits_results(tmp_path / "results")
   doc = tmp_path / "docs" / "results.md"
   other = ("# Results\n\nOther text.\n\n<!-- readme_results:x -->\nkept\n"
@@ -282,7 +287,8 @@ def _stand_in(calls):
     calls.append(pathlib.Path(workdir).name)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": r}) + "\n" for r in range(1, grid.expected_rounds(config) + 1)))
+        json.dumps({"round": r}) + "\n"
+        for r in range(1, cell_configs.expected_rounds(config) + 1)))
     (workdir / workdir_lib.RUN_FILE).write_text(json.dumps(
         {"config": workdir_lib.flatten_config(config)}))
     (workdir / "metadata.json").write_text(json.dumps({"sources": REAL}))
@@ -292,7 +298,7 @@ def _stand_in(calls):
 
 def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path):
   calls, lines = [], []
-  cells = grid.plan(tables.get_table("fcclplus_digits"), "quick", [0, 1], ["solo", "fcclplus"])
+  cells = cells_lib.plan(tables.get_table("fcclplus_digits"), "quick", [0, 1], ["solo", "fcclplus"])
   assert [c.name for c in cells] == ["solo__seed0", "fcclplus__seed0", "solo__seed1",
                                      "fcclplus__seed1"]
   # An interrupted cell: records of 2 of its 5 rounds and a checkpoint directory.
@@ -300,7 +306,7 @@ def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path)
   partial.mkdir(parents=True)
   (partial / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
   (partial / "checkpoints").mkdir()
-  out = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  out = runner.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
                  figures=False)
   assert calls == ["solo__seed0", "fcclplus__seed0", "solo__seed1", "fcclplus__seed1"]
   assert list(out["statuses"].values()) == ["trained", "resumed", "trained", "trained"]
@@ -314,7 +320,7 @@ def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path)
   assert "- cells: 4 finished (seeds 0, 1)" in table_md
   # Again: nothing trains, the table is the same.
   lines.clear()
-  again = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  again = runner.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
                    figures=False)
   assert len(calls) == 4 and set(again["statuses"].values()) == {"skipped"}
   assert lines[0].startswith("[1/4] fcclplus_digits/quick/solo__seed0: skipped (finished "
@@ -326,15 +332,15 @@ def test_the_grid_trains_skips_finished_cells_and_refuses_changed_ones(tmp_path)
       ["trained", "resumed", "trained", "trained"], ["skipped"] * 4]
   # A finished cell with another config is not silently reused.
   with pytest.raises(WorkdirError, match="config.local.epochs: 5 -> 2"):
-    grid.run(cells[:1], results_dir=tmp_path, overrides=["local.epochs=2"],
+    runner.run(cells[:1], results_dir=tmp_path, overrides=["local.epochs=2"],
              train=_stand_in(calls), echo=lines.append)
 
 
 def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path, monkeypatch):
-  monkeypatch.setattr(grid, "git_commit", lambda: ("0" * 40, False))  # a clean tree: no patch
+  monkeypatch.setattr(provenance, "git_commit", lambda: ("0" * 40, False))  # a clean tree: no patch
   calls, lines = [], []
   base = [_cell("fcclplus_digits", "solo", 0), _cell("fcclplus_digits", "solo", 1)]
-  grid.run(base, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  runner.run(base, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
            overrides=[], figures=False)
   (base[0].directory(tmp_path) / "checkpoints").mkdir()  # kept by a finished run here
   original = json.loads((base[0].directory(tmp_path) / "cell.json").read_text())
@@ -349,7 +355,7 @@ def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path,
   (copy.parent / f".{copy.name}.copying").mkdir()
   (copy.parent / f".{copy.name}.copying" / "results.json").write_text("{")
   lines.clear()
-  out = grid.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  out = runner.run(cells, results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
                  figures=False)
   assert calls == ["solo__seed0", "solo__seed1", "digits__fccl__seed0"]
   assert not (copy.parent / f".{copy.name}.copying").exists()
@@ -375,22 +381,22 @@ def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path,
   table10 = _cell("fcclplus_table10", "solo", 0, setting="digits")
   (tmp_path / "fcclplus_digits" / "quick" / "solo__seed0" / "results.json").rename(
       tmp_path / "hidden.json")  # only the copy in fccl_tables1_2 is finished now
-  grid.run([table10], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  runner.run([table10], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
            figures=False)
   assert json.loads((table10.directory(tmp_path) / "cell.json").read_text())["copy_of"] == \
       "fcclplus_digits/quick/solo__seed0"
-  again = grid.run(cells[:1], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  again = runner.run(cells[:1], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
                    figures=False)
   assert list(again["statuses"].values()) == ["skipped"] and len(calls) == 3
   # Another --set, or copy_twins=False, trains.
   other = _cell("fccl_tables1_2", "solo", 1, setting="digits")
-  grid.run([other], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  runner.run([other], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
            overrides=["local.epochs=2"], figures=False)
   assert calls[-1] == "digits__solo__seed1"
   fresh = _cell("fcclplus_table16", "fcclplus", 0, setting="digits")
-  grid.run([_cell("fcclplus_digits", "fcclplus", 0)], results_dir=tmp_path,
+  runner.run([_cell("fcclplus_digits", "fcclplus", 0)], results_dir=tmp_path,
            train=_stand_in(calls), echo=lines.append, figures=False)
-  grid.run([fresh], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
+  runner.run([fresh], results_dir=tmp_path, train=_stand_in(calls), echo=lines.append,
            figures=False, copy_twins=False)
   assert calls[-2:] == ["fcclplus__seed0", "digits__fcclplus__seed0"]
   assert "copy_of" not in json.loads((fresh.directory(tmp_path) / "cell.json").read_text())
@@ -398,8 +404,8 @@ def test_a_cell_another_table_holds_finished_is_copied_with_its_source(tmp_path,
 
 def test_a_deadline_too_close_starts_no_cell_and_says_so(tmp_path):
   lines = []
-  cells = grid.queue_plan("gpu", "quick", [0])
-  out = grid.run(cells, results_dir=tmp_path, deadline_secs=5, min_cell_secs=10,
+  cells = cells_lib.queue_plan("gpu", "quick", [0])
+  out = runner.run(cells, results_dir=tmp_path, deadline_secs=5, min_cell_secs=10,
                  echo=lines.append, copy_to=tmp_path / "out")
   assert out["deadline_reached"] and set(out["statuses"].values()) == {"not started"}
   assert lines[0].startswith("[1/19] fcclplus_office31/quick/fcclplus__seed0: not started (")
@@ -412,19 +418,19 @@ def test_a_deadline_too_close_starts_no_cell_and_says_so(tmp_path):
 
 
 def test_cells_of_one_partitioned_setting_need_the_same_targets(tmp_path):
-  cells = grid.plan(tables.get_table("fedfusion_table2"), "quick", [0], ["fedavg",
+  cells = cells_lib.plan(tables.get_table("fedfusion_table2"), "quick", [0], ["fedavg",
                                                                          "fedfusion_conv"])
 
   def configure(config, cell):
     config.eval.targets = (90.0,) if cell.row.key == "fedavg" else (94.0,)
 
   with pytest.raises(ConfigError, match="eval.targets differ"):
-    grid.run(cells, results_dir=tmp_path / "r", configure=configure)
+    runner.run(cells, results_dir=tmp_path / "r", configure=configure)
   assert not (tmp_path / "r").exists()
 
 
 def test_overrides_are_parsed_against_the_field_types():
-  config = grid.cell_config(_cell("fcclplus_digits", "fcclplus", 3), [
+  config = cell_configs.cell_config(_cell("fcclplus_digits", "fcclplus", 3), [
       "num_rounds=1", "models.width=1", "logging.diagnostic_rounds=(1,)",
       "scenario.sources.syn=folder:/x", "logging.plots=false"])
   assert config.seed == 3 and config.num_rounds == 1 and config.models.width == 1.0
@@ -433,18 +439,18 @@ def test_overrides_are_parsed_against_the_field_types():
   assert config.name == "digits_fcclplus_quick_seed3"
   with pytest.raises(ConfigError, match="local has no field 'epoch'; did you mean "
                      "'local.epochs'"):
-    grid.apply_overrides(config, ["local.epoch=2"])
+    arguments.apply_overrides(config, ["local.epoch=2"])
   with pytest.raises(ConfigError, match="cannot set config.logging.plots"):
-    grid.apply_overrides(config, ["logging.plots=maybe"])
+    arguments.apply_overrides(config, ["logging.plots=maybe"])
   with pytest.raises(ConfigError, match="expects <dotted config field>=<value>"):
-    grid.apply_overrides(config, ["num_rounds"])
+    arguments.apply_overrides(config, ["num_rounds"])
   # Output-only overrides keep the paper setting; those changing results do not.
-  assert grid.significant_overrides(["logging.plots=false", "num_rounds=1"], config) == [
+  assert arguments.significant_overrides(["logging.plots=false", "num_rounds=1"], config) == [
       "num_rounds=1"]
-  assert grid.resolve_config_name("cifar100_glfc_quick") == (
+  assert configs_lib.resolve_name("cifar100_glfc_quick") == (
       REPO / "fedjax_het" / "configs" / "cifar100.py", "glfc_quick")
   with pytest.raises(ConfigError, match="the families: cifar10, cifar100, digits"):
-    grid.resolve_config_name("nosuchscenario_x")
+    configs_lib.resolve_name("nosuchscenario_x")
 
 
 # --- the aliases ------------------------------------------------------------------------------
@@ -485,7 +491,7 @@ def test_the_old_commands_are_aliases_with_one_line_errors(capsys, tmp_path):
   # The FCCL+ alias is the registry's table at the scale --quick picks.
   args = benchmark.build_parser().parse_args(["--scenario=office31", "--quick"])
   assert (args.scenario, args.quick, args.workdir) == ("office31", True,
-                                                       str(grid.DEFAULT_RESULTS))
+                                                       str(cells_lib.DEFAULT_RESULTS))
 
 
 def test_class_incremental_layouts_must_match(tmp_path):
@@ -547,7 +553,7 @@ def test_end_to_end_the_command_trains_skips_and_reports(tmp_path, monkeypatch, 
   assert "reproduce: 2 skipped" in out
   assert (table_dir / "table.md").read_text() == markdown
   doc = tmp_path / "results.md"
-  monkeypatch.setattr(grid, "DEFAULT_RESULTS", results)  # the shipped results: a docs block
+  monkeypatch.setattr(cells_lib, "DEFAULT_RESULTS", results)  # the shipped results: a docs block
   assert reproduce.main(["--table=fedfusion_table2", "--report", f"--results-dir={results}",
                          f"--doc={doc}"]) == 0
   assert document.blocks(doc.read_text())[0][2] == markdown
@@ -612,11 +618,11 @@ def test_the_gpu_commands_deadline_stops_records_and_resumes(tmp_path, monkeypat
     if cell.table.family == "domain_shift":
       config.num_rounds = 8
 
-  cells = grid.queue_plan("tiny", "quick", [0])
+  cells = cells_lib.queue_plan("tiny", "quick", [0])
   results, copies, lines = tmp_path / "results", tmp_path / "out", []
   common = dict(results_dir=results, configure=configure, copy_to=copies, echo=lines.append)
   # 1. A deadline shorter than a cell: the first is stopped, the second never starts.
-  first = grid.run(cells, deadline_secs=8, min_cell_secs=1, **common)
+  first = runner.run(cells, deadline_secs=8, min_cell_secs=1, **common)
   assert list(first["statuses"].values()) == ["interrupted", "not started"]
   assert first["deadline_reached"]
   plus = cells[0].directory(results)
@@ -624,7 +630,7 @@ def test_the_gpu_commands_deadline_stops_records_and_resumes(tmp_path, monkeypat
   assert (copies / "results" / "invocations.jsonl").exists()
   # 2. Time enough: the interrupted cell is trained on, the other trained; their files come
   #    back to the copy as they finish.
-  second = grid.run(cells, deadline_secs=900, min_cell_secs=1, **common)
+  second = runner.run(cells, deadline_secs=900, min_cell_secs=1, **common)
   assert second["statuses"][cells[0].label] in ("resumed", "trained")
   assert second["statuses"][cells[1].label] == "trained" and not second["deadline_reached"]
   record = json.loads((plus / "cell.json").read_text())
@@ -637,7 +643,7 @@ def test_the_gpu_commands_deadline_stops_records_and_resumes(tmp_path, monkeypat
     assert (mirrored / "results.json").exists() and not (mirrored / "checkpoints").exists()
   assert (copies / "results" / "fedfusion_table2" / "quick" / "table.md").exists()
   # 3. Finished cells are skipped even past a deadline.
-  third = grid.run(cells, deadline_secs=1, min_cell_secs=10, **common)
+  third = runner.run(cells, deadline_secs=1, min_cell_secs=10, **common)
   assert set(third["statuses"].values()) == {"skipped"}
   invocations = [json.loads(line) for line in
                  (results / "invocations.jsonl").read_text().splitlines()]
@@ -660,33 +666,33 @@ def test_a_cell_trained_from_uncommitted_changes_keeps_their_patch(tmp_path, mon
   _git(repo, "init", "-q")
   _git(repo, "add", ".")
   _git(repo, "commit", "-q", "-m", "c")
-  monkeypatch.setattr(grid, "REPO", repo)
+  monkeypatch.setattr(cells_lib, "REPO", repo)
   cells = [tmp_path / "cells" / "a", tmp_path / "cells" / "b"]
-  clean = grid.code_state(cells)
+  clean = provenance.code_state(cells)
   assert clean["dirty"] is False and "patch_sha256" not in clean
   # Results the runner writes (a cell retrained in place) are not code: still clean.
   (repo / "results" / "r.json").unlink()
-  assert grid.code_state(cells)["dirty"] is False
+  assert provenance.code_state(cells)["dirty"] is False
   _git(repo, "checkout", "-q", "--", "results")
-  assert not any((c / grid.PATCH_FILE).exists() for c in cells)
+  assert not any((c / provenance.PATCH_FILE).exists() for c in cells)
   # A change to the code and one to results/: the patch holds the code's alone.
   (repo / "fedjax_het" / "m.py").write_text("x = 2\n")
   (repo / "results" / "r.json").write_text("{\"changed\": 1}\n")
-  state = grid.code_state(cells)
+  state = provenance.code_state(cells)
   assert state["dirty"] is True and state["commit"] == clean["commit"]
   for cell in cells:
-    patch = (cell / grid.PATCH_FILE).read_bytes()
+    patch = (cell / provenance.PATCH_FILE).read_bytes()
     assert b"-x = 1" in patch and b"+x = 2" in patch and b"r.json" not in patch
     assert hashlib.sha256(patch).hexdigest() == state["patch_sha256"]
   # The patch applied to the commit gives the code that trained.
   _git(repo, "stash", "-q")
-  _git(repo, "apply", str(cells[0] / grid.PATCH_FILE))
+  _git(repo, "apply", str(cells[0] / provenance.PATCH_FILE))
   assert (repo / "fedjax_het" / "m.py").read_text() == "x = 2\n"
   # cell.json records it, and a later clean invocation is the last word.
-  record = grid.update_cell_record(cells[0], {"cell": "a"}, status="running",
+  record = provenance.update_cell_record(cells[0], {"cell": "a"}, status="running",
                                    new_invocation=True, extra=state)
   assert record["patch_sha256"] == state["patch_sha256"] and record["dirty"] is True
-  record = grid.update_cell_record(cells[0], {"cell": "a"}, status="running",
+  record = provenance.update_cell_record(cells[0], {"cell": "a"}, status="running",
                                    new_invocation=True, extra=clean)
   assert "patch_sha256" not in record and record["dirty"] is False
   assert record["invocations"][0]["patch_sha256"] == state["patch_sha256"]
@@ -709,11 +715,11 @@ def test_a_users_cells_go_to_their_own_directory_beside_the_shipped_ones(tmp_pat
   # The default --results-dir is runs/reproduce/, not the shipped results/: a shipped cell
   # never makes a user's run skip. The report sets the user's cells beside the shipped ones.
   assert reproduce.build_parser().parse_args([]).results_dir == str(reproduce.USER_RESULTS)
-  assert reproduce.USER_RESULTS != grid.DEFAULT_RESULTS
+  assert reproduce.USER_RESULTS != cells_lib.DEFAULT_RESULTS
   shipped, yours = tmp_path / "shipped", tmp_path / "yours"
   _digits_results(shipped)  # solo seeds 0, 1 (AVG inter 11.5, 13.5), fcclplus seed 0
   write_cell(yours, _cell("fcclplus_digits", "solo", 0), _numbers(20.0))
-  monkeypatch.setattr(grid, "DEFAULT_RESULTS", shipped)
+  monkeypatch.setattr(cells_lib, "DEFAULT_RESULTS", shipped)
   assert not reproduce.shipped(yours) and reproduce.shipped(shipped)
   doc = tmp_path / "results.md"
   doc.write_text("# Results\n")
@@ -742,7 +748,7 @@ def test_under_a_deadline_a_rows_seeds_train_as_one_program_in_a_child(tmp_path,
   monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
   table = tables.get_table("fedfusion_table2")
-  cells = grid.plan(table, "quick", [0, 1], ["fedavg"])
+  cells = cells_lib.plan(table, "quick", [0, 1], ["fedavg"])
   lines = []
 
   def configure(config, cell):
@@ -750,17 +756,17 @@ def test_under_a_deadline_a_rows_seeds_train_as_one_program_in_a_child(tmp_path,
     config.num_rounds = 6
 
   common = dict(configure=configure, echo=lines.append)
-  done = grid.run(cells, results_dir=tmp_path / "a", deadline_secs=900, min_cell_secs=1,
+  done = runner.run(cells, results_dir=tmp_path / "a", deadline_secs=900, min_cell_secs=1,
                   **common)
   assert set(done["statuses"].values()) == {"trained"}
   for cell in cells:
     record = json.loads((cell.directory(tmp_path / "a") / "cell.json").read_text())
     assert record["status"] == "finished" and record["stacked_seeds"] == [0, 1]
   # A deadline inside the program: both seeds interrupted, then each resumes alone.
-  first = grid.run(cells, results_dir=tmp_path / "b", deadline_secs=6, min_cell_secs=1,
+  first = runner.run(cells, results_dir=tmp_path / "b", deadline_secs=6, min_cell_secs=1,
                    **common)
   assert list(first["statuses"].values()) == ["interrupted", "interrupted"]
-  second = grid.run(cells, results_dir=tmp_path / "b", deadline_secs=900, min_cell_secs=1,
+  second = runner.run(cells, results_dir=tmp_path / "b", deadline_secs=900, min_cell_secs=1,
                     **common)
   assert set(second["statuses"].values()) <= {"resumed", "trained"}
   for cell in cells:

@@ -11,8 +11,8 @@
                    settings two families share
 
 A config name as `experiments/train.py --config=` takes it is `<family>_<variant>`
-(`digits_fcclplus_quick`); `get_config(name)` builds it. Each module's docstring gives its
-variants, commands and expected results.
+(`digits_fcclplus_quick`); `get_config(name)` builds it and `resolve_name(name)` names its
+file and variant. Each module's docstring gives its variants, commands and expected results.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import re
 import types
 
 import ml_collections
+
+from fedjax_het.errors import ConfigError
 
 #: The folder of the config modules (what `experiments/train.py --config=<name>` reads).
 DIRECTORY = pathlib.Path(__file__).resolve().parent
@@ -61,3 +63,25 @@ def get_config(name: str) -> ml_collections.ConfigDict:
   family, variant = split
   config_module = module(family)
   return config_module.get_config(variant) if variant else config_module.get_config()
+
+
+def resolve_name(name: str) -> tuple[pathlib.Path, str]:
+  """(config file, variant) of a config name as experiments/train.py takes it.
+
+  "<scenario>_<variant>" (e.g. "cifar100_glfc_quick") -> the config module's file in
+  fedjax_het/configs/ (cifar100.py) and "<variant>"; a scenario whose name holds underscores
+  (imagenet_subset) is the longest such prefix naming a config family
+  ("imagenet_subset_glfc" -> imagenet_subset.py, "glfc"); "<path>.py[:<variant>]" -> that
+  file and variant ("" for none). ConfigError for a name that resolves to neither.
+  """
+  if re.fullmatch(r"[A-Za-z0-9_]+", name):
+    split = split_name(name)
+    if split is None:
+      raise ConfigError(f"{name!r}: no config family {name.split('_')[0]!r} in fedjax_het/configs; "
+                        f"the families: {', '.join(families())}.")
+    family, variant = split
+    return DIRECTORY / f"{family}.py", variant
+  path, _, variant = name.partition(":")
+  if not pathlib.Path(path).is_file():
+    raise ConfigError(f"{name!r} names no config file ({path} does not exist).")
+  return pathlib.Path(path), variant

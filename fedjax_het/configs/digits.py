@@ -69,7 +69,7 @@ directory (FEDJAX_HET_DATA_DIR or --config.scenario.data_dir), which
 config here opts in to `synthetic_fallback`: a domain the data directory lacks is replaced by
 the embedded synthetic domain, logged loudly and listed in metadata.json / results.md. A
 finished run whose domain was the synthetic stand-in under another source (`tfds`,
-`synthetic`) is the same run where that domain is the stand-in again (`fedjax_het.grid`). The public set is CIFAR-100 (5000
+`synthetic`) is the same run where that domain is the stand-in again (`fedjax_het.grid.progress`). The public set is CIFAR-100 (5000
 images, public_cifar100_5000.npz) or, without it, the synthetic public set.
 
 Paper setting (full configs): 40 rounds, public batch 512 (1 epoch of 5000 images), local

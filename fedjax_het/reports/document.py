@@ -2,7 +2,7 @@
 
 `render(table, scale, results_dir)` reads every finished cell of the table
 (`results/<table>/<scale>/<cell>/`: results.json, metrics.jsonl,
-metadata.json and cell.json, the record `fedjax_het.grid` keeps of who trained
+metadata.json and cell.json, the record `fedjax_het.grid.provenance` keeps of who trained
 it where) and lays it out: a header (paper, table, protocol, scale, data
 provenance and sizes, whether the runs are in the paper's setting, the devices,
 commits and wall time that produced them) and each setting's tables from its
