@@ -412,10 +412,12 @@ class Experiment:
     the last `eval.last_rounds` rounds, the ones the results table averages (the papers report
     the mean of the last three rounds), so a sparse `eval.every` keeps the reported metric."""
     last = self.num_rounds - int(self.config.eval.last_rounds)
-    return done % int(self.config.eval.every) == 0 or done > last
+    every = int(self.config.eval.every)  # 0: the last rounds only
+    return (every > 0 and done % every == 0) or done > last
 
   def is_checkpoint_round(self, done: int) -> bool:
-    return done % int(self.config.checkpoint.every) == 0
+    every = int(self.config.checkpoint.every)  # 0: the last round's only (the trainer's own)
+    return every > 0 and done % every == 0
 
   def progress_text(self, last: dict[str, Any]) -> str:
     return " ".join(f"{kind} {last[f'eval/{kind}/mean']:.1f}" for kind in self.accuracy_kinds

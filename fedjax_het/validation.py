@@ -3,8 +3,9 @@
     check(config, "local.batch_size", int_at_least(1), "an integer >= 1")
 
 raises `ConfigError("config.local.batch_size must be an integer >= 1, got 0.")`.
-The run-wide fields are checked by `fedjax_het.config.validate_config`; each
-method module and engine block checks its own sections with these helpers.
+The run-wide fields are checked once, for every scenario family, by
+`fedjax_het.config.validate_run_wide`; each scenario family, method module and
+engine block checks its own sections with these helpers.
 """
 
 from __future__ import annotations

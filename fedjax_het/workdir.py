@@ -105,6 +105,18 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "fcclplus.fccm_eps": (1e-6,),
     "fcclplus.feature_pass": ("shared",),
     "fccl.fccm_eps": (1e-6,),
+    # Run-wide fields of the one config schema that the class-incremental records predate, at
+    # the values those runs had: one device, top-1 accuracy, XLA:GPU's Triton GEMM switch left
+    # at "auto" (experiments/train.py's default for a config without the field).
+    "sharding.num_devices": (1,),
+    "eval.top_k": (1,),
+    "xla_gpu_triton_gemm": ("auto",),
+    # Fields that never change the numbers (NEUTRAL_FIELDS) and that records written before
+    # they existed lack: any value.
+    **{name: None for name in (
+        "overwrite", "on_nonfinite", "trace_cache", "round_programs", "round_compile",
+        "eval.last_rounds", "eval.targets", "logging.writers", "logging.wandb_mode",
+        "logging.mlflow_tracking_uri", "logging.diagnostic_rounds")},
 }
 
 

@@ -1,14 +1,18 @@
-"""The class-incremental task stream on the device: the run-wide config, settings and blocks.
+"""The class-incremental task stream on the device: the family's config, settings and blocks.
 
 What every method on GLFC's task stream [GLFC Sec. 5] shares
 (`fedjax_het.algorithms.fedavg_cil`, `.glfc`, `.icarl_fl`), and what the one
 trainer (`fedjax_het.train`, through `fedjax_het.stream_experiment`) reads:
 
-  * `stream_config(algorithm)` / `validate_stream_config`: the run-wide part
-    of a class-incremental config (GLFC's CIFAR-100 T=10 setting of Table 1):
+  * `stream_config(config)` / `validate_stream_config`: the class-incremental
+    family's part of a config (GLFC's CIFAR-100 T=10 setting of Table 1), added
+    to the run-wide fields every run has (`fedjax_het.config.run_config`):
     `scenario` (the stream), `cil` (rounds per task, clients per round, the
-    client loop), `models`, `local` (the local optimiser and its learning-rate
-    schedule), `eval`, `checkpoint`, `logging`;
+    client loop), `local` (the local optimiser and its learning-rate schedule),
+    `models.stem`, and the stream's own defaults of a few run-wide fields
+    (`RUN_WIDE_DEFAULTS`); the validation also refuses the run-wide values the
+    stream cannot honour (several devices, a staged or cached round, bfloat16,
+    top-k accuracy, rounds to a target);
   * `StreamSettings`: those numbers as Python constants; `StreamSetup`: what a
     method's `make(config, setup)` builds from (settings, model, normalisation,
     the stream's static sizes);
@@ -49,7 +53,6 @@ from fedjax_het import validation as v
 from fedjax_het.cil import masking
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import xla_cpu
 from fedjax_het.engine.optim import OPTIMIZERS
 
 SCENARIO = "class_incremental"
@@ -68,69 +71,61 @@ ROLE_ABSENT, ROLE_OLD, ROLE_IN_BETWEEN, ROLE_NEW = 0, 1, 2, 3
 ROLE_NAMES = ("absent", "old", "in_between", "new")
 # Random-stream code of the per-round role draw (SeedSequence([seed, _ROLES_STREAM])).
 _ROLES_STREAM = 7321
-CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 #: `local.lr_schedule`: the learning rate over the local epochs of a round (`epoch_learning_rates`).
 LR_SCHEDULES = ("constant", "glfc_code")
 #: The GLFC code's step decays: (fraction of a task's local epochs, divisor of the base lr).
 GLFC_CODE_LR_STEPS = ((0.5, 5.0), (0.75, 25.0), (0.9, 125.0))
 
 
-def stream_config(algorithm: str) -> ml_collections.ConfigDict:
-  """The run-wide defaults of a class-incremental run of `algorithm` (GLFC Table 1, T=10).
+#: The stream's own defaults of run-wide fields (GLFC Table 1: one ResNet-18 for every client,
+#: evaluation at each task's end on test batches of 500, a checkpoint every 10 rounds); every
+#: other run-wide field keeps the default of `fedjax_het.config.run_config`.
+RUN_WIDE_DEFAULTS = {"models.architectures": ("glfc_resnet18",), "eval.every": 0,
+                     "eval.batch_size": 500, "checkpoint.every": 10}
 
-  The method's own section (`config.glfc`, `config.icarl`) comes from its
-  registered `default_config` (`fedjax_het.config.base_config` merges them).
+
+def stream_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the class-incremental family's sections to the run-wide fields `config`.
+
+  GLFC Table 1's CIFAR-100 T=10 stream. `config` is `fedjax_het.config.run_config`'s;
+  the method's own section (`config.glfc`, `config.icarl`) comes from its registered
+  `default_config` (`fedjax_het.config.base_config` merges them). The run is
+  num_tasks * rounds_per_task rounds long (`num_rounds`).
   """
-  return ml_collections.ConfigDict({
-      "name": f"cifar100_{algorithm}",
-      "algorithm": algorithm,
-      "seed": 0,
-      "seeds": (),                     # several seeds as one vmapped program (seed_stack.py)
-      "rounds_per_call": 1,            # rounds per jitted call (a lax.scan)
-      "compilation_cache_dir": "~/.cache/fedjax_het/jax",  # "" disables the persistent cache
-      "resume_allow_changes": "",
-      "memory_check": True,
-      "on_nonfinite": "stop",          # as config.base_config
-      "overwrite": False,              # as config.base_config
-      "xla_cpu_scheduler": "auto",     # as config.base_config: fixed when JAX starts
-      "scenario": {
-          "name": SCENARIO,
-          "dataset": "cifar100",
-          "source": "real",            # "real" (bundle), "tfds", "folder:<path>", "synthetic"
-          "data_dir": "",              # "" -> $FEDJAX_HET_DATA_DIR
-          "synthetic_fallback": False,
-          "num_tasks": 10,
-          "num_classes": 0,            # 0 -> all classes of the dataset
-          "initial_clients": 30,
-          "new_clients_per_task": 10,
-          "class_fraction": 0.6,
-          "shift_fraction": 0.9,
-          "client_data": "overlap",    # "overlap" (GLFC code) or "disjoint"
-          "train_size": 0,             # 0 -> all training images of the stream's classes
-          "test_size": 0,              # 0 -> all test images
-          "class_order": "seeded",     # or "icarl", "identity" (incremental.CLASS_ORDERS)
-          "client_roles": "per_task",  # or "per_round" (the paper's text; draw_round_roles)
-          # Side of the square images; 0: the dataset's (incremental.NATIVE_IMAGE_SIZES:
-          # CIFAR-100 32, Tiny-ImageNet 64, ImageNet-Subset 224).
-          "image_size": 0,
-      },
-      "cil": {
-          "rounds_per_task": 10,
-          "clients_per_round": 10,
-          "client_loop": "auto",       # "vmap" (GPU/TPU), "map" (CPU), "auto" by backend
-      },
-      # stem (glfc_resnet18 only): "auto" (the CIFAR stem below 128 px, the ImageNet stem from
-      # 128 px on; `stem_for`), "cifar" or "imagenet" (fedjax_het/models/resnet.py).
-      "models": {"architectures": ("glfc_resnet18",), "width": 1.0, "conv_impl": "auto",
-                 "stem": "auto"},
-      "local": {"optimizer": "sgd", "lr": 2.0, "momentum": 0.0, "weight_decay": 1e-5,
-                "epochs": 20, "batch_size": 128,
-                "lr_schedule": "glfc_code"},   # or "constant" (epoch_learning_rates)
-      "eval": {"every": 0, "batch_size": 500},   # every: 0 -> only at task ends
-      "checkpoint": {"every": 10, "keep": 2},
-      "logging": {"progress": True, "plots": True, "tensorboard": False, "writers": "jsonl",
-                  "wandb_mode": "offline", "mlflow_tracking_uri": ""},
-  })
+  config.scenario = {
+      "name": SCENARIO,
+      "dataset": "cifar100",
+      "source": "real",            # "real" (bundle), "tfds", "folder:<path>", "synthetic"
+      "data_dir": "",              # "" -> $FEDJAX_HET_DATA_DIR
+      "synthetic_fallback": False,
+      "num_tasks": 10,
+      "num_classes": 0,            # 0 -> all classes of the dataset
+      "initial_clients": 30,
+      "new_clients_per_task": 10,
+      "class_fraction": 0.6,
+      "shift_fraction": 0.9,
+      "client_data": "overlap",    # "overlap" (GLFC code) or "disjoint"
+      "train_size": 0,             # 0 -> all training images of the stream's classes
+      "test_size": 0,              # 0 -> all test images
+      "class_order": "seeded",     # or "icarl", "identity" (incremental.CLASS_ORDERS)
+      "client_roles": "per_task",  # or "per_round" (the paper's text; draw_round_roles)
+      # Side of the square images; 0: the dataset's (incremental.NATIVE_IMAGE_SIZES:
+      # CIFAR-100 32, Tiny-ImageNet 64, ImageNet-Subset 224).
+      "image_size": 0,
+  }
+  config.cil = {
+      "rounds_per_task": 10,
+      "clients_per_round": 10,
+      "client_loop": "auto",       # "vmap" (GPU/TPU), "map" (CPU), "auto" by backend
+  }
+  config.local = {"optimizer": "sgd", "lr": 2.0, "momentum": 0.0, "weight_decay": 1e-5,
+                  "epochs": 20, "batch_size": 128,
+                  "lr_schedule": "glfc_code"}   # or "constant" (epoch_learning_rates)
+  # stem (glfc_resnet18 only): "auto" (the CIFAR stem below 128 px, the ImageNet stem from
+  # 128 px on; `stem_for`), "cifar" or "imagenet" (fedjax_het/models/resnet.py).
+  config.models.stem = "auto"
+  config.update_from_flattened_dict(RUN_WIDE_DEFAULTS)
+  return config
 
 
 #: `models.stem`: the ResNet stem of glfc_resnet18 ("auto": by the image side, `stem_for`).
@@ -142,8 +137,8 @@ STEM_MODELS = ("glfc_resnet18",)
 
 
 def image_size(config: ml_collections.ConfigDict) -> int:
-  """The run's image side: scenario.image_size, or the dataset's native side when 0 or absent."""
-  size = int(config.scenario.get("image_size", 0))
+  """The run's image side: scenario.image_size, or the dataset's native side when 0."""
+  size = int(config.scenario.image_size)
   return size or incremental.NATIVE_IMAGE_SIZES[config.scenario.dataset]
 
 
@@ -158,7 +153,7 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The extra `models.get_model` keywords of the run's architecture (the stem of a ResNet)."""
   if config.models.architectures[0] not in STEM_MODELS:
     return {}
-  return {"stem": stem_for(config.models.get("stem", "auto"), image_size(config))}
+  return {"stem": stem_for(config.models.stem, image_size(config))}
 
 
 def num_rounds(config: ml_collections.ConfigDict) -> int:
@@ -167,22 +162,18 @@ def num_rounds(config: ml_collections.ConfigDict) -> int:
 
 
 def validate_stream_config(config: ml_collections.ConfigDict) -> None:
-  """Checks the run-wide fields of `stream_config`; errors name the field and the allowed values.
+  """Checks the family's fields of `stream_config`; errors name the field and the allowed values.
 
-  The method's own section is checked by its registered `validate_config`.
+  The run-wide fields are checked once by `fedjax_het.config.validate_run_wide`;
+  here the stream's sections, its one architecture, rounds_per_call against the
+  task length, and the run-wide values the stream cannot honour. The method's own
+  section is checked by its registered `validate_config`.
   """
-  for section in ("scenario", "cil", "models", "local", "eval", "checkpoint", "logging"):
+  for section in ("scenario", "cil", "local"):
     if section not in config:
       v.fail(section, "a section (build the config with "
              "fedjax_het.config.base_config('<class-incremental algorithm>'))", None)
   number = v.finite_number
-  v.check(config, "seed", v.int_at_least(0), "an integer >= 0")
-  v.check(config, "xla_cpu_scheduler", v.choice(xla_cpu.SCHEDULERS),
-          f"one of {xla_cpu.SCHEDULERS}")
-  v.check(config, "resume_allow_changes", lambda s: isinstance(s, str),
-          "a comma-separated string of config field names (\"\" for none)")
-  if "memory_check" in config:
-    v.check(config, "memory_check", v.is_bool, "True or False")
   v.check(config, "scenario.name", v.choice((SCENARIO,)), f"{SCENARIO!r}")
   datasets = tuple(incremental.INCREMENTAL_DATASETS)
   v.check(config, "scenario.dataset", v.choice(datasets), f"one of {datasets}")
@@ -208,34 +199,31 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
           "a number in [0, 1]")
   v.check(config, "scenario.client_data", v.choice(incremental.CLIENT_DATA),
           f"one of {incremental.CLIENT_DATA}")
-  if "image_size" in config.scenario:
-    dataset, source = config.scenario.dataset, config.scenario.source
-    sizes = incremental.image_sizes(dataset, source)
-    low, high = incremental.MIN_IMAGE_SIZE, incremental.MAX_IMAGE_SIZE
-    v.check(config, "scenario.image_size",
-            lambda x: v.int_at_least(0)(x) and (x == 0 or (x in sizes if sizes is not None
-                                                            else low <= x <= high)),
-            (f"0 (the dataset's {incremental.NATIVE_IMAGE_SIZES[dataset]}) or one of {sizes} "
-             f"for scenario.dataset={dataset!r} with scenario.source={source!r}"
-             if sizes is not None else f"0 (the dataset's side) or an integer in [{low}, "
-             f"{high}] for scenario.dataset={dataset!r} with scenario.source={source!r}"))
+  dataset, source = config.scenario.dataset, config.scenario.source
+  sizes = incremental.image_sizes(dataset, source)
+  low, high = incremental.MIN_IMAGE_SIZE, incremental.MAX_IMAGE_SIZE
+  v.check(config, "scenario.image_size",
+          lambda x: v.int_at_least(0)(x) and (x == 0 or (x in sizes if sizes is not None
+                                                          else low <= x <= high)),
+          (f"0 (the dataset's {incremental.NATIVE_IMAGE_SIZES[dataset]}) or one of {sizes} "
+           f"for scenario.dataset={dataset!r} with scenario.source={source!r}"
+           if sizes is not None else f"0 (the dataset's side) or an integer in [{low}, "
+           f"{high}] for scenario.dataset={dataset!r} with scenario.source={source!r}"))
   v.check(config, "scenario.train_size", v.int_at_least(0), "an integer >= 0 (0: all)")
   v.check(config, "scenario.test_size", v.int_at_least(0), "an integer >= 0 (0: all)")
-  if "class_order" in config.scenario:
-    v.check(config, "scenario.class_order", v.choice(incremental.CLASS_ORDERS),
-            f"one of {incremental.CLASS_ORDERS}")
-    if config.scenario.class_order == "icarl" and (config.scenario.dataset != "cifar100"
-                                                   or config.scenario.source == "synthetic"):
-      v.fail("scenario.class_order", "'seeded' or 'identity' unless scenario.dataset is "
-             "'cifar100' with real data ('icarl' orders the CIFAR-100 labels)",
-             config.scenario.class_order)
-  if "client_roles" in config.scenario:
-    v.check(config, "scenario.client_roles", v.choice(CLIENT_ROLES), f"one of {CLIENT_ROLES}")
-    if (config.scenario.client_roles == "per_round"
-        and config.get("algorithm") not in PER_ROUND_METHODS):
-      v.fail("scenario.client_roles", f"'per_task' for config.algorithm="
-             f"{config.get('algorithm')!r} ('per_round' is read by {PER_ROUND_METHODS})",
-             config.scenario.client_roles)
+  v.check(config, "scenario.class_order", v.choice(incremental.CLASS_ORDERS),
+          f"one of {incremental.CLASS_ORDERS}")
+  if config.scenario.class_order == "icarl" and (config.scenario.dataset != "cifar100"
+                                                 or config.scenario.source == "synthetic"):
+    v.fail("scenario.class_order", "'seeded' or 'identity' unless scenario.dataset is "
+           "'cifar100' with real data ('icarl' orders the CIFAR-100 labels)",
+           config.scenario.class_order)
+  v.check(config, "scenario.client_roles", v.choice(CLIENT_ROLES), f"one of {CLIENT_ROLES}")
+  if (config.scenario.client_roles == "per_round"
+      and config.algorithm not in PER_ROUND_METHODS):
+    v.fail("scenario.client_roles", f"'per_task' for config.algorithm="
+           f"{config.algorithm!r} ('per_round' is read by {PER_ROUND_METHODS})",
+           config.scenario.client_roles)
   v.check(config, "cil.rounds_per_task", v.int_at_least(1), "an integer >= 1")
   v.check(config, "cil.clients_per_round",
           lambda x: v.int_at_least(1)(x) and x <= config.scenario.initial_clients,
@@ -249,13 +237,10 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "models.architectures",
           lambda x: isinstance(x, (tuple, list)) and len(x) == 1 and x[0] in names,
           f"one name (every client of the stream shares it) from {names}")
-  v.check(config, "models.width", v.positive, "a number > 0")
-  v.check(config, "models.conv_impl", v.choice(CONV_IMPLS), f"one of {CONV_IMPLS}")
-  if "stem" in config.models:
-    v.check(config, "models.stem", v.choice(STEMS), f"one of {STEMS}")
-    if config.models.stem != "auto" and config.models.architectures[0] not in STEM_MODELS:
-      v.fail("models.stem", f"'auto' unless models.architectures is one of {STEM_MODELS} "
-             "(the stem is a ResNet's)", config.models.stem)
+  v.check(config, "models.stem", v.choice(STEMS), f"one of {STEMS}")
+  if config.models.stem != "auto" and config.models.architectures[0] not in STEM_MODELS:
+    v.fail("models.stem", f"'auto' unless models.architectures is one of {STEM_MODELS} "
+           "(the stem is a ResNet's)", config.models.stem)
   v.check(config, "local.optimizer", v.choice(OPTIMIZERS), f"one of {OPTIMIZERS}")
   v.check(config, "local.lr", v.positive, "a number > 0")
   v.check(config, "local.momentum", lambda x: number(x) and 0 <= x < 1, "a number in [0, 1)")
@@ -265,15 +250,20 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "local.epochs", v.int_at_least(1), "an integer >= 1")
   v.check(config, "local.batch_size", v.int_at_least(1), "an integer >= 1")
   v.check(config, "local.lr_schedule", v.choice(LR_SCHEDULES), f"one of {LR_SCHEDULES}")
-  per_call = config.rounds_per_call
-  for field in ("eval.every", "checkpoint.every"):
-    v.check(config, field, lambda x: v.int_at_least(0)(x) and x % per_call == 0,
-            f"an integer >= 0 and a multiple of rounds_per_call={per_call} (0: only at "
-            "task ends)")
-  v.check(config, "eval.batch_size", v.int_at_least(1), "an integer >= 1")
-  v.check(config, "checkpoint.keep", v.int_at_least(1), "an integer >= 1")
-  for field in ("logging.progress", "logging.plots", "logging.tensorboard"):
-    v.check(config, field, v.is_bool, "True or False")
+  # Run-wide values the stream cannot honour: one line each rather than a silent fallback.
+  stream = f"for a class-incremental run (scenario.name={SCENARIO!r})"
+  v.check(config, "sharding.num_devices", v.choice((1,)),
+          f"1 {stream}: it runs in one process on one device")
+  v.check(config, "round_programs", v.choice(("auto", "one")),
+          f"'auto' or 'one' {stream}: its methods' rounds are one piece")
+  v.check(config, "trace_cache", v.choice(("auto", "off")),
+          f"'auto' or 'off' {stream}: its round is traced afresh, not cached")
+  v.check(config, "models.compute_dtype", v.choice(("float32",)),
+          f"'float32' {stream}: the stream's models are built in float32")
+  v.check(config, "eval.top_k", v.choice((1,)),
+          f"1 {stream}: the stream reports top-1 accuracy (GLFC Table 1)")
+  v.check(config, "eval.targets", lambda x: isinstance(x, (tuple, list)) and not x,
+          f"() {stream}: its results are accuracies per task, not rounds to a target")
 
 
 class StreamArrays(NamedTuple):
@@ -609,7 +599,7 @@ def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncremen
   (`draw_round_roles`).
   """
   sc = config.scenario
-  per_round = sc.get("client_roles", "per_task") == "per_round"
+  per_round = sc.client_roles == "per_round"
   stream = incremental.build_class_incremental_stream(
       sc.dataset, num_tasks=int(sc.num_tasks), num_classes=int(sc.num_classes) or None,
       initial_clients=int(sc.initial_clients), new_clients_per_task=int(sc.new_clients_per_task),
@@ -617,7 +607,7 @@ def build_stream(config: ml_collections.ConfigDict) -> incremental.ClassIncremen
       shift_fraction=1.0 if per_round else float(sc.shift_fraction),
       client_data=sc.client_data, source=sc.source, data_dir=sc.data_dir or None,
       synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
-      test_size=int(sc.test_size) or None, class_order=sc.get("class_order", "seeded"),
+      test_size=int(sc.test_size) or None, class_order=sc.class_order,
       image_size=image_size(config), seed=int(config.seed))
   if not per_round:
     return stream
