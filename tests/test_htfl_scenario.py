@@ -124,5 +124,3 @@ def test_quick_configs_validate(method):
 def test_bad_variants_name_the_allowed_values():
   with pytest.raises(ValueError, match=r"skew in \('practical', 'pathological'\)"):
     htfl.get_config("cifar10_weird_htfe2_fml")
-  with pytest.raises(ValueError, match="models.architectures"):  # ResNet-50/101/152: no zoo model
-    validate_config(htfl.get_config("cifar10_practical_htfe8_fml"))

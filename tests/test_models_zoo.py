@@ -60,6 +60,20 @@ def resnet_params(blocks, num_classes=10, w=1.0):
   return total + linear(cin, num_classes)
 
 
+def bottleneck_resnet_params(blocks, num_classes=10, w=1.0):
+  total = conv(3, 3, _c(64, w)) + bn(_c(64, w))
+  cin = _c(64, w)
+  for n, planes in zip(blocks, (64, 128, 256, 512)):
+    planes = _c(planes, w)
+    for i in range(n):
+      total += conv(1, cin, planes) + bn(planes) + conv(3, planes, planes) + bn(planes)
+      total += conv(1, planes, 4 * planes) + bn(4 * planes)
+      if i == 0:
+        total += conv(1, cin, 4 * planes) + bn(4 * planes)
+      cin = 4 * planes
+  return total + linear(cin, num_classes)
+
+
 def efficientnet_b0_params(num_classes=10, w=1.0):
   stages = [(1, 16, 1, 3, 1), (6, 24, 2, 3, 2), (6, 40, 2, 5, 2), (6, 80, 3, 3, 2),
             (6, 112, 3, 5, 1), (6, 192, 4, 5, 2), (6, 320, 1, 3, 1)]
@@ -147,6 +161,9 @@ HAND_COUNTS = {
     "resnet12": lambda nc, w: resnet_params((2, 1, 1, 1), nc, w),
     "resnet18": lambda nc, w: resnet_params((2, 2, 2, 2), nc, w),
     "resnet34": lambda nc, w: resnet_params((3, 4, 6, 3), nc, w),
+    "resnet50": lambda nc, w: bottleneck_resnet_params((3, 4, 6, 3), nc, w),
+    "resnet101": lambda nc, w: bottleneck_resnet_params((3, 4, 23, 3), nc, w),
+    "resnet152": lambda nc, w: bottleneck_resnet_params((3, 8, 36, 3), nc, w),
     "glfc_resnet18": lambda nc, w: resnet_params((2, 2, 2, 2), nc, w),
     "efficientnet_b0": efficientnet_b0_params,
     "mobilenet_v2": mobilenet_v2_params,
@@ -167,6 +184,11 @@ EXPECTED_PARAMS = {
     "resnet12": 4_977_226,
     "resnet18": 11_173_962,  # the known CIFAR ResNet-18 count
     "resnet34": 21_282_122,  # the known CIFAR ResNet-34 count
+    # torchvision's totals (1000 classes, 7x7 stem) - 2,049,000 (fc) - 7,680 (7x7 -> 3x3
+    # stem) + 20,490 (a 10-class head).
+    "resnet50": 23_520_842,  # 25,557,032
+    "resnet101": 42_512_970,  # 44,549,160
+    "resnet152": 58_156_618,  # 60,192,808
     "glfc_resnet18": 11_173_962,
     # torch counts 3,599,686: its block 1 also builds an unused 32->32 expansion
     # conv + BN (1,024 + 64 parameters) that this model does not create.
@@ -183,6 +205,7 @@ EXPECTED_PARAMS = {
 
 EXPECTED_FEATURE_DIM = {
     "resnet10": 512, "resnet12": 512, "resnet18": 512, "resnet34": 512, "glfc_resnet18": 512,
+    "resnet50": 2048, "resnet101": 2048, "resnet152": 2048,
     "efficientnet_b0": 320, "mobilenet_v2": 1280, "googlenet": 1024, "simple_cnn": 256,
     "fedavg_mnist_cnn": 512, "fedavg_cifar_cnn": 192, "lenet_encoder": 768, "fedfusion": 192,
     "htfl_cnn": 512,
@@ -229,7 +252,14 @@ def test_parameter_count_under_width_multiplier(name, width, num_classes):
   assert model.feature_dim == expected_dim
 
 
-@pytest.mark.parametrize("name", models.MODEL_NAMES)
+# The Bottleneck ResNets' init and forward compile for half a minute to minutes on a 2-core
+# CPU (their counts and shapes are checked without compiling, tests/test_htfl_models.py).
+DEEP_MODELS = ("resnet50", "resnet101", "resnet152")
+FAST_OR_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n in DEEP_MODELS else n
+                for n in models.MODEL_NAMES]
+
+
+@pytest.mark.parametrize("name", FAST_OR_SLOW)
 def test_output_shapes_feature_dims_and_head(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -249,10 +279,10 @@ def test_output_shapes_feature_dims_and_head(name):
 
 
 BN_MODELS = ("resnet10", "resnet12", "resnet18", "resnet34", "glfc_resnet18",
-             "efficientnet_b0", "mobilenet_v2", "googlenet")
+             "efficientnet_b0", "mobilenet_v2", "googlenet") + DEEP_MODELS
 
 
-@pytest.mark.parametrize("name", models.MODEL_NAMES)
+@pytest.mark.parametrize("name", FAST_OR_SLOW)
 def test_batch_norm_state_changes_in_train_mode_only(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -310,7 +340,8 @@ def _make_train_step(model, lr):
 
 
 # GoogLeNet's jitted step compiles for about 15 s on a 2-core CPU: slow suite.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "googlenet"
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n == "googlenet" or n in DEEP_MODELS
                                   else n for n in models.MODEL_NAMES])
 def test_jitted_sgd_train_step_reduces_the_loss(name):
   model = models.get_model(name, NC, width=TINY)
@@ -444,7 +475,7 @@ def test_drop_connect_option_is_stochastic_per_example():
 
 def test_unknown_name_lists_the_valid_names():
   with pytest.raises(ValueError) as info:
-    models.get_model("resnet50", 10)
+    models.get_model("resnet51", 10)
   for name in models.MODEL_NAMES:
     assert name in str(info.value)
 

@@ -60,8 +60,9 @@ data the run stops (no synthetic substitute: `scenario.synthetic_fallback` False
 Backbones: the 4-layer CNN is HtFLlib's FedAvgCNN (`htfl_cnn`); ResNet-10/18/34, GoogLeNet
 and MobileNetV2 are the zoo's CIFAR variants (3x3 stem without max-pool; HtFLlib uses
 torchvision's ImageNet-stem ResNets, GoogLeNet and its own ImageNet MobileNetV2 on 32x32
-images: a deviation). ResNet-50/101/152 are not in the zoo: the htfe8 variants name them
-and stop with the zoo's list of models until they are added.
+images: a deviation). ResNet-50/101/152 (htfe8) are torchvision's Bottleneck layouts and
+init (models/resnet.py) with the same CIFAR stem; their 2048 features are pooled to 512 in
+windows of 4, as BaseHeadSplit's AdaptiveAvgPool1d(512) replacing torchvision's `fc` does.
 
 Quick variants (_quick): width 1/8 backbones with features pooled to 64 (= 512 / 8), a pool
 of 2000 + 1000 images (stratified subsamples of the train and test splits), 5 rounds, test

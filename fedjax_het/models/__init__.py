@@ -14,6 +14,8 @@ Models (`get_model(name, num_classes, *, width=1.0, conv_impl="xla", **kw)`):
 
   name               feature dim  architecture
   resnet10/12/18/34  512          CIFAR ResNet, BasicBlock [1,1,1,1]/[2,1,1,1]/[2,2,2,2]/[3,4,6,3]
+  resnet50/101/152   2048         torchvision's Bottleneck ResNet [3,4,6,3]/[3,4,23,3]/[3,8,36,3]
+                                  (CIFAR stem by default; stem="imagenet" is torchvision's)
   efficientnet_b0    320          CIFAR EfficientNet-B0 (SE, dropout 0.2 on the pooled feature)
   mobilenet_v2       1280         CIFAR MobileNetV2
   googlenet          1024         CIFAR GoogLeNet

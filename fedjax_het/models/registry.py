@@ -15,7 +15,7 @@ from fedjax_het.models.googlenet import googlenet
 from fedjax_het.models.htfl import htfl_cnn
 from fedjax_het.models.layers import check_compute_dtype, check_conv_impl
 from fedjax_het.models.mobilenet import mobilenet_v2
-from fedjax_het.models.resnet import RESNET_STAGE_SIZES, resnet
+from fedjax_het.models.resnet import RESNET_BLOCKS, RESNET_STAGE_SIZES, resnet
 from fedjax_het.models.small_cnns import (fedavg_cifar_cnn, fedavg_mnist_cnn, lenet_encoder,
                                           simple_cnn)
 
@@ -23,7 +23,7 @@ from fedjax_het.models.small_cnns import (fedavg_cifar_cnn, fedavg_mnist_cnn, le
 def _resnet_builder(name: str) -> Callable[..., Classifier]:
   def build(num_classes: int, *, width: float, conv_impl: str, stem: str = "cifar") -> Classifier:
     return resnet(RESNET_STAGE_SIZES[name], num_classes, width=width, conv_impl=conv_impl,
-                  stem=stem)
+                  stem=stem, block=RESNET_BLOCKS[name])
   return build
 
 
@@ -32,6 +32,10 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "resnet12": _resnet_builder("resnet12"),
     "resnet18": _resnet_builder("resnet18"),
     "resnet34": _resnet_builder("resnet34"),
+    # torchvision's Bottleneck ResNets (HtFLlib's HtFE8 group): CIFAR stem by default.
+    "resnet50": _resnet_builder("resnet50"),
+    "resnet101": _resnet_builder("resnet101"),
+    "resnet152": _resnet_builder("resnet152"),
     "efficientnet_b0": efficientnet_b0,
     "mobilenet_v2": mobilenet_v2,
     "googlenet": googlenet,
@@ -53,6 +57,10 @@ MODEL_KWARGS: dict[str, dict[str, Any]] = {
     "fedfusion": {"base": "fedavg_cifar_cnn", "fusion": "multi"},
     # GLFC's ResNet-18 at 32, 64 or 224 px: "cifar" or "imagenet" stem (models/resnet.py).
     "glfc_resnet18": {"stem": "cifar"},
+    # torchvision's ResNet-50/101/152: "imagenet" is HtFLlib's stem (models/resnet.py).
+    "resnet50": {"stem": "cifar"},
+    "resnet101": {"stem": "cifar"},
+    "resnet152": {"stem": "cifar"},
     # GLFC's LeNet encoder: its linear layer's input follows the image side.
     "lenet_encoder": {"image_size": 32},
 }
