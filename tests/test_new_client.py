@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import evaluation, models
+from fedjax_het import configs, evaluation, models
 from fedjax_het.studies import new_client as nc
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fedavg_family
@@ -25,7 +25,7 @@ from fedjax_het.train import train_and_evaluate
 from tests.tiny_models import TinyBatchNorm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MNIST = load_module(ROOT / "fedjax_het" / "configs" / "mnist.py")
+MNIST = configs.module("mnist")
 TINY = {"num_rounds": 1, "scenario.train_size": 200, "scenario.test_size": 100,
         "local.epochs": 1, "logging.progress": False, "compilation_cache_dir": "",
         "logging.plots": False}
@@ -260,7 +260,6 @@ def test_restore_refuses_unfinished_runs_and_other_data(fedfusion_run, tmp_path,
 
 
 def test_report_table_figure_and_options_from_hand_made_curves(tmp_path):
-  script = load_module(ROOT / "experiments" / "new_client.py")
   curves = [{"label": "fedfusion_conv", "kind": "global", "start": "the fused model",
              "learning_rate": 0.002, "accuracy": [60.0, 90.0, 94.2, 94.5],
              "federation_accuracy": 95.0, "server_model_accuracy": 61.0},
@@ -270,30 +269,29 @@ def test_report_table_figure_and_options_from_hand_made_curves(tmp_path):
     curve.update(nc.summarize(curve["accuracy"], tolerance=0.5, target=94.0))
   results = {"runs": ["runs/a"], "max_epochs": 3, "tolerance": 0.5, "target": 94.0,
              "lr": "config", "data": ["Held-out halves."], "curves": curves}
-  table = script.markdown(results)
+  table = nc.markdown(results)
   assert "| fedfusion_conv | 60.00 | 94.50 | 94.50 | 2 | 2 | 95.00 | 61.00 |" in table
   assert "| random init | 10.00 | 85.00 | 85.00 | 3 | not in 3 | — | — |" in table
   assert "| 3 | 94.50 | 85.00 |" in table
-  assert script.plot_curves(results, tmp_path / "fig.png")
+  assert nc.plot_curves(results, tmp_path / "fig.png")
   assert (tmp_path / "fig.png").stat().st_size > 0
   a, b = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
-  assert script.default_out([a]) == a / "new_client"
-  assert script.default_out([a, b]) == tmp_path / "runs" / "new_client"
-  assert script.resolve_target("none", []) is None
-  assert script.resolve_target("72", []) == 72.0
+  assert nc.default_out([a]) == a / "new_client"
+  assert nc.default_out([a, b]) == tmp_path / "runs" / "new_client"
+  assert nc.resolve_target("none", []) is None
+  assert nc.resolve_target("72", []) == 72.0
   with pytest.raises(ConfigError, match="percent"):
-    script.resolve_target("120", [])
+    nc.resolve_target("120", [])
   with pytest.raises(ConfigError, match="max_epochs"):
-    script.run_experiment([a], max_epochs=0)
+    nc.run_experiment([a], max_epochs=0)
 
 
 @pytest.mark.slow
 def test_new_client_experiment_end_to_end(fedfusion_run, tmp_path):
   """FedFusion-conv and the random reference, 2 epochs each, one table and one figure."""
-  script = load_module(ROOT / "experiments" / "new_client.py")
   lines = []
-  results = script.run_experiment([fedfusion_run], out=tmp_path, max_epochs=2, target=50.0,
-                                  echo=lines.append)
+  results = nc.run_experiment([fedfusion_run], out=tmp_path, max_epochs=2, target=50.0,
+                              echo=lines.append)
   assert [c["label"] for c in results["curves"]] == ["fedfusion_conv", "random init"]
   for curve in results["curves"]:
     assert len(curve["accuracy"]) == 3 and len(curve["loss"]) == 2

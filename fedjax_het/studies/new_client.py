@@ -58,7 +58,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import pathlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -560,3 +562,223 @@ def summarize(accuracy: Sequence[float], *, tolerance: float, target: float | No
   if target is not None and math.isfinite(target):
     out["epochs_to_target"] = epochs_to_target(accuracy, target)
   return out
+
+
+# The experiment over finished runs, its report and plot (experiments/new_client.py is its
+# command line).
+
+RANDOM_LABEL = "random init"
+
+
+def default_out(run_dirs: Sequence[pathlib.Path]) -> pathlib.Path:
+  """<run>/new_client for one run, <common parent>/new_client for several."""
+  if len(run_dirs) == 1:
+    return run_dirs[0] / "new_client"
+  return pathlib.Path(os.path.commonpath([str(p.absolute()) for p in run_dirs])) / "new_client"
+
+
+def resolve_target(target: str | float | None, runs: Sequence[FinishedRun]) -> float | None:
+  """--target: a percent, "none", or "auto" (the first run's first eval.targets, else none)."""
+  if target is None or (isinstance(target, str) and target.lower() == "none"):
+    return None
+  if isinstance(target, str) and target.lower() == "auto":
+    targets = tuple(runs[0].config.eval.targets)
+    return float(targets[0]) if targets else None
+  value = float(target)
+  if not 0 < value <= 100:
+    raise ConfigError(f"--target must be a percent in (0, 100], 'auto' or 'none', got "
+                         f"{target!r}.")
+  return value
+
+
+def _unique_labels(labels: list[str], runs: Sequence[FinishedRun]) -> list[str]:
+  """Method labels, suffixed with the run's directory name where two are equal."""
+  return [f"{label} ({run.workdir.name})" if labels.count(label) > 1 else label
+          for label, run in zip(labels, runs)]
+
+
+def run_experiment(run_dirs: Sequence[str | os.PathLike], *, out: str | os.PathLike | None = None,
+                   max_epochs: int = 20, tolerance: float = 0.5,
+                   target: str | float | None = "auto", lr: str | float = "config",
+                   seed: int | None = None, plot: bool = True,
+                   echo: Callable[[str], None] = print) -> dict[str, Any]:
+  """Runs the new-client experiment on finished runs; writes and returns the results.
+
+  Args:
+    run_dirs: workdirs of finished runs (FedAvg, FedMMD or FedFusion).
+    out: output directory (default: `default_out`).
+    max_epochs: local epochs of every new client.
+    tolerance: points below the best accuracy that count as converged.
+    target: accuracy target in percent, "auto" or "none" (`resolve_target`).
+    lr: "config", "last" or a rate (`new_client.new_client_lr`).
+    seed: seed of the data halves and batch orders (default: each run's seed).
+    plot: write new_client.png (needs matplotlib).
+    echo: progress lines.
+
+  Returns:
+    The contents of new_client.json.
+  """
+  tick = time.perf_counter()
+  if not run_dirs:
+    raise ConfigError("--runs: name at least one finished run's workdir.")
+  if int(max_epochs) < 1:
+    raise ConfigError(f"--max_epochs must be >= 1, got {max_epochs!r}.")
+  if not float(tolerance) >= 0:
+    raise ConfigError(f"--tolerance must be >= 0, got {tolerance!r}.")
+  paths = [pathlib.Path(p) for p in run_dirs]
+  runs = []
+  for path in paths:
+    echo(f"restoring {path}")
+    run = restore_finished_run(path)
+    check_method(run.config)
+    runs.append(run)
+  target_value = resolve_target(target, runs)
+  labels = _unique_labels([method_label(r.config) for r in runs], runs)
+  curves, references, datasets = [], {}, {}
+  for run, label in zip(runs, labels):
+    config, setup = run.config, run.experiment.setup
+    data = new_client_data(config, run.experiment.scenario, seed=seed)
+    fingerprint = data_fingerprint(data)
+    datasets[fingerprint] = data.description
+    rate = new_client_lr(config, lr)
+    start = global_start(config, setup, run.server)
+    echo(f"{label}: {max_epochs} local epochs from the global model at lr {rate:g}")
+    began = time.perf_counter()
+    curve = train_curve(start, data, config, setup, max_epochs=max_epochs,
+                           learning_rate=rate, seed=seed)
+    # The server model exactly as the run evaluated it, on the new client's evaluation half
+    # (FedFusion: before its frozen trunk is reloaded, so it may differ from epoch 0).
+    accuracy = jax_accuracy(start, data, config, setup)
+    curves.append({
+        "label": label, "kind": "global", "run": str(run.workdir), "config_name": config.name,
+        "method": str(config.algorithm), "start": start.description, "learning_rate": rate,
+        "rounds_trained": run.round, "data_fingerprint": fingerprint,
+        "federation_accuracy": run.recorded_accuracy(),
+        "server_model_accuracy": float(accuracy(run.server)),
+        "accuracy": curve.accuracy, "loss": curve.loss,
+        "seconds": time.perf_counter() - began,
+        **summarize(curve.accuracy, tolerance=float(tolerance), target=target_value)})
+    key = json.dumps([fingerprint, config.models.to_dict(), config.local.to_dict(),
+                      config.eval.to_dict(), rate, seed if seed is not None else int(config.seed)],
+                     sort_keys=True, default=str)
+    if key not in references:
+      references[key] = (run, data, rate, fingerprint)
+  for run, data, rate, fingerprint in references.values():
+    label = RANDOM_LABEL if len(references) == 1 else f"{RANDOM_LABEL} ({labels[runs.index(run)]})"
+    start = random_start(run.config, run.experiment.setup)
+    echo(f"{label}: {max_epochs} local epochs from a random initialisation at lr {rate:g}")
+    began = time.perf_counter()
+    curve = train_curve(start, data, run.config, run.experiment.setup,
+                           max_epochs=max_epochs, learning_rate=rate, seed=seed)
+    curves.append({
+        "label": label, "kind": "random", "run": str(run.workdir),
+        "config_name": run.config.name, "method": "random", "start": start.description,
+        "learning_rate": rate, "data_fingerprint": fingerprint,
+        "accuracy": curve.accuracy, "loss": curve.loss,
+        "seconds": time.perf_counter() - began,
+        **summarize(curve.accuracy, tolerance=float(tolerance), target=target_value)})
+  out_dir = pathlib.Path(out) if out is not None else default_out(paths)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  results = {
+      "experiment": "new_client (FedFusion paper Sec. 4.3.2, Fig. 6)",
+      "runs": [str(p) for p in paths], "max_epochs": int(max_epochs),
+      "tolerance": float(tolerance), "target": target_value, "lr": str(lr),
+      "seed": seed, "data": sorted(datasets.values()),
+      "definitions": {
+          "epoch 0": "the starting model, before any local training",
+          "epochs_to_converge": f"the first epoch whose accuracy is within {tolerance:g} points "
+                                f"of the curve's best accuracy over epochs 0-{max_epochs}",
+          "epochs_to_target": "the first epoch whose accuracy reaches the target (null: never)",
+          "federation_accuracy": "the run's last recorded mean (intra-domain) test accuracy",
+          "server_model_accuracy": "the server model as the run evaluates it, on the new "
+                                   "client's evaluation half",
+      },
+      "curves": curves, "wall_seconds": time.perf_counter() - tick}
+  workdir_lib.write_atomic(out_dir / "new_client.json", json.dumps(results, indent=2) + "\n")
+  workdir_lib.write_atomic(out_dir / "new_client.md", markdown(results))
+  if plot:
+    plot_curves(results, out_dir / "new_client.png")
+  echo(f"wrote {out_dir / 'new_client.md'}")
+  return results
+
+
+def jax_accuracy(start: ClientStart, data: NewClientData, config: Any,
+                 setup: Any) -> Callable[[Any], float]:
+  """variables -> accuracy (percent) of `start`'s model on the new client's evaluation half."""
+  accuracy = jax.jit(make_accuracy(start.group.model, size=len(data.test),
+                                      batch_size=int(config.eval.batch_size),
+                                      top_k=int(config.eval.top_k),
+                                      preprocess=normalizer(setup.private_mean,
+                                                            setup.private_std)))
+  images, labels = jnp.asarray(data.test.images), jnp.asarray(data.test.labels)
+  return lambda variables: float(accuracy(variables, images, labels))
+
+
+def _cell(value: Any, fmt: str = "{:.2f}") -> str:
+  if value is None:
+    return "—"
+  return fmt.format(value) if isinstance(value, float) else str(value)
+
+
+def markdown(results: dict[str, Any]) -> str:
+  """new_client.md: the summary table and the accuracy per epoch."""
+  target, tolerance = results["target"], results["tolerance"]
+  lines = ["# New client: local epochs to converge from each method's global model",
+           "", "FedFusion paper Sec. 4.3.2 / Fig. 6. Runs: "
+           + ", ".join(f"`{r}`" for r in results["runs"]) + ".", ""]
+  lines += [f"Data: {d}" for d in results["data"]]
+  lines += ["", f"Local training: {results['max_epochs']} epochs with each run's local optimiser "
+            f"(config.local) at a constant learning rate (--lr={results['lr']}: "
+            + ", ".join(sorted({f"{c['learning_rate']:g}" for c in results["curves"]})) + ").",
+            f"Epochs to converge: the first epoch within {tolerance:g} points of the curve's best "
+            f"accuracy (epochs 0-{results['max_epochs']}; epoch 0 = before training)."
+            + (f" Epochs to target: the first epoch reaching {target:g}%." if target else ""), ""]
+  header = ["start", "epoch 0", "best", "final", f"epochs to converge (±{tolerance:g})"]
+  if target:
+    header.append(f"epochs to {target:g}%")
+  header += ["federation accuracy (run)", "server model on new client"]
+  lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for c in results["curves"]:
+    row = [c["label"], _cell(c["accuracy"][0]), _cell(c["best"]), _cell(c["final"]),
+           _cell(c["epochs_to_converge"])]
+    if target:
+      row.append(_cell(c.get("epochs_to_target")) if c.get("epochs_to_target") is not None
+                 else f"not in {results['max_epochs']}")
+    row += [_cell(c.get("federation_accuracy")), _cell(c.get("server_model_accuracy"))]
+    lines.append("| " + " | ".join(row) + " |")
+  lines += ["", "Accuracy (%) on the new client's evaluation half after each local epoch:", ""]
+  names = [c["label"] for c in results["curves"]]
+  lines += ["| epoch | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+  for epoch in range(results["max_epochs"] + 1):
+    lines.append(f"| {epoch} | " + " | ".join(f"{c['accuracy'][epoch]:.2f}"
+                                              for c in results["curves"]) + " |")
+  lines += ["", "Starts:", *[f"- {c['label']}: {c['start']}." for c in results["curves"]], ""]
+  return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, Any], path: pathlib.Path) -> bool:
+  """Accuracy vs local epochs, one line per start (reference dashed). False without matplotlib."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    print("matplotlib is not installed (pip install 'fedjax_het[viz]'): no plot.")
+    return False
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for c in results["curves"]:
+    epochs = range(len(c["accuracy"]))
+    ax.plot(epochs, c["accuracy"], "--" if c["kind"] == "random" else "-", marker="o",
+            markersize=3, label=f"{c['label']} (converged at {c['epochs_to_converge']})")
+  if results["target"]:
+    ax.axhline(results["target"], color="grey", linestyle=":", linewidth=1,
+               label=f"target {results['target']:g}%")
+  ax.set_xlabel("local epochs of the new client")
+  ax.set_ylabel("test accuracy (%)")
+  ax.set_title("New client: accuracy vs local epochs from each method's start")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
