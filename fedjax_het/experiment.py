@@ -17,6 +17,7 @@ What the loop asks of a run (`Experiment` and `StreamExperiment` alike):
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import pathlib
@@ -176,7 +177,9 @@ class Experiment:
         max_test_size=int(test.images.shape[1]),
         test_sizes=tuple(int(n) for n in test.sizes))
     self.algorithm = get_method(config.algorithm).make(config, self.setup)
-    arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test)
+    # E as an argument of the round's programs, not a constant in them (`optim.run_length`).
+    arrays = FederatedArrays(groups=group_data, public=scenario.public, test=test,
+                             num_rounds=np.int32(config.num_rounds))
     if mesh is not None:
       # Across processes each process builds the same `arrays` (same config and seed) and keeps
       # only the shards of its own devices (device_put to a sharding spanning processes).
@@ -313,10 +316,12 @@ class Experiment:
     if directory is None:
       return None
     config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
-              if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS)}
+              if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS
+                                         + trace_cache.NOT_IN_ROUND)}
     # What the method's make() read besides the config (data sizes, normalisation statistics,
-    # the modules) and the convolutions this Experiment chose.
-    statics = {"setup": repr(self.setup), "conv_impl": self.conv_impl,
+    # the modules) and the convolutions this Experiment chose; E is an argument of the round.
+    setup = dataclasses.replace(self.setup, num_rounds=0)
+    statics = {"setup": repr(setup), "conv_impl": self.conv_impl,
                "public_conv_impl": self.public_conv_impl}
     try:
       return directory, trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),

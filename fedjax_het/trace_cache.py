@@ -16,9 +16,11 @@ The key is a SHA-256 over everything that decides the traced program:
   * the source of every module of the `fedjax_het` package, and of the modules
     that define the run's method and models when they live outside it;
   * the config, less the fields that never change the numbers
-    (`workdir.NEUTRAL_FIELDS`: logging, names, cache and checkpoint settings);
-    what the method's `make` reads besides it (the `Setup`: data sizes,
-    normalisation statistics, modules); the convolution implementations the
+    (`workdir.NEUTRAL_FIELDS`: logging, names, cache and checkpoint settings)
+    and those a round's program does not read (`NOT_IN_ROUND`: the number of
+    rounds, an argument of the program, and the evaluation cadence); what the
+    method's `make` reads besides it (the `Setup` but its `num_rounds`: data
+    sizes, normalisation statistics, modules); the convolution implementations the
     `Experiment` chose; and the shapes, dtypes and tree structure of the
     round's arguments (state and data);
   * the versions of jax, jaxlib, flax, optax and numpy, the backend, the
@@ -58,6 +60,11 @@ MODES = ("auto", "on", "off")
 FOLDER = "fedjax_het_traces"
 SUFFIX = ".jax_exported"
 PACKAGE = pathlib.Path(__file__).resolve().parent
+
+#: Config fields a round's program does not depend on, left out of the key: `num_rounds` is an
+#: argument of the program (`FederatedArrays.num_rounds`, read by the schedules through
+#: `engine.optim.run_length`), `eval.every` decides when the trainer evaluates between calls.
+NOT_IN_ROUND = ("num_rounds", "eval.every")
 
 #: Bumped when what this module writes changes meaning.
 FORMAT = "fedjax_het trace cache 1"

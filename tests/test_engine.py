@@ -291,6 +291,78 @@ def test_round_decay_schedule_is_exact_in_the_first_two_rounds_and_linear_after(
                              [1e-3 * (1 - 0.9 * r / 40) for r in (1, 20, 39)], rtol=1e-6)
 
 
+def _constant_length_decay(base_lr, num_rounds, decay):
+  """The decay with E a constant of the program: optax's linear schedule, as the engine built it
+  before E became an argument of the round."""
+  multiplier = optax.linear_schedule(init_value=1.0, end_value=1.0 - decay,
+                                     transition_steps=num_rounds, transition_begin=1)
+  return lambda round_index: base_lr * multiplier(round_index)
+
+
+def _numpy_decay(base_lr, round_index, num_rounds, decay):
+  """lr0 * (1 - decay * clip(r - 1, 0, E) / E) in float32 NumPy, operation by operation."""
+  f32 = np.float32
+  count = np.clip(round_index - 1, 0, num_rounds)
+  fraction = f32(1) - f32(count) / f32(num_rounds)
+  return f32(base_lr) * (f32(decay) * fraction + f32(1.0 - decay))
+
+
+@pytest.mark.parametrize("base_lr,decay", [(1e-3, 0.9), (0.05, 0.99)])
+def test_a_traced_run_length_gives_the_bits_of_a_constant_one(base_lr, decay):
+  schedule = optim.round_decay_schedule(base_lr, 1, decay)  # E=1 is overridden below
+
+  @jax.jit
+  def traced(rounds, num_rounds):  # E an argument, as the engine passes it; one round at a time
+    with optim.run_length(num_rounds):
+      return jax.lax.map(schedule, rounds)
+
+  # E = 6, 7, 12, 13, 15, ...: count / E and count * (1 / E) differ in float32 for some rounds.
+  for num_rounds in [1, 3, 6, 13, 15, 40, 333]:
+    rounds = jnp.arange(num_rounds + 3, dtype=jnp.int32)
+    got = np.asarray(traced(rounds, jnp.int32(num_rounds)))
+    constant = np.asarray(jax.jit(lambda r, e=num_rounds: jax.lax.map(
+        _constant_length_decay(base_lr, e, decay), r))(rounds))
+    assert got.dtype == constant.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), constant.view(np.uint32))
+    # The formula by hand (XLA's reciprocal and fused multiply-add move the last bit).
+    by_hand = np.array([_numpy_decay(base_lr, r, num_rounds, decay) for r in range(len(rounds))])
+    np.testing.assert_allclose(got, by_hand, rtol=0, atol=5e-7 * base_lr)
+  # The program is one for every E.
+  rounds = jnp.arange(8, dtype=jnp.int32)
+  assert (traced.lower(rounds, jnp.int32(3)).as_text()
+          == traced.lower(rounds, jnp.int32(40)).as_text())
+
+
+def test_fedproc_alpha_with_a_traced_run_length_gives_the_bits_of_a_constant_one():
+  from fedjax_het.algorithms import fedproc  # pylint: disable=g-import-not-at-top
+
+  def constant_alpha(r, num_rounds):  # the formula with E a constant of the program
+    return jnp.clip(1.0 - jnp.asarray(r, jnp.float32) / max(num_rounds - 1, 1), 0.0, 1.0)
+
+  @jax.jit
+  def traced(rounds, num_rounds):
+    with optim.run_length(num_rounds):
+      return jax.lax.map(lambda r: fedproc.linear_alpha(r, 1), rounds)
+
+  for num_rounds in [1, 2, 7, 8, 13, 41]:
+    rounds = jnp.arange(num_rounds + 1, dtype=jnp.int32)
+    got = np.asarray(traced(rounds, jnp.int32(num_rounds)))
+    constant = np.asarray(jax.jit(lambda r, e=num_rounds: jax.lax.map(
+        lambda x: constant_alpha(x, e), r))(rounds))
+    np.testing.assert_array_equal(got.view(np.uint32), constant.view(np.uint32))
+
+
+def test_run_length_overrides_a_schedule_only_inside_its_block():
+  schedule = optim.round_decay_schedule(1.0, 10, 0.9)  # round 11: 1 - 0.9 * 10 / E
+  with optim.run_length(20):
+    assert float(schedule(11)) == pytest.approx(0.55)
+    assert optim.num_rounds_in_run(5) == 20
+    with optim.run_length(None):  # the schedule's own E
+      assert float(schedule(11)) == pytest.approx(0.1)
+  assert float(schedule(11)) == pytest.approx(0.1)
+  assert optim.num_rounds_in_run(5) == 5
+
+
 def test_injected_learning_rate_scales_the_step_and_survives_jit():
   tx = optim.make_optimizer("sgd", momentum=0.5)
   params = {"w": jnp.array([1.0, 2.0])}

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_het import config as config_lib
@@ -16,7 +17,7 @@ from fedjax_het import models
 from fedjax_het import trace_cache
 from fedjax_het import experiment as experiment_lib
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.algorithms import fcclplus
+from fedjax_het.algorithms import fcclplus, solo
 from fedjax_het.errors import ConfigError
 from tests.test_train import tiny_config
 
@@ -104,6 +105,56 @@ def test_another_config_value_is_another_entry(tmp_path, counted_traces):
   config.logging.plots = not config.logging.plots
   config.name = "renamed"
   assert experiment_lib.Experiment(config, scenario=experiment.scenario).lower_rounds(state).hit
+
+
+def _old_round_decay_schedule(base_lr, num_rounds, decay=0.9):
+  """The linear decay with E a constant of the traced round (optax's schedule, by hand)."""
+  if not decay:
+    return optax.constant_schedule(base_lr)
+  multiplier = optax.linear_schedule(init_value=1.0, end_value=1.0 - decay,
+                                     transition_steps=num_rounds, transition_begin=1)
+  return lambda round_index: base_lr * multiplier(round_index)
+
+
+def _rounds(run, state, data, calls):
+  """`calls` calls of the compiled round `run` from `state`: (state, [metrics per call])."""
+  metrics = []
+  for _ in range(calls):
+    state, m = run(state, data)
+    metrics.append(m)
+  return state, metrics
+
+
+def test_configs_that_differ_only_in_num_rounds_share_one_entry(tmp_path, counted_traces,
+                                                                 monkeypatch):
+  config = tiny_config("solo", compilation_cache_dir=str(tmp_path), round_programs="one",
+                       num_rounds=4)
+  config.local.lr_decay = 0.9  # a rate that depends on E from round 2 on
+  first = experiment_lib.Experiment(config)
+  state = first.init_state()
+  missed = first.lower_rounds(state)
+  assert not missed.hit and counted_traces["traces"] == 1
+  config.num_rounds, config.eval.every = 6, 2  # fields a round's program does not read
+  longer = experiment_lib.Experiment(config, scenario=first.scenario)
+  read = longer.lower_rounds(state)
+  assert read.hit and counted_traces["traces"] == 1
+  assert read.as_text() == missed.as_text()
+  assert len(list((tmp_path / trace_cache.FOLDER).glob(f"*{trace_cache.SUFFIX}"))) == 1
+
+  # The shared program reads E from the data: three rounds of the 6-round run give the bits of
+  # a round that has E = 6 as a constant (the schedule written with optax, no cache), and
+  # differ from the 4-round run's third round.
+  shared = longer.compile_rounds(state)
+  state6, metrics6 = _rounds(shared, state, longer.data, 3)
+  state4, _ = _rounds(shared, state, first.data, 3)  # the same program, E = 4
+  config.trace_cache = "off"
+  monkeypatch.setattr(solo, "round_decay_schedule", _old_round_decay_schedule)
+  constant = experiment_lib.Experiment(config, scenario=first.scenario)
+  assert constant.data.num_rounds is not None  # given, and not read by the old schedule
+  expected_state, expected_metrics = _rounds(constant.compile_rounds(state), state,
+                                             constant.data, 3)
+  assert _bitwise_equal((state6, metrics6), (expected_state, expected_metrics))
+  assert not _bitwise_equal(state6, state4)
 
 
 def test_an_unreadable_entry_is_traced_again_and_replaced(tmp_path, counted_traces):

@@ -52,16 +52,20 @@ import ml_collections
 from fedjax_het import losses, models, validation
 from fedjax_het.algorithms import common, fedavg_family
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import batching
+from fedjax_het.engine import batching, optim
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import ClientGroup
 
 ALPHA_SCHEDULES = ("linear", "constant")
 
 
-def linear_alpha(round_index: jax.Array, num_rounds: int) -> jax.Array:
-  """alpha(r) = 1 - r / (E - 1) (the FCCL+ benchmark code), 1 when E = 1, clipped to [0, 1]."""
-  alpha = 1.0 - jnp.asarray(round_index, jnp.float32) / max(num_rounds - 1, 1)
+def linear_alpha(round_index: jax.Array, num_rounds: int | jax.Array) -> jax.Array:
+  """alpha(r) = 1 - r / (E - 1) (the FCCL+ benchmark code), 1 when E = 1, clipped to [0, 1].
+
+  E is `num_rounds`, or inside an `optim.run_length` block the E it gives."""
+  total = optim.num_rounds_in_run(num_rounds)
+  span = max(total - 1, 1) if isinstance(total, int) else jnp.maximum(total - 1, 1)
+  alpha = 1.0 - optim.divide_as_by_constant(jnp.asarray(round_index, jnp.float32), span)
   return jnp.clip(alpha, 0.0, 1.0)
 
 

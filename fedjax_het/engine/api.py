@@ -51,10 +51,17 @@ Metrics = Mapping[str, Any]
 
 
 class FederatedArrays(NamedTuple):
-  """Everything a round reads, as (device) arrays."""
+  """Everything a round reads, as (device) arrays.
+
+  `num_rounds`, the run's number of rounds E as an int32 scalar, is what the
+  schedules of the run's length read (`optim.run_length`), so a round's program
+  does not depend on E; None (arrays built by hand) leaves them the
+  `Setup.num_rounds` they were built with, a constant of the program.
+  """
   groups: Mapping[str, GroupData]  # private data per architecture group
   public: Any                      # (N0, 32, 32, 3) uint8, may have 0 rows
   test: Any                        # evaluation.TestData
+  num_rounds: Any = None           # () int32, or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +72,8 @@ class Setup:
     groups: the architecture groups.
     num_participants: K.
     num_classes: C.
-    num_rounds: E (for learning-rate schedules).
+    num_rounds: E (for learning-rate schedules, unless `FederatedArrays.num_rounds`
+      gives it at run time).
     max_sizes: padded private rows per group.
     private_mean, private_std: normalisation of private images.
     public_mean, public_std: normalisation of public images.

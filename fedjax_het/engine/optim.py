@@ -11,10 +11,19 @@ that rate.
 
 Schedules are optax schedules of the ROUND index (or epoch index) rather than
 of the step count: the FCCL/FCCL+ code changes the learning rate once per round.
+A schedule that depends on the run's number of rounds E (`round_decay_schedule`)
+reads E as a value of the program: inside `run_length(num_rounds)` (the engine
+enters it around every round with the run's E as a traced int32 scalar,
+`FederatedArrays.num_rounds`) it uses that E instead of the one it was built
+with, so one round's program is the same for every E and a run of another
+length reuses the traced and compiled round.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -77,23 +86,69 @@ def apply_updates(optimizer: optax.GradientTransformation, params: Any, grads: A
   return optax.apply_updates(params, updates), opt_state
 
 
-def round_decay_schedule(base_lr: float, num_rounds: int, decay: float = 0.9) -> optax.Schedule:
+_RUN_LENGTH: contextvars.ContextVar[Any] = contextvars.ContextVar("fedjax_het_run_length",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def run_length(num_rounds: int | jax.Array | None) -> Iterator[None]:
+  """Within the block, schedules of the run's length read E = `num_rounds`.
+
+  `num_rounds`: the run's number of rounds, typically an int32 scalar traced
+  as an argument of the round's program; None leaves each schedule its own E.
+  """
+  token = _RUN_LENGTH.set(num_rounds)
+  try:
+    yield
+  finally:
+    _RUN_LENGTH.reset(token)
+
+
+def num_rounds_in_run(default: int | jax.Array) -> int | jax.Array:
+  """The E of the enclosing `run_length` block, or `default` outside one."""
+  value = _RUN_LENGTH.get()
+  return default if value is None else value
+
+
+def round_decay_schedule(base_lr: float, num_rounds: int | jax.Array,
+                         decay: float = 0.9) -> optax.Schedule:
   """The FCCL/FCCL+ code's linear decay as an optax schedule of the round index.
 
   The code sets lr = lr0 * (1 - decay * e / E) AFTER round e, so round r runs
   with lr0 * (1 - decay * max(r - 1, 0) / E): rounds 0 and 1 both use lr0.
-  `decay=0` gives a constant rate.
+  `decay=0` gives a constant rate. E is `num_rounds`, or inside a `run_length`
+  block the E it gives (then a value of the program rather than a constant).
 
-  The decay is applied as a multiplier of `base_lr` (a linear schedule from 1
-  to 1 - decay) so that rounds 0 and 1 use exactly lr0 in float32: the
-  collaborative phase's fresh Adam per batch is sign-SGD, which turns a 1-ulp
-  change of the rate into different rounding noise downstream.
+  The decay is applied as a multiplier of `base_lr` (optax's `linear_schedule`
+  from 1 to 1 - decay, written out so that E may be traced) so that rounds 0
+  and 1 use exactly lr0 in float32: the collaborative phase's fresh Adam per
+  batch is sign-SGD, which turns a 1-ulp change of the rate into different
+  rounding noise downstream. For the same reason a traced E gives the bits of
+  a program with E a constant: XLA compiles `count / E` for a constant E as
+  `count * (1 / E)` (its algebraic simplifier), so with E traced the schedule
+  multiplies by the float32 reciprocal itself (`divide_as_by_constant`).
   """
   if not decay:
     return optax.constant_schedule(base_lr)
-  multiplier = optax.linear_schedule(init_value=1.0, end_value=1.0 - decay,
-                                     transition_steps=num_rounds, transition_begin=1)
-  return lambda round_index: base_lr * multiplier(round_index)
+  end = 1.0 - decay
+
+  def schedule(round_index):
+    total = num_rounds_in_run(num_rounds)
+    # optax.linear_schedule(1.0, end, transition_steps=total, transition_begin=1)(round_index)
+    count = jnp.clip(round_index - 1, 0, total)
+    fraction = 1 - divide_as_by_constant(count, total)
+    return base_lr * ((1.0 - end) * fraction + end)
+
+  return schedule
+
+
+def divide_as_by_constant(numerator: Any, denominator: int | jax.Array) -> jax.Array:
+  """`numerator / denominator` in float32 as a jitted program computes it for a constant
+  denominator: a Python int divides (XLA turns it into a multiplication by the reciprocal
+  when it compiles a program), an array (traced) multiplies by its float32 reciprocal."""
+  if isinstance(denominator, int):
+    return numerator / denominator
+  return numerator * (1.0 / jnp.asarray(denominator, jnp.float32))
 
 
 def exponential_round_schedule(base_lr: float, rate: float,
@@ -133,7 +188,7 @@ def exponential_round_schedule(base_lr: float, rate: float,
   return schedule
 
 
-def linear_decay(base_lr: float, round_index: jax.Array, num_rounds: int,
+def linear_decay(base_lr: float, round_index: jax.Array, num_rounds: int | jax.Array,
                  decay: float = 0.9) -> jax.Array:
   """`round_decay_schedule(base_lr, num_rounds, decay)(round_index)`."""
   return round_decay_schedule(base_lr, num_rounds, decay)(round_index)

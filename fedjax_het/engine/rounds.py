@@ -8,8 +8,10 @@
 The engine adds bookkeeping to the method's state: the round counter
 (`state["round"]`) and the run key (`state["rng"]`). Round r calls
 `algorithm.round(state, data, fold_in(run_key, r), r)`, so a resumed run draws
-the same numbers as an uninterrupted one. The engine never decides a method's
-phase order: that is the method's `round`.
+the same numbers as an uninterrupted one, inside `optim.run_length(data.num_rounds)`
+(`FederatedArrays.num_rounds`; data without it leaves the schedules their own), so
+the schedules read the run's number of rounds from the data. The engine never
+decides a method's phase order: that is the method's `round`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_het.engine import optim
 from fedjax_het.engine.api import Algorithm, FederatedArrays, Stage
 
 BOOKKEEPING = ("round", "rng")
@@ -38,6 +41,11 @@ def initial_state(algorithm: Algorithm, key: jax.Array, data: FederatedArrays) -
   return state
 
 
+def _num_rounds(data: Any) -> Any:
+  """The run's number of rounds the data carries (`FederatedArrays.num_rounds`), else None."""
+  return getattr(data, "num_rounds", None)
+
+
 def method_state(state: dict[str, Any]) -> dict[str, Any]:
   """The state without the engine's bookkeeping (what `algorithm.round` sees)."""
   return {k: v for k, v in state.items() if k not in BOOKKEEPING}
@@ -49,7 +57,8 @@ def make_round_fn(algorithm: Algorithm) -> Callable[[Any, FederatedArrays], tupl
   def round_fn(state, data):
     round_index = state["round"]
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), round_index)
-    new_state, metrics = algorithm.round(method_state(state), data, key, round_index)
+    with optim.run_length(_num_rounds(data)):
+      new_state, metrics = algorithm.round(method_state(state), data, key, round_index)
     return {**new_state, "round": round_index + 1, "rng": state["rng"]}, metrics
 
   return round_fn
@@ -105,7 +114,8 @@ def make_stage_fns(algorithm: Algorithm) -> tuple[tuple[str, Callable[..., Any]]
     def run(state, data):
       round_index = state["round"]
       key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), round_index)
-      new_state, metrics = stage.run(method_state(state), data, key, round_index)
+      with optim.run_length(_num_rounds(data)):
+        new_state, metrics = stage.run(method_state(state), data, key, round_index)
       return {**new_state, "round": round_index + advance, "rng": state["rng"]}, metrics
     return run
 

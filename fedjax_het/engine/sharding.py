@@ -184,4 +184,5 @@ def data_shardings(data: Any, mesh: Mesh) -> Any:
   return type(data)(
       groups=jax.tree_util.tree_map(lambda _: _client_sharded(mesh), data.groups),
       public=_replicated(mesh),
-      test=jax.tree_util.tree_map(lambda _: _replicated(mesh), data.test))
+      test=jax.tree_util.tree_map(lambda _: _replicated(mesh), data.test),
+      num_rounds=None if data.num_rounds is None else _replicated(mesh))
