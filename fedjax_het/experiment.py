@@ -58,7 +58,9 @@ def build_scenario(config: ml_collections.ConfigDict) -> data_lib.Scenario:
         dirichlet_alpha=float(sc.dirichlet_alpha), shards_per_client=int(sc.shards_per_client),
         source=sc.dataset_source, data_dir=sc.data_dir or None,
         synthetic_fallback=bool(sc.synthetic_fallback), train_size=int(sc.train_size) or None,
-        test_size=int(sc.test_size) or None, seed=int(config.seed))
+        test_size=int(sc.test_size) or None, seed=int(config.seed),
+        public_name=sc.public_name, public_size=int(sc.public_size),
+        public_normalization=sc.public_normalization)
   return data_lib.build_scenario(
       sc.name, data_dir=sc.data_dir or None, sources=dict(sc.sources) or None,
       synthetic_fallback=bool(sc.synthetic_fallback),

@@ -116,9 +116,14 @@ def test_quick_configs_validate(method):
   validate_config(paper)
   assert paper.scenario.partition == "shards" and paper.scenario.shards_per_client == 10
   assert paper.num_rounds == 2000 and paper.models.width == 1.0
-  if method != "fml":
-    assert paper.local.lr == 0.01 and paper.local.batch_size == 10 and paper.local.epochs == 1
-    assert paper.htfl.feature_dim == 512
+  assert paper.local.lr == 0.01 and paper.local.batch_size == 10 and paper.local.epochs == 1
+  if method in htfl.PUBLIC_METHODS:  # CIFAR-100 clients: Tiny-ImageNet public images
+    assert (paper.scenario.public_name, paper.scenario.public_size) == ("tinyimagenet", 5000)
+    assert "htfl" not in paper
+  else:
+    assert paper.scenario.public_size == 0
+    if method != "fml":
+      assert paper.htfl.feature_dim == 512
 
 
 def test_bad_variants_name_the_allowed_values():

@@ -14,14 +14,33 @@ def test_the_table_lists_every_method_for_htfe2_and_htfe4():
   assert table.family == "partitioned"
   assert [s.key for s in table.settings] == ["cifar10_practical_htfe2", "cifar10_practical_htfe4"]
   cells = cells_lib.plan(table, "quick", [0, 1, 2])
-  assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS)
+  methods = tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS
+  assert len(cells) == 3 * 2 * len(methods)
   config = cell_configs.cell_config(cells[0])
   validate_config(config)
   assert config.name.endswith("_quick_seed0") and config.scenario.dataset == "cifar10_pfllib"
+  assert config.scenario.public_size == 0
   for setting in table.settings:
+    assert [row.key for row in setting.rows] == list(methods)
+    # FedKTL Table 1 prints the data-free methods only: no paper number for a public row.
     assert setting.paper["final"] == {m: P.HTFL_FEDKTL_TABLE1[m][("practical", "cifar10")]
                                       for m in tables.HTFL_METHODS}
     assert "HtFE8" in setting.paper["where"]
+  assert "no number for the public-data methods" in table.source
+
+
+def test_the_public_rows_load_a_public_set_and_train_locally_as_htfllib():
+  table = tables.get_table("htfl_cifar10_practical")
+  public = [c for c in cells_lib.plan(table, "quick", [0])
+            if c.row.key in tables.HTFL_PUBLIC_METHODS]
+  assert sorted({c.row.key for c in public}) == sorted(tables.HTFL_PUBLIC_METHODS)
+  for cell in public:
+    config = cell_configs.cell_config(cell)
+    validate_config(config)
+    assert config.algorithm == cell.row.key
+    assert (config.scenario.public_name, config.scenario.public_size) == ("cifar100", 1000)
+    assert (config.local.optimizer, config.local.lr, config.local.batch_size,
+            config.local.epochs) == ("sgd", 0.01, 10, 1)
   assert P.HTFL_FEDKTL_TABLE1["fedtgp"][("practical", "cifar10")] == 88.15
 
 

@@ -23,7 +23,8 @@ Variants: <dataset>_<skew>_<group>_<method>[_quick]
               htfe4 {4-layer CNN, GoogLeNet, MobileNetV2, ResNet-18}
               htfe8 {4-layer CNN, GoogLeNet, MobileNetV2, ResNet-18, -34, -50, -101, -152}
   method    fedproto, fd, fedtgp, lg_fedavg, fedgh, fedkd (this library's modules of the
-            methods, whichever are registered), fml (the existing FML module)
+            methods, whichever are registered), fml (the existing FML module); with a public
+            set (see "Public-data methods"): fedmd, fcclplus, fccl, feddf, rhfl
 
 Protocol, read from the authors' code (HtFLlib system/main.py and total.sh, FedTGP
 system/run_me.sh; the same in both):
@@ -64,9 +65,22 @@ images: a deviation). ResNet-50/101/152 (htfe8) are torchvision's Bottleneck lay
 init (models/resnet.py) with the same CIFAR stem; their 2048 features are pooled to 512 in
 windows of 4, as BaseHeadSplit's AdaptiveAvgPool1d(512) replacing torchvision's `fc` does.
 
+Public-data methods (fedmd, fcclplus, fccl, feddf, rhfl; not in HtFLlib, no published number
+in this scenario): the library's modules of the FCCL+ benchmark, side by side with the
+data-free methods. The scenario gets a public set (`scenario.public_name`,
+`scenario.public_size`, `data.partitioned`): 5000 CIFAR-100 images for CIFAR-10 clients (the
+bundle's public_cifar100_5000.npz, FCCL+'s public set), 5000 Tiny-ImageNet images for CIFAR-100
+clients (classes the private data does not hold), normalised with their own statistics. Local
+training is HtFLlib's (SGD lr 0.01, batch 10, 1 epoch per round, as for FML); the public phase,
+the warm-ups (FedMD 40 private epochs, FCCL 50) and every method setting are the modules'
+defaults (the FCCL+ benchmark's: Adam 1e-3 in public batches of 512, one public epoch a round
+with linear decay over the run). Their backbones keep their own feature dimensions (no pooling
+to 512: they exchange logits on the public set). They evaluate every client on every client's
+test split (eval/inter too, K times the work of `htfl.eval_domains="own"`).
+
 Quick variants (_quick): width 1/8 backbones with features pooled to 64 (= 512 / 8), a pool
 of 2000 + 1000 images (stratified subsamples of the train and test splits), 5 rounds, test
-batch 256; every other setting as above.
+batch 256, a public set of 1000 images and 1-epoch warm-ups; every other setting as above.
 """
 
 from __future__ import annotations
@@ -88,7 +102,16 @@ GROUPS = {
 }
 NUM_CLIENTS = 20
 #: The methods of this family (those registered are valid).
-METHODS = ("fedproto", "fd", "fedtgp", "lg_fedavg", "fedgh", "fedkd", "fml")
+METHODS = ("fedproto", "fd", "fedtgp", "lg_fedavg", "fedgh", "fedkd", "fml", "fedmd",
+           "fcclplus", "fccl", "feddf", "rhfl")
+#: The methods that need a public set, and the public set of each private dataset: one whose
+#: classes the private data does not hold, 5000 images (FCCL+'s public size).
+PUBLIC_METHODS = ("fedmd", "fcclplus", "fccl", "feddf", "rhfl")
+PUBLIC_SETS = {"cifar10": "cifar100", "cifar100": "tinyimagenet"}
+PUBLIC_SIZE, QUICK_PUBLIC = 5000, 1000
+#: The public-data methods' private warm-ups (FedMD's `warmup_epochs`, FCCL's
+#: `pretrain_epochs`) at the quick scale.
+QUICK_WARMUP = 1
 #: PFLlib's classes per client of the pathological split.
 PATHOLOGICAL_CLASSES = {"cifar10": 2, "cifar100": 10}
 QUICK_WIDTH, QUICK_ROUNDS, QUICK_TRAIN, QUICK_TEST = 0.125, 5, 2000, 1000
@@ -116,14 +139,16 @@ def parse(arg: str) -> tuple[str, str, str, str, bool]:
 
 
 def method_settings(c: ml_collections.ConfigDict, method: str) -> None:
-  """HtFLlib's `total.sh` settings of `method` (module docstring)."""
-  if method == "fml":  # the existing FML module, run with HtFLlib's local SGD and weights
+  """HtFLlib's `total.sh` settings of `method` (module docstring); the FCCL+-benchmark
+  modules (FML and the public-data methods) train locally as HtFLlib does."""
+  if method == "fml" or method in PUBLIC_METHODS:
     c.local.optimizer = "sgd"
     c.local.lr = 0.01
     c.local.lr_decay = 0.0
     c.local.weight_decay = 0.0
     c.local.batch_size = 10
     c.local.epochs = 1
+  if method == "fml":  # the existing FML module, with HtFLlib's weights
     c.fml.alpha = 0.5
     c.fml.beta = 0.5
     c.fml.weighting = "size"      # HtFLlib's aggregate_parameters: train-sample weights
@@ -146,6 +171,9 @@ def get_config(arg: str = "cifar10_practical_htfe4_fedproto") -> ml_collections.
     c.scenario.shards_per_client = PATHOLOGICAL_CLASSES[dataset]
   c.scenario.synthetic_fallback = False
   c.scenario.public_size = 0
+  if method in PUBLIC_METHODS:
+    c.scenario.public_name = PUBLIC_SETS[dataset]
+    c.scenario.public_size = PUBLIC_SIZE
   backbones = GROUPS[group]
   c.models.architectures = tuple(backbones[i % len(backbones)] for i in range(NUM_CLIENTS))
   c.eval.every = 1
@@ -163,4 +191,10 @@ def get_config(arg: str = "cifar10_practical_htfe4_fedproto") -> ml_collections.
     c.scenario.test_size = QUICK_TEST
     c.eval.batch_size = 256
     c.checkpoint.every = 1
+    if method in PUBLIC_METHODS:
+      c.scenario.public_size = QUICK_PUBLIC
+      if method == "fedmd":
+        c.fedmd.warmup_epochs = QUICK_WARMUP
+      if method in ("fccl", "fcclplus"):
+        c[method].pretrain_epochs = QUICK_WARMUP
   return c

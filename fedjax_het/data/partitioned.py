@@ -85,14 +85,17 @@ The returned `Scenario` (see `scenarios.Scenario`):
     (subsampled) test images of the client's classes;
   * permuted: domains = (f"{dataset}_perm0", ..., f"{dataset}_perm{K-1}") and
     one permuted test split per client domain;
-  * public: an empty uint8 (0, 32, 32, 3) array (sources["public"] = "none");
+  * public: an empty uint8 (0, 32, 32, 3) array (sources["public"] = "none"), or with
+    `public_size` > 0 that many images of `public_name` (the public-data methods: FedMD,
+    FCCL+, ... in HtFLlib's scenario, fedjax_het/configs/htfl.py), public_mean / public_std
+    then the public set's statistics (`scenarios.load_public_set`);
   * sources = {dataset: provenance, "public": "none"} (one entry for the
     dataset, also for "permuted": the per-client permutation is recorded in
     the provenance text); substituted = (dataset,) for a synthetic
     substitution, else ();
   * private_mean / private_std = `DATASET_STATS[dataset]` (the dataset's
     usual normalisation statistics, see there), public_mean / public_std the
-    same; pixel permutation does not change per-channel statistics;
+    same without a public set; pixel permutation does not change per-channel statistics;
   * class_names where known.
 
 Each client's examples are in random order. Everything is a function of
@@ -126,12 +129,15 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+
 import numpy as np
 
 from fedjax_het.data import augment, npz, partition as partition_lib, synthetic
 from fedjax_het.data._base import DATA_DIR_ENV, DataError, DataUnavailableError, Split, logger
-from fedjax_het.data.scenarios import Scenario, load_dataset, stratified_subsample
+from fedjax_het.data.scenarios import (Scenario, load_dataset, load_public_set,
+                                       stratified_subsample)
 
 #: The partitions of `build_partitioned_scenario`.
 PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted")
@@ -397,7 +403,9 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
                                source: str = "real", data_dir: str | os.PathLike | None = None,
                                synthetic_fallback: bool = False, train_size: int | None = None,
                                test_size: int | None = None, seed: int = 0,
-                               min_size: int = 10, permuted_test: str = "split") -> Scenario:
+                               min_size: int = 10, permuted_test: str = "split",
+                               public_name: str = "cifar100", public_size: int = 0,
+                               public_normalization: str = "library") -> Scenario:
   """One labelled dataset partitioned over `num_clients` clients (see the module docstring).
 
   Args:
@@ -422,6 +430,13 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
     min_size: minimum examples per client of "dirichlet" (>= 1).
     permuted_test: "split" (client i's test set is its 1/K share of the test
       set) or "full" (the whole test set), pixel-permuted; "permuted" only.
+    public_name, public_size, public_normalization: the public set, `public_size` images
+      of `public_name` (one of the bundle's public sets, "synthetic", "tfds:<name>" or
+      "folder:<path>") drawn as `scenarios.build_scenario` draws them, normalised with
+      `public_normalization`'s statistics (`scenarios.load_public_set`); 0 (default): no
+      public set, an empty array. An unavailable set raises, or with `synthetic_fallback`
+      is replaced by the synthetic public images (logged, recorded in `sources["public"]`
+      and `substituted`).
 
   Returns:
     Scenario.
@@ -433,12 +448,56 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
       is False (the message says how to provide it).
     DataError: the data is present but invalid.
   """
+  public_size = _check_int("public_size", public_size, 0)
   if dataset in PFLLIB_DATASETS:
-    return _build_pfllib_scenario(
+    scenario = _build_pfllib_scenario(
         dataset, num_clients=num_clients, partition=partition, dirichlet_alpha=dirichlet_alpha,
         shards_per_client=shards_per_client, source=source, data_dir=data_dir,
         synthetic_fallback=synthetic_fallback, train_size=train_size, test_size=test_size,
         seed=seed)
+  else:
+    scenario = _build_scenario(
+        dataset, num_clients=num_clients, partition=partition, dirichlet_alpha=dirichlet_alpha,
+        shards_per_client=shards_per_client, source=source, data_dir=data_dir,
+        synthetic_fallback=synthetic_fallback, train_size=train_size, test_size=test_size,
+        seed=seed, min_size=min_size, permuted_test=permuted_test)
+  if not public_size:
+    return scenario
+  return _with_public(scenario, public_name, public_size, public_normalization,
+                      data_dir=data_dir, synthetic_fallback=bool(synthetic_fallback), seed=seed)
+
+
+def _with_public(scenario: Scenario, public_name: str, public_size: int,
+                 public_normalization: str, *, data_dir: str | os.PathLike | None,
+                 synthetic_fallback: bool, seed: int) -> Scenario:
+  """`scenario` with `public_size` images of `public_name` as its public set."""
+  substituted = scenario.substituted
+  try:
+    public, provenance, mean, std = load_public_set(public_name, public_size, seed=seed,
+                                                    data_dir=data_dir,
+                                                    normalization=public_normalization)
+  except DataUnavailableError as e:
+    if not synthetic_fallback:
+      raise DataUnavailableError(f"Scenario {scenario.name!r}: {e}\nOr pass public_size=0 "
+                                 "(no public set) or synthetic_fallback=True.") from e
+    logger.warning("Scenario %r: the public set %r is unavailable (%s); the synthetic public "
+                   "images stand in for it.", scenario.name, public_name,
+                   str(e).splitlines()[0])
+    public, _, mean, std = load_public_set("synthetic", public_size, seed=seed,
+                                           normalization=public_normalization)
+    provenance = f"synthetic(seed={seed}; substituted for {public_name!r})"
+    substituted += ("public",)
+  return dataclasses.replace(scenario, public=public,
+                             sources={**scenario.sources, "public": provenance},
+                             substituted=substituted, public_mean=tuple(mean),
+                             public_std=tuple(std))
+
+
+def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet_alpha: float,
+                    shards_per_client: int, source: str, data_dir: str | os.PathLike | None,
+                    synthetic_fallback: bool, train_size: int | None, test_size: int | None,
+                    seed: int, min_size: int, permuted_test: str) -> Scenario:
+  """The partitions of PARTITIONS over `dataset` (module docstring)."""
   if dataset not in PARTITION_DATASETS:
     raise ValueError(f"`dataset` must be one of {PARTITION_DATASETS + PFLLIB_DATASETS}, got "
                      f"{dataset!r}.")

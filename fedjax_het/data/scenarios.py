@@ -517,6 +517,32 @@ def _load_public_images(name: str, data_dir: str | os.PathLike | None, size: int
   return images, provenance
 
 
+def load_public_set(name: str, size: int, *, seed: int,
+                    data_dir: str | os.PathLike | None = None,
+                    normalization: str = "library") -> tuple[np.ndarray, str, Stats, Stats]:
+  """`size` images of the public set `name`, drawn as `build_scenario` draws them.
+
+  The partitioned scenarios' public set (`partitioned.build_partitioned_scenario`): the same
+  images `build_scenario(public_name=name, public_size=size, seed=seed)` holds.
+
+  Returns:
+    (uint8 images (size, 32, 32, 3), provenance, mean, std): the statistics of
+    `normalization` (one of `PUBLIC_NORMALIZATIONS`).
+
+  Raises:
+    ValueError: an unknown name or normalisation, or more images than the set holds.
+    DataUnavailableError: the set is not in the data directory (the message says how to
+      provide it).
+  """
+  mean, std = _public_stats(name, normalization)
+  rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2025]))
+  try:
+    images, provenance = _load_public_images(name, data_dir, size, int(seed), rng, data_dir)
+  except DataUnavailableError as e:
+    raise DataUnavailableError(f"public set {name!r} unavailable: {e}") from e
+  return images, provenance, mean, std
+
+
 # ----------------------------------------------------------------------------
 # build_scenario.
 # ----------------------------------------------------------------------------

@@ -625,8 +625,12 @@ HTFL_PAPER = ("FedKTL (Zhang et al., CVPR 2024) Table 1 and FedTGP (Zhang et al.
               "run by HtFLlib (TsingZ0/HtFLlib)")
 #: The rows of the HtFL tables, in FedKTL Table 1's order (the methods this library has).
 HTFL_METHODS = ("lg_fedavg", "fedgh", "fml", "fedkd", "fd", "fedproto", "fedtgp")
+#: The public-data methods beside them (configs/htfl.py's PUBLIC_METHODS): no paper number.
+HTFL_PUBLIC_METHODS = ("fedmd", "fccl", "fcclplus", "feddf", "rhfl")
 HTFL_LABELS = {"lg_fedavg": "LG-FedAvg", "fedgh": "FedGH", "fml": "FML", "fedkd": "FedKD",
-               "fd": "FD (FedDistill)", "fedproto": "FedProto", "fedtgp": "FedTGP"}
+               "fd": "FD (FedDistill)", "fedproto": "FedProto", "fedtgp": "FedTGP",
+               "fedmd": "FedMD (public)", "fccl": "FCCL (public)", "fcclplus": "FCCL+ (public)",
+               "feddf": "FedDF (public)", "rhfl": "RHFL (public)"}
 HTFL_PROTOCOL = ("20 clients, all in every round, PFLlib's data (train and test pooled, "
                  "partitioned, every client split 75/25), backbones i mod k of the HtFE group "
                  "with features pooled to 512, local SGD lr 0.01 in batches of 10, 1 epoch per "
@@ -637,15 +641,18 @@ HTFL_NOTES = (
     "HtFLlib's number, the best round's accuracy over all clients' test splits pooled "
     "(`reports.partitioned.htfl_accuracy` computes it from a cell's metrics.jsonl and "
     "metadata.json; the block sets it beside the paper's)",
-    "FedMD and FCCL+ need a public set, which a partitioned scenario does not load "
-    "(`Experiment.build_scenario` passes none for scenario.name='partitioned'): they have no "
-    "row here",
+    "the rows marked (public) are the public-data methods (the FCCL+ benchmark's modules) on "
+    "a public set of 5000 CIFAR-100 images, with HtFLlib's local training and their own "
+    "public phase (fedjax_het/configs/htfl.py); FedKTL Table 1 and FedTGP print no number "
+    "for them, so their paper column is empty; their backbones keep their own feature "
+    "dimensions (no pooling to 512)",
     "FML is the library's FML module (the FCCL benchmark's form: KL with batch mean and a "
     "detached peer, no gradient clipping) with HtFLlib's local SGD and size-weighted "
     "averaging; HtFLlib's FML takes torch's element-mean KLDivLoss, keeps both KL targets "
     "attached and clips gradients at norm 10",
     "the quick scale: width-1/8 backbones, features pooled to 64, a pool of 2000 + 1000 "
-    "CIFAR-10 images, 5 rounds",
+    "CIFAR-10 images, 5 rounds; the public-data methods: 1000 public images, 1-epoch "
+    "warm-ups",
 )
 
 
@@ -872,12 +879,15 @@ def _build() -> dict[str, Table]:
                                    notes=(NO_DROPOUT_NOTE, TRUNK_NOTE)))
   tables.append(Table(
       id="htfl_cifar10_practical",
-      title="Data-free heterogeneous-model FL: CIFAR-10 practical (Dirichlet 0.1), HtFE2 and "
-            "HtFE4", paper=HTFL_PAPER,
-      source="FedKTL Table 1 (HtFE8; the paper column of both groups)",
+      title="Data-free heterogeneous-model FL beside the public-data methods: CIFAR-10 "
+            "practical (Dirichlet 0.1), HtFE2 and HtFE4", paper=HTFL_PAPER,
+      source="FedKTL Table 1 (HtFE8; the paper column of both groups; no number for the "
+             "public-data methods FedMD, FCCL, FCCL+, FedDF, RHFL, which it does not run)",
       protocol=HTFL_PROTOCOL, family="partitioned",
-      settings=(htfl_setting("cifar10", "practical", "htfe2"),
-                htfl_setting("cifar10", "practical", "htfe4")),
+      settings=(htfl_setting("cifar10", "practical", "htfe2",
+                             HTFL_METHODS + HTFL_PUBLIC_METHODS),
+                htfl_setting("cifar10", "practical", "htfe4",
+                             HTFL_METHODS + HTFL_PUBLIC_METHODS)),
       notes=HTFL_NOTES))
   tables += [_glfc_table(10), _glfc_table(5), _glfc_table(20)]
   tables += [_glfc_dataset_table(*entry) for entry in GLFC_DATASET_TABLES]
