@@ -33,7 +33,7 @@ def measure(configs, rounds: int, workdir: pathlib.Path) -> dict:
   leaner convolutions when the round does not fit, `train.compile_within_memory`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from fedjax_het import seed_stack  # pylint: disable=import-outside-toplevel
+  from fedjax_het import reporting, seed_stack  # pylint: disable=import-outside-toplevel
   from fedjax_het.train import build_experiment, compile_within_memory  # pylint: disable=import-outside-toplevel
   tick = time.perf_counter()
   experiments = [build_experiment(c) for c in configs]
@@ -46,8 +46,8 @@ def measure(configs, rounds: int, workdir: pathlib.Path) -> dict:
   workdirs = [workdir / f"seed_{c.seed}" for c in configs]
   for w in workdirs:
     w.mkdir(parents=True, exist_ok=True)
-  run, compiled = compile_within_memory(run, state, configs[0], workdirs,
-                                        with_diagnostics=False, primary=True)
+  writer = reporting.create_run_writer(configs, workdirs, primary=True)
+  run, compiled = compile_within_memory(run, state, configs[0], writer, with_diagnostics=False)
   compile_secs = time.perf_counter() - tick
   times = []
   for _ in range(rounds):

@@ -1,15 +1,18 @@
-"""Run artefacts: metrics.jsonl and its writers (TensorBoard, W&B, MLflow), a progress bar; the results table is
-`fedjax_het.reports.common.results_table` (re-exported here for the trainers)."""
+"""Run artefacts: metrics.jsonl and its writers (TensorBoard, W&B, MLflow), a progress bar, and
+the run writer that owns process 0's writes to a run's workdirs (`create_run_writer`); the
+results table is `fedjax_het.reports.common.results_table` (re-exported here for the
+trainers)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import os
 import pathlib
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tqdm
@@ -263,6 +266,203 @@ class Progress:
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
+
+
+def create_run_writer(configs: Sequence[Any], workdirs: Sequence[pathlib.Path], *,
+                      primary: bool, sync: Callable[[str], None] | None = None
+                      ) -> RunWriter:
+  """The one writer of a run's workdirs (one per seed lane, `configs[i]` trained into
+  `workdirs[i]`): a `RunWriter` in process 0 (`primary`), a `NullRunWriter` in every other
+  process of a multi-process run, which writes nothing (flax's
+  `metric_writers.create_default_writer(just_logging=jax.process_index() > 0)`).
+
+  `sync` is a barrier across the processes, called with a name
+  (`engine.sharding.barrier`): the other processes read the records process 0 keeps
+  once it has rewritten them.
+  """
+  return (RunWriter if primary else NullRunWriter)(configs, workdirs, sync=sync)
+
+
+class RunWriter:
+  """Process 0's writes to a run's workdirs: the metric records (`MetricsWriter`: metrics.jsonl
+  and the backends `config.logging.writers` names), metadata.json again after the memory
+  policy changed the convolutions, the diagnostics (`<name>.npz`), results.md /
+  results.json, the plots and the progress bar; and the checkpoint housekeeping only
+  process 0 does (unfinished writes removed, unreadable checkpoints moved aside, records cut
+  back after a storage failure). The trainer calls it unconditionally; `NullRunWriter`, in
+  the other processes, makes each write a no-op.
+  """
+
+  #: Whether this process writes the workdirs (process 0).
+  primary = True
+
+  def __init__(self, configs: Sequence[Any], workdirs: Sequence[pathlib.Path], *,
+               sync: Callable[[str], None] | None = None):
+    self.configs = list(configs)
+    self.workdirs = [pathlib.Path(w) for w in workdirs]
+    self._sync = sync or (lambda name: None)
+    #: One `MetricsWriter` per lane, from `open_metrics`.
+    self.metrics: list[MetricsWriter] = []
+
+  def open_metrics(self) -> None:
+    """Starts each lane's metrics writer (its backends open); called once the resume guard
+    has passed and the lanes' checkpoints agree."""
+    self.metrics = [MetricsWriter(
+        w, writers=writer_names(c.logging), enabled=self.primary, run_name=str(c.name),
+        config=workdir_lib.flatten_config(c), wandb_mode=c.logging.get("wandb_mode", "offline"),
+        mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
+                    for c, w in zip(self.configs, self.workdirs)]
+
+  def remove_unfinished(self, checkpointers: Sequence[Any]) -> None:
+    """Removes the checkpoint writes a kill left unfinished (the workdirs' locks are held: no
+    other process writes these checkpoints)."""
+    for checkpointer in checkpointers:
+      removed = checkpointer.remove_unfinished()
+      if removed:
+        logging.info("removed the unfinished checkpoint write(s) %s in %s", ", ".join(removed),
+                     checkpointer.directory)
+
+  def move_aside(self, checkpointers: Sequence[Any], round_index: int) -> list[str]:
+    """Moves each lane's checkpoint of `round_index` (one that cannot be restored) to
+    checkpoints/unreadable/; the paths it went to."""
+    return [str(c.move_aside(round_index)) for c in checkpointers
+            if round_index in c.committed_rounds()]
+
+  def resume(self, round_index: int, saved: Sequence[list[dict[str, Any]] | None]
+             ) -> list[list[dict[str, Any]]]:
+    """Each lane's records up to `round_index` (`MetricsWriter.resume`: metrics.jsonl rebuilt
+    from the checkpoint's records when it differs), then the barrier the other processes
+    wait at before they read them."""
+    records = [writer.resume(round_index, lane) for writer, lane in zip(self.metrics, saved)]
+    self._sync("fedjax_het:metrics")
+    return records
+
+  def write(self, lane: int, record: Mapping[str, Any]) -> dict[str, Any]:
+    """Appends `record` to lane `lane`'s metrics (`MetricsWriter.write`) and returns it as
+    written; an operating-system error (a full disk) names that metrics.jsonl."""
+    writer = self.metrics[lane]
+    try:
+      return writer.write(record)
+    except OSError as error:
+      if error.filename is None:
+        error.filename = str(writer.path)
+      raise
+
+  def metadata(self, lanes: Sequence[Any]) -> None:
+    """Writes each lane's metadata.json again (`lane.metadata()`)."""
+    for lane, workdir in zip(lanes, self.workdirs):
+      workdir_lib.write_metadata(workdir, lane.metadata())
+
+  def diagnostics(self, lane: int, name: str, values: Mapping[int, Any]) -> None:
+    """Writes lane `lane`'s diagnostics `{round: array}` as `<name>.npz` (`round_<r>` keys)."""
+    workdir_lib.savez_atomic(self.workdirs[lane] / f"{name}.npz",
+                             **{f"round_{r}": m for r, m in values.items()})
+
+  def progress(self, total: int, *, start: int, enabled: bool) -> Progress:
+    """The run's progress bar (`Progress`), shown when `enabled` (`config.logging.progress`)."""
+    return Progress(total, enabled=enabled, start=start)
+
+  def results(self, lane: int, markdown: str, numbers: Mapping[str, Any], *,
+              seed: int | None = None) -> None:
+    """Writes lane `lane`'s results.md and results.json and logs the table (naming the seed of
+    a lane of several)."""
+    workdir = self.workdirs[lane]
+    workdir_lib.write_atomic(workdir / "results.md", markdown)
+    workdir_lib.write_atomic(workdir / "results.json", strict_json(numbers, indent=2) + "\n")
+    logging.info("results%s:\n%s", f" of seed {seed}" if seed is not None else "", markdown)
+
+  def plots(self, lane: int, experiment: Any, records: Sequence[Mapping[str, Any]],
+            numbers: Mapping[str, Any], diagnostics: Mapping[int, Any]) -> None:
+    """Draws lane `lane`'s plots into its workdir (`experiment.plot`: accuracy curves, the
+    diagnostics' figures)."""
+    experiment.plot(records, numbers, self.workdirs[lane], diagnostics)
+
+  def cut_records(self, round_index: int | None) -> bool:
+    """Cuts every lane's metrics.jsonl back to the records of rounds <= `round_index` (all of
+    them for None: no checkpoint) in place, needing no free space (`cut_records_after`); an
+    operating-system error leaves that file as it is. Whether anything was cut."""
+    cut = False
+    for writer in self.metrics:
+      try:
+        cut |= cut_records_after(writer.path, round_index)
+      except OSError:
+        pass
+    return cut
+
+  def close(self) -> OSError | None:
+    """Closes every lane's metrics writer; the first operating-system error, if any (each
+    writer is closed regardless)."""
+    first = None
+    for writer in self.metrics:
+      try:
+        writer.close()
+      except OSError as error:
+        first = first or error
+    return first
+
+
+class NullRunWriter(RunWriter):
+  """The run writer of a process other than process 0: it writes nothing, removes and moves
+  nothing and shows no progress; `resume` waits for process 0's records and reads them, and
+  `write` returns a record as process 0 writes it."""
+
+  primary = False
+
+  def remove_unfinished(self, checkpointers: Sequence[Any]) -> None:
+    del checkpointers
+
+  def move_aside(self, checkpointers: Sequence[Any], round_index: int) -> list[str]:
+    del checkpointers, round_index
+    return []
+
+  def resume(self, round_index: int, saved: Sequence[list[dict[str, Any]] | None]
+             ) -> list[list[dict[str, Any]]]:
+    self._sync("fedjax_het:metrics")  # the records process 0 keeps
+    return [writer.resume(round_index, lane) for writer, lane in zip(self.metrics, saved)]
+
+  def metadata(self, lanes: Sequence[Any]) -> None:
+    del lanes
+
+  def diagnostics(self, lane: int, name: str, values: Mapping[int, Any]) -> None:
+    del lane, name, values
+
+  def progress(self, total: int, *, start: int, enabled: bool) -> Progress:
+    del enabled
+    return Progress(total, enabled=False, start=start)
+
+  def results(self, lane: int, markdown: str, numbers: Mapping[str, Any], *,
+              seed: int | None = None) -> None:
+    del lane, markdown, numbers, seed
+
+  def plots(self, lane: int, experiment: Any, records: Sequence[Mapping[str, Any]],
+            numbers: Mapping[str, Any], diagnostics: Mapping[int, Any]) -> None:
+    del lane, experiment, records, numbers, diagnostics
+
+  def cut_records(self, round_index: int | None) -> bool:
+    del round_index
+    return False
+
+
+def cut_records_after(path: pathlib.Path, round_index: int | None) -> bool:
+  """Truncates `path` (metrics.jsonl) in place after the last record of a round <=
+  `round_index` (all of it for None); needs no free space. Whether anything was cut."""
+  try:
+    data = path.read_bytes()
+  except FileNotFoundError:
+    return False
+  offset = 0
+  if round_index is not None:
+    for line in data.splitlines(keepends=True):
+      try:
+        if int(json.loads(line)["round"]) > round_index:
+          break
+      except (ValueError, KeyError, TypeError):
+        break
+      offset += len(line)
+  if offset >= len(data):
+    return False
+  os.truncate(path, offset)
+  return True
 
 
 # One run's per-participant table (results.md): the reports' (fedjax_het.reports).

@@ -43,17 +43,16 @@ running `train_and_evaluate` with the same config and workdir): the clients
 mesh spans every process's devices, each process builds the same host data
 and keeps its own shards of the participants, metrics and evaluations are
 gathered to every process (so every process returns the same records), and
-only process 0 writes the files above; orbax writes the checkpoints from every
-process into the one `checkpoints/` directory (on several hosts it must be on
-a filesystem they share).
+only process 0 writes the files above: the loop hands every write to one run writer
+(`reporting.create_run_writer`), a no-op writer in the other processes; orbax writes the
+checkpoints from every process into the one `checkpoints/` directory (on several hosts it
+must be on a filesystem they share).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import pathlib
 import time
 from typing import Any
@@ -95,15 +94,15 @@ def _log_data_provenance(scenario: Any) -> None:
 
 
 def compile_within_memory(run: Run, state: Any, config: ml_collections.ConfigDict,
-                           workdirs: list[pathlib.Path], *, with_diagnostics: bool,
-                           primary: bool, leaner_convs_for_seeds: bool = True
-                           ) -> tuple[Any, Any]:
+                          writer: reporting.RunWriter, *, with_diagnostics: bool,
+                          leaner_convs_for_seeds: bool = True) -> tuple[Any, Any]:
   """(the run, its compiled round), switching an "auto" CPU run to leaner convolutions while
-  the round does not fit (`resources.needs_low_memory_convs`); raises before training when
-  even then it does not (`resources.check_round_memory`). `run`: a `seed_stack.SingleRun` or
-  `SeedStack`; with `leaner_convs_for_seeds=False` a stack that would need leaner
-  convolutions raises `RoundTooLargeError` instead (the runner then trains its seeds one by
-  one, each with the faster convolutions)."""
+  the round does not fit (`resources.needs_low_memory_convs`; `writer` writes each lane's
+  metadata.json again with them); raises before training when even then it does not
+  (`resources.check_round_memory`). `run`: a `seed_stack.SingleRun` or `SeedStack`; with
+  `leaner_convs_for_seeds=False` a stack that would need leaner convolutions raises
+  `RoundTooLargeError` instead (the runner then trains its seeds one by one, each with the
+  faster convolutions)."""
   what = f"the round of {len(run.lanes)} seeds as one program" if len(run.lanes) > 1 else (
       "the round")
   stages = getattr(run.experiment.algorithm, "stages", None)
@@ -141,9 +140,7 @@ def compile_within_memory(run: Run, state: Any, config: ml_collections.ConfigDic
     experiment = run.experiment
     run_rounds = run.compile_all(state, with_diagnostics=with_diagnostics)
     need = resources.estimated_bytes(run_rounds)
-    if primary:
-      for lane, workdir in zip(run.lanes, workdirs):
-        workdir_lib.write_metadata(workdir, lane.metadata())
+    writer.metadata(run.lanes)
   need = resources.check_round_memory(run_rounds, config, available)
   logging.info("compiled %s and its evaluation in %.1f s; a round needs about %.2f GiB "
                "(XLA memory analysis)", what, time.perf_counter() - tick, need / 2.0 ** 30)
@@ -219,8 +216,10 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
                       "mesh (config.sharding.num_devices must be 1).")
   if mesh is None and (sharded or jax.process_count() > 1):
     mesh = sharding.client_mesh(config.sharding.num_devices or None)
-  # In a multi-process run every process trains; process 0 alone writes the workdir files.
-  primary = sharding.is_primary()
+  # In a multi-process run every process trains; process 0 alone writes the workdir files:
+  # its run writer writes them, the others' writes nothing.
+  writer = reporting.create_run_writer(configs, workdirs, primary=sharding.is_primary(),
+                                       sync=sharding.barrier)
   # A resumed "auto" run keeps the convolutions its memory fallback chose (the same rounding as
   # before the interruption, and no compile of a round already known not to fit).
   experiments = [build_experiment(c, mesh=mesh, **resources.recorded_conv_impls(w, c))
@@ -237,12 +236,12 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
   # passed and holds it until this function returns (or the process dies); the others learn
   # whether it got the lock, so a held workdir stops every process at once.
   with contextlib.ExitStack() as locks:
-    return _train_locked(run, configs, workdirs, primary=primary, stop=stop, locks=locks,
+    return _train_locked(run, configs, workdirs, writer=writer, stop=stop, locks=locks,
                          leaner_convs_for_seeds=leaner_convs_for_seeds)
 
 
 def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
-                  workdirs: list[pathlib.Path], *, primary: bool, stop: int,
+                  workdirs: list[pathlib.Path], *, writer: reporting.RunWriter, stop: int,
                   locks: contextlib.ExitStack,
                   leaner_convs_for_seeds: bool = True) -> list[dict[str, Any]]:
   """The loop of `train_lanes` up to round `stop`; the workdirs' locks enter `locks`."""
@@ -253,40 +252,26 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
   # carries its run's identity and records (`fedjax_het.checkpointing`).
   identities = [e.run_record() for e in experiments]
   opened = [workdir_lib.open_run(
-      w, c, identity, e.metadata(), primary=primary, sync=sharding.barrier,
+      w, c, identity, e.metadata(), primary=writer.primary, sync=sharding.barrier,
       before_write=lambda w=w: locks.enter_context(workdir_lib.WorkdirLock(w)),
       share=sharding.primary_text, num_rounds=num_rounds)
             for c, w, e, identity in zip(configs, workdirs, experiments, identities)]
   checkpointers = [c for c, _ in opened]
-  if primary:  # the lock is held: no other process writes these checkpoints
-    for checkpointer in checkpointers:
-      removed = checkpointer.remove_unfinished()
-      if removed:
-        logging.info("removed the unfinished checkpoint write(s) %s in %s", ", ".join(removed),
-                     checkpointer.directory)
+  writer.remove_unfinished(checkpointers)  # the lock is held: no other process writes them
   kept_rounds = _common_rounds(checkpointers, [s for _, s in opened], workdirs)
-  # One writer per run; only process 0 writes (the others read what it keeps).
-  writers = [reporting.MetricsWriter(
-      w, writers=reporting.writer_names(c.logging), enabled=primary, run_name=str(c.name),
-      config=workdir_lib.flatten_config(c), wandb_mode=c.logging.get("wandb_mode", "offline"),
-      mlflow_tracking_uri=c.logging.get("mlflow_tracking_uri", ""))
-             for c, w in zip(configs, workdirs)]
+  writer.open_metrics()  # one metrics writer per lane (the others read what process 0 keeps)
   if not kept_rounds:  # round 0's checkpoint is written in the loop's `try` below
     start, state, saved = 0, run.init_state(), [None] * len(workdirs)
   else:
-    start, state = _restore(run, checkpointers, kept_rounds, workdirs, primary=primary)
-    saved = [_saved_records(checkpointer, start, writer)
-             for checkpointer, writer in zip(checkpointers, writers)]
+    start, state = _restore(run, checkpointers, kept_rounds, workdirs, writer)
+    saved = [_saved_records(checkpointer, start, metrics)
+             for checkpointer, metrics in zip(checkpointers, writer.metrics)]
     logging.info("resumed from the checkpoint of round %d in %s", start,
                  ", ".join(map(str, workdirs)))
   # The records up to `start`: the checkpoint's (metrics.jsonl is rebuilt from them when it
-  # is missing or damaged), or metrics.jsonl's for a checkpoint without records.
-  if primary:
-    records = [writer.resume(start, lane_saved) for writer, lane_saved in zip(writers, saved)]
-  sharding.barrier("fedjax_het:metrics")  # the others read the records process 0 kept
-  if not primary:
-    records = [writer.resume(start, lane_saved)  # reads only: disabled
-               for writer, lane_saved in zip(writers, saved)]
+  # is missing or damaged), or metrics.jsonl's for a checkpoint without records; the other
+  # processes read them once process 0 has rewritten them.
+  records = writer.resume(start, saved)
   # What metrics.jsonl holds (strict JSON), saved with every checkpoint.
   logged = [[reporting.json_record(r) for r in lane] for lane in records]
 
@@ -305,14 +290,12 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
           checkpointer.save(0, run.lane_state(state, lane),
                             {"identity": identities[lane], "records": []})
     if done < stop:
-      run, run_rounds = compile_within_memory(run, state, config, workdirs,
+      run, run_rounds = compile_within_memory(run, state, config, writer,
                                                with_diagnostics=bool(diagnostic_rounds),
-                                               primary=primary,
                                                leaner_convs_for_seeds=leaner_convs_for_seeds)
       experiment, experiments = run.experiment, run.lanes
     # Made after compiling: its rate and ETA count training rounds only.
-    progress = reporting.Progress(num_rounds, enabled=primary and bool(config.logging.progress),
-                                  start=start)
+    progress = writer.progress(num_rounds, start=start, enabled=bool(config.logging.progress))
     while done < stop:
       tick = time.perf_counter()
       state, metrics = run_rounds(state, run.data)
@@ -331,14 +314,12 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
         for lane, record in zip(new_records, run.evaluation_records(state, done)):
           lane[-1].update(record)
       if diagnostic_rounds & set(range(done - per_call + 1, done + 1)):
-        for lane, (workdir, values) in enumerate(zip(workdirs, run.diagnostics(state))):
+        for lane, values in enumerate(run.diagnostics(state)):
           saved[lane][done] = values
-          if primary:
-            workdir_lib.savez_atomic(workdir / f"{diagnostics.name}.npz",
-                                     **{f"round_{r}": m for r, m in saved[lane].items()})
-      for lane, writer in enumerate(writers):
-        for record in new_records[lane]:
-          logged[lane].append(_write_record(writer, record))
+          writer.diagnostics(lane, diagnostics.name, saved[lane])
+      for lane, lane_records in enumerate(new_records):
+        for record in lane_records:
+          logged[lane].append(writer.write(lane, record))
           records[lane].append(record)
       if diverged is not None:
         message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
@@ -358,13 +339,13 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
   except BaseException:
     if progress is not None:
       progress.close()
-    _close_all(checkpointers, writers, wait=True)  # its own error is the one to report
+    _close_all(checkpointers, writer, wait=True)  # its own error is the one to report
     raise
   if progress is not None:
     progress.close()
   # However the loop ends: the checkpoint write under way finishes (a stop signal meanwhile
   # is held; a second one discards it), the records are flushed.
-  closed = _close_all(checkpointers, writers, wait=not isinstance(ended, StopForced),
+  closed = _close_all(checkpointers, writer, wait=not isinstance(ended, StopForced),
                       stopping=isinstance(ended, KeyboardInterrupt))
   if isinstance(closed, OSError):  # an operating-system error that names no errno
     raise closed
@@ -374,8 +355,7 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     ended = storage_error(ended)
   failure = next((e for e in (ended, closed) if isinstance(e, StorageError)), None)
   if failure is not None:
-    raise _storage_stop(failure, checkpointers, writers, primary=primary,
-                        done=done) from failure
+    raise _storage_stop(failure, checkpointers, writer, done=done) from failure
   stopped = next((e for e in (ended, closed) if isinstance(e, KeyboardInterrupt)), None)
   if stopped is not None:
     checkpoint = _latest_committed(checkpointers)
@@ -385,53 +365,37 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     raise RunStopped(done, checkpoint, phase="results" if finished else "training",
                      started=start, discarded=done if forced and checkpoint != done else None)
   try:
-    return _write_results(run, records, workdirs, saved, done, primary=primary,
-                          plots=bool(config.logging.plots), stacked=stacked, state=state)
+    return _write_results(run, records, writer, saved, done, plots=bool(config.logging.plots),
+                          stacked=stacked, state=state)
   except KeyboardInterrupt:
     raise RunStopped(done, _latest_committed(checkpointers), phase="results",
                      started=start) from None
 
 
-def _write_results(run: Run, records: list[list[dict[str, Any]]],
-                   workdirs: list[pathlib.Path], diagnostics: list[dict[int, np.ndarray]],
-                   done: int, *, primary: bool, plots: bool, stacked: bool,
-                   state: Any) -> list[dict[str, Any]]:
-  """Each lane's `train_and_evaluate` dict; writes results.md / results.json (and the plots)
-  in process 0."""
+def _write_results(run: Run, records: list[list[dict[str, Any]]], writer: reporting.RunWriter,
+                   diagnostics: list[dict[int, np.ndarray]], done: int, *, plots: bool,
+                   stacked: bool, state: Any) -> list[dict[str, Any]]:
+  """Each lane's `train_and_evaluate` dict; `writer` writes results.md / results.json (and the
+  plots)."""
   results = []
-  for lane, (lane_experiment, workdir) in enumerate(zip(run.lanes, workdirs)):
+  for lane, lane_experiment in enumerate(run.lanes):
     markdown, numbers = lane_experiment.results(records[lane], done)
     results.append({"results": numbers, "last_record": records[lane][-1] if records[lane] else {},
                     "records": records[lane], "rounds_done": done,
                     "state": run.lane_state(state, lane)})
-    if not primary:
-      continue
-    workdir_lib.write_atomic(workdir / "results.md", markdown)
-    workdir_lib.write_atomic(workdir / "results.json",
-                             reporting.strict_json(numbers, indent=2) + "\n")
-    logging.info("results%s:\n%s", f" of seed {lane_experiment.config.seed}" if stacked else "",
-                 markdown)
+    writer.results(lane, markdown, numbers,
+                   seed=lane_experiment.config.seed if stacked else None)
     if plots:
-      lane_experiment.plot(records[lane], numbers, workdir, diagnostics[lane])
+      writer.plots(lane, lane_experiment, records[lane], numbers, diagnostics[lane])
   return results
 
 
-def _write_record(writer: Any, record: dict[str, Any]) -> dict[str, Any]:
-  """`writer.write(record)`; an operating-system error (a full disk) names metrics.jsonl."""
-  try:
-    return writer.write(record)
-  except OSError as error:
-    if error.filename is None:
-      error.filename = str(writer.path)
-    raise
-
-
-def _close_all(checkpointers: list[Any], writers: list[Any], *, wait: bool,
+def _close_all(checkpointers: list[Any], writer: reporting.RunWriter, *, wait: bool,
                stopping: bool = False) -> BaseException | None:
   """Closes every checkpointer (with `wait`, after the write under way: a stop signal
   meanwhile is held until it ends, a second one cuts it short; with `stopping`, a stop is
-  under way and any signal cuts it short) and writer. Returns the first `StorageError` (a
-  write that failed) or the stop signal held meanwhile, else None."""
+  under way and any signal cuts it short) and the run writer. Returns the first
+  `StorageError` (a write that failed) or the stop signal held meanwhile, else None."""
   first = None
   try:
     with held_stop(stopping=stopping):
@@ -442,11 +406,9 @@ def _close_all(checkpointers: list[Any], writers: list[Any], *, wait: bool,
           checkpointer.close()
         except (StorageError, OSError) as error:
           first = first or storage_error(error) or error
-      for writer in writers:
-        try:
-          writer.close()
-        except OSError as error:
-          first = first or storage_error(error) or error
+      error = writer.close()
+      if error is not None:
+        first = first or storage_error(error) or error
   except KeyboardInterrupt as error:
     first = first or error
   return first
@@ -460,19 +422,13 @@ def _latest_committed(checkpointers: list[Any]) -> int | None:
   return max(common) if common else None
 
 
-def _storage_stop(error: StorageError, checkpointers: list[Any], writers: list[Any], *,
-                  primary: bool, done: int) -> StorageError:
+def _storage_stop(error: StorageError, checkpointers: list[Any], writer: reporting.RunWriter,
+                  *, done: int) -> StorageError:
   """The error that ends a run whose storage failed, in one line: what failed, where the run
   stands (metrics.jsonl is cut back to the latest checkpoint: no record is left past it) and
   what to do."""
   checkpoint = _latest_committed(checkpointers)
-  cut = False
-  if primary:
-    for writer in writers:
-      try:
-        cut |= _cut_records(pathlib.Path(writer.path), checkpoint)
-      except OSError:
-        pass
+  cut = writer.cut_records(checkpoint)
   advice = storage_advice(error.error_number)
   if checkpoint is None:
     where = f"no checkpoint was written: {advice} and rerun the same command to start the run."
@@ -484,28 +440,6 @@ def _storage_stop(error: StorageError, checkpointers: list[Any], writers: list[A
     where = f"{state}: {advice} and rerun the same command to resume from it{retrained}."
   return StorageError(f"{error.reason}; training stopped at round {done}; {where}",
                       path=error.path, error_number=error.error_number)
-
-
-def _cut_records(path: pathlib.Path, round_index: int | None) -> bool:
-  """Truncates `path` (metrics.jsonl) in place after the last record of a round <=
-  `round_index` (all of it for None); needs no free space. Whether anything was cut."""
-  try:
-    data = path.read_bytes()
-  except FileNotFoundError:
-    return False
-  offset = 0
-  if round_index is not None:
-    for line in data.splitlines(keepends=True):
-      try:
-        if int(json.loads(line)["round"]) > round_index:
-          break
-      except (ValueError, KeyError, TypeError):
-        break
-      offset += len(line)
-  if offset >= len(data):
-    return False
-  os.truncate(path, offset)
-  return True
 
 
 def _nonfinite(new_records: list[list[dict[str, Any]]], state: Any,
@@ -569,11 +503,11 @@ def _saved_records(checkpointer: Any, round_index: int,
 
 
 def _restore(run: Run, checkpointers: list[Any], kept_rounds: list[int],
-             workdirs: list[pathlib.Path], *, primary: bool = True) -> tuple[int, Any]:
+             workdirs: list[pathlib.Path], writer: reporting.RunWriter) -> tuple[int, Any]:
   """(round, state) of the newest of `kept_rounds` (newest first) every lane can restore. The
-  newer checkpoints that cannot be restored are then moved to `checkpoints/unreadable/` (one
-  warning each, naming where); when none can be restored, none is moved and `WorkdirError`
-  lists them."""
+  newer checkpoints that cannot be restored are then moved to `checkpoints/unreadable/` by
+  `writer` (process 0; one warning each, naming where); when none can be restored, none is
+  moved and `WorkdirError` lists them."""
   where = ", ".join(map(str, workdirs))
   failed = []
   for round_index in kept_rounds:
@@ -585,8 +519,7 @@ def _restore(run: Run, checkpointers: list[Any], kept_rounds: list[int],
                                   f"{text.splitlines()[0][:200] if text else ''}"))
       continue
     for bad, reason in failed:
-      moved = [str(c.move_aside(bad)) for c in checkpointers
-               if primary and bad in c.committed_rounds()]
+      moved = writer.move_aside(checkpointers, bad)
       logging.warning("the checkpoint of round %d in %s cannot be restored (%s); it is moved to "
                       "%s and the run resumes from the checkpoint of round %d", bad, where,
                       reason, ", ".join(moved) or "checkpoints/unreadable/ (by process 0)",
