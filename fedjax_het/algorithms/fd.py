@@ -40,11 +40,7 @@ import ml_collections
 
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import htfl_common
-from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
-                                       where_active)
-from fedjax_het.engine.optim import round_decay_schedule
 from fedjax_het.losses import htfl as htfl_losses
 
 TARGETS = ("logits", "softmax")
@@ -52,17 +48,13 @@ TARGETS = ("logits", "softmax")
 
 def make_fd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FD as an `Algorithm` (module docstring)."""
-  cfg, loc = config.fd, config.local
+  cfg = config.fd
   lamda = float(cfg.lamda)
   target = cfg.target
   if target not in TARGETS:
     validation.fail("fd.target", f"one of {TARGETS}", target)
   setup = htfl_common.feature_setup(config, setup, shared_features=False)
   num_classes = setup.num_classes
-  epochs = int(loc.epochs)
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
   def loss_for(group):
     forward = htfl_common.split_forward(group, train=True)
@@ -81,33 +73,19 @@ def make_fd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
     return htfl_common.accumulating_loss(loss_fn, num_classes, "logits")
 
-  trainers = local.make_group_trainers(setup, loss_for, optimizer=loc.optimizer,
-                                       weight_decay=float(loc.weight_decay), epochs=epochs,
-                                       batch_size=int(loc.batch_size))
+  phase = htfl_common.local_phase(config, setup, loss_for)
 
   def init(key, data):
     del data
-    groups = {g.name: {"variables": init_group_variables(
-        g, key, shared=False, num_participants=setup.num_participants)} for g in setup.groups}
-    return {"groups": groups,
+    return {"groups": htfl_common.init_clients(setup, key),
             "global_logits": jnp.zeros((num_classes, num_classes), jnp.float32),
             "logit_present": jnp.zeros((num_classes,), bool)}
 
   def round_fn(state, data, key, round_index):
     local_key = jax.random.split(key, 4)[3]
-    aux_one = (state["global_logits"], state["logit_present"])
-    groups, metrics, sums, counts = {}, {}, {}, {}
-    for group in setup.groups:
-      g = state["groups"][group.name]
-      joint = htfl_common.with_accumulators(g["variables"], group.num_slots, num_classes,
-                                            num_classes)
-      trained, metrics[group.name] = local.train_clients(
-          trainers[group.name], joint, htfl_common.broadcast_slots(aux_one, group.num_slots),
-          data.groups[group.name], client_keys(local_key, ids[group.name]),
-          jnp.full((epochs,), lr(round_index)))
-      variables, sums[group.name], counts[group.name] = htfl_common.without_accumulators(trained)
-      groups[group.name] = {**g, "variables": where_active(active[group.name], variables,
-                                                           g["variables"])}
+    groups, metrics, sums, counts = htfl_common.train_collecting(
+        phase, setup, state["groups"], data, local_key, round_index,
+        (state["global_logits"], state["logit_present"]), num_classes)
     means, present, holders = htfl_common.aggregate_class_means(setup, sums, counts)
     up = htfl_common.float_bytes(jnp.sum(holders) * num_classes)
     down = htfl_common.float_bytes(setup.num_participants * jnp.sum(present) * num_classes)

@@ -42,9 +42,7 @@ from fedjax_het.algorithms import common, htfl_common
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import (ClientGroup, client_keys, init_group_variables,
-                                       slot_active, slot_ids, where_active)
-from fedjax_het.engine.optim import round_decay_schedule
+from fedjax_het.engine.clients import ClientGroup, init_group_variables
 from fedjax_het.losses import htfl as htfl_losses
 
 #: HtFLlib's gradient clipping (`clip_grad_norm_(..., 10)` on each model and on W_h).
@@ -74,10 +72,6 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                     "(HtFLlib's FedKD)", loc.optimizer)
   setup = htfl_common.feature_setup(config, setup)
   dim = htfl_common.feature_dim(setup)
-  epochs = int(loc.epochs)
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
   first = next(g for g in setup.groups if 0 in g.clients)
   mentee = first.model
   mentee_group = ClientGroup(name="mentee", model=mentee, clients=(0,), num_slots=1)
@@ -103,10 +97,10 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
     return loss_fn
 
-  trainers = {g.name: local.make_local_trainer(
-      loss_fn=loss_for(g), optimizer=optimizer, epochs=epochs,
+  phase = htfl_common.local_phase(config, setup, trainers={g.name: local.make_local_trainer(
+      loss_fn=loss_for(g), optimizer=optimizer, epochs=int(loc.epochs),
       batch_size=int(loc.batch_size), max_size=setup.max_sizes[g.name], preprocess=preprocess)
-      for g in setup.groups}
+      for g in setup.groups})
   mentee_floats = sum(int(x.size) for x in jax.tree_util.tree_leaves(jax.eval_shape(
       lambda: models.init_variables(mentee, jax.random.key(0))["params"])))
 
@@ -123,7 +117,7 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
           "mentee_stats": htfl_common.broadcast_slots(shared["batch_stats"], g.num_slots),
           "w_h": jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(w_key, i), (dim, dim),
                                                        minval=-bound, maxval=bound))(
-              ids[g.name])}
+              phase.ids[g.name])}
     return {"groups": groups, "mentee": shared["params"]}
 
   def round_fn(state, data, key, round_index):
@@ -136,23 +130,18 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                           "w": g["w_h"]},
                "batch_stats": {"private": g["variables"]["batch_stats"],
                                "mentee": g["mentee_stats"]}}
-      trained, metrics[group.name] = local.train_clients(
-          trainers[group.name], joint, jnp.zeros((s,)), data.groups[group.name],
-          client_keys(local_key, ids[group.name]), jnp.full((epochs,), lr(round_index)))
-      on = active[group.name]
+      trained, metrics[group.name] = phase.train(group, joint, jnp.zeros((s,)), data, local_key,
+                                                 round_index)
       private = {"params": trained["params"]["private"],
                  "batch_stats": trained["batch_stats"]["private"]}
       groups[group.name] = {
-          **g, "variables": where_active(on, private, g["variables"]),
-          "mentee_stats": where_active(on, trained["batch_stats"]["mentee"], g["mentee_stats"]),
-          "w_h": where_active(on, trained["params"]["w"], g["w_h"])}
+          **g, "variables": phase.keep_active(group, private, g["variables"]),
+          "mentee_stats": phase.keep_active(group, trained["batch_stats"]["mentee"],
+                                            g["mentee_stats"]),
+          "w_h": phase.keep_active(group, trained["params"]["w"], g["w_h"])}
       copies[group.name] = trained["params"]["mentee"]
-    weights = {n: active[n].astype(jnp.float32) for n in copies}
-    total = sum(jnp.sum(w) for w in weights.values())
-    mentee_params = jax.tree_util.tree_map(
-        lambda *leaves: sum(leaves) / total,
-        *[jax.tree_util.tree_map(lambda x, w=weights[n]: jnp.tensordot(w, x, axes=1), copies[n])
-          for n in copies])
+    mentee_params = htfl_common.weighted_tree_mean(
+        copies, {n: phase.active[n].astype(jnp.float32) for n in copies})
     k = setup.num_participants
     return ({**state, "groups": groups, "mentee": mentee_params},
             {"local": metrics,

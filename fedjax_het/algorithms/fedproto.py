@@ -41,71 +41,41 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import losses, validation
+from fedjax_het import validation
 from fedjax_het.algorithms import htfl_common
-from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
-                                       where_active)
-from fedjax_het.engine.optim import round_decay_schedule
-from fedjax_het.losses import htfl as htfl_losses
 
 WEIGHTINGS = ("uniform", "size")
 
 
 def make_fedproto(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   """FedProto as an `Algorithm` (module docstring)."""
-  cfg, loc = config.fedproto, config.local
+  cfg = config.fedproto
   lamda = float(cfg.lamda)
   weighting = cfg.weighting
   if weighting not in WEIGHTINGS:
     validation.fail("fedproto.weighting", f"one of {WEIGHTINGS}", weighting)
   setup = htfl_common.feature_setup(config, setup)
   dim, num_classes = htfl_common.feature_dim(setup), setup.num_classes
-  epochs = int(loc.epochs)
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
-  def loss_for(group):
-    forward = htfl_common.split_forward(group, train=True)
+  def loss_for(group):  # CE + λ · the prototype regulariser (Eq. 8), features summed
+    return htfl_common.accumulating_loss(htfl_common.prototype_loss_for(group, lamda),
+                                         num_classes, "features")
 
-    def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
-      prototypes, present = aux
-      features, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-      ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
-      reg = htfl_losses.prototype_regularizer(features=features, labels=labels,
-                                              prototypes=prototypes, present=present, mask=mask)
-      return ce + lamda * reg, (new_stats, {"ce": ce, "proto": reg},
-                                {"features": features, "logits": logits})
-
-    return htfl_common.accumulating_loss(loss_fn, num_classes, "features")
-
-  trainers = local.make_group_trainers(setup, loss_for, optimizer=loc.optimizer,
-                                       weight_decay=float(loc.weight_decay), epochs=epochs,
-                                       batch_size=int(loc.batch_size))
+  phase = htfl_common.local_phase(config, setup, loss_for)
+  active = phase.active
 
   def init(key, data):
     del data
-    groups = {g.name: {"variables": init_group_variables(
-        g, key, shared=False, num_participants=setup.num_participants)} for g in setup.groups}
-    return {"groups": groups, "global_protos": jnp.zeros((num_classes, dim), jnp.float32),
+    return {"groups": htfl_common.init_clients(setup, key),
+            "global_protos": jnp.zeros((num_classes, dim), jnp.float32),
             "proto_present": jnp.zeros((num_classes,), bool)}
 
   def round_fn(state, data, key, round_index):
     local_key = jax.random.split(key, 4)[3]
-    aux_one = (state["global_protos"], state["proto_present"])
-    groups, metrics, sums, counts = {}, {}, {}, {}
-    for group in setup.groups:
-      g = state["groups"][group.name]
-      joint = htfl_common.with_accumulators(g["variables"], group.num_slots, num_classes, dim)
-      trained, metrics[group.name] = local.train_clients(
-          trainers[group.name], joint, htfl_common.broadcast_slots(aux_one, group.num_slots),
-          data.groups[group.name], client_keys(local_key, ids[group.name]),
-          jnp.full((epochs,), lr(round_index)))
-      variables, sums[group.name], counts[group.name] = htfl_common.without_accumulators(trained)
-      groups[group.name] = {**g, "variables": where_active(active[group.name], variables,
-                                                           g["variables"])}
+    groups, metrics, sums, counts = htfl_common.train_collecting(
+        phase, setup, state["groups"], data, local_key, round_index,
+        (state["global_protos"], state["proto_present"]), dim)
     if weighting == "uniform":
       protos, present, holders = htfl_common.aggregate_class_means(setup, sums, counts)
     else:
@@ -122,10 +92,8 @@ def make_fedproto(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                        "server": {"bytes_up": up, "bytes_down": down,
                                   "classes_with_prototype": jnp.sum(present).astype(jnp.float32)}}
 
-  evaluate = htfl_common.make_evaluate(
-      config, setup, scores=htfl_common.prototype_scores,
-      shared=lambda state: (state["global_protos"], state["proto_present"]))
-  return Algorithm(name="fedproto", init=init, round=round_fn, evaluate=evaluate)
+  return Algorithm(name="fedproto", init=init, round=round_fn,
+                   evaluate=htfl_common.prototype_evaluate(config, setup))
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -46,13 +46,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import losses, validation
+from fedjax_het import validation
 from fedjax_het.algorithms import htfl_common
-from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
-                                       where_active)
-from fedjax_het.engine.optim import round_decay_schedule
 from fedjax_het.losses import htfl as htfl_losses
 from fedjax_het.models.layers import dense
 
@@ -104,29 +100,13 @@ def make_fedtgp(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   setup = htfl_common.feature_setup(config, setup)
   dim, num_classes = htfl_common.feature_dim(setup), setup.num_classes
   tgp = TrainableGlobalPrototypes(num_classes, dim, int(cfg.hidden_dim) or dim)
-  epochs = int(loc.epochs)
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
   collect = {g.name: htfl_common.class_statistics_pass(g, setup, batch_size=int(loc.batch_size))
              for g in setup.groups}
 
-  def loss_for(group):
-    forward = htfl_common.split_forward(group, train=True)
+  def loss_for(group):  # CE + λ · the prototype regulariser (Eq. 4)
+    return htfl_common.dropping_outputs(htfl_common.prototype_loss_for(group, lamda))
 
-    def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
-      prototypes, present = aux
-      features, logits, new_stats = forward(params, batch_stats, images, rng, mask)
-      ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
-      reg = htfl_losses.prototype_regularizer(features=features, labels=labels,
-                                              prototypes=prototypes, present=present, mask=mask)
-      return ce + lamda * reg, (new_stats, {"ce": ce, "proto": reg})
-
-    return loss_fn
-
-  trainers = local.make_group_trainers(setup, loss_for, optimizer=loc.optimizer,
-                                       weight_decay=float(loc.weight_decay), epochs=epochs,
-                                       batch_size=int(loc.batch_size))
+  phase = htfl_common.local_phase(config, setup, loss_for)
 
   def server_loss(params, prototypes, labels, mask, margin):
     return htfl_losses.tgp_margin_contrastive_loss(
@@ -136,10 +116,7 @@ def make_fedtgp(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   def init(key, data):
     del data
     client_key, server_key = jax.random.split(key)
-    groups = {g.name: {"variables": init_group_variables(
-        g, client_key, shared=False, num_participants=setup.num_participants)}
-        for g in setup.groups}
-    return {"groups": groups, "tgp": tgp.init(server_key)["params"],
+    return {"groups": htfl_common.init_clients(setup, client_key), "tgp": tgp.init(server_key)["params"],
             "global_protos": jnp.zeros((num_classes, dim), jnp.float32),
             "proto_present": jnp.zeros((num_classes,), bool)}
 
@@ -150,11 +127,10 @@ def make_fedtgp(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
     groups, metrics, sums, counts = {}, {}, {}, {}
     for group in setup.groups:
       g = state["groups"][group.name]
-      trained, metrics[group.name] = local.train_clients(
-          trainers[group.name], g["variables"],
-          htfl_common.broadcast_slots(aux_one, group.num_slots), data.groups[group.name],
-          client_keys(local_key, ids[group.name]), jnp.full((epochs,), lr(round_index)))
-      variables = where_active(active[group.name], trained, g["variables"])
+      trained, metrics[group.name] = phase.train(
+          group, g["variables"], htfl_common.broadcast_slots(aux_one, group.num_slots), data,
+          local_key, round_index)
+      variables = phase.keep_active(group, trained, g["variables"])
       sums[group.name], counts[group.name] = collect[group.name](variables,
                                                                  data.groups[group.name])
       groups[group.name] = {**g, "variables": variables}
@@ -174,10 +150,8 @@ def make_fedtgp(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                        "server": {"bytes_up": up, "bytes_down": down, "margin": margin,
                                   "server_loss": last_loss}}
 
-  evaluate = htfl_common.make_evaluate(
-      config, setup, scores=htfl_common.prototype_scores,
-      shared=lambda state: (state["global_protos"], state["proto_present"]))
-  return Algorithm(name="fedtgp", init=init, round=round_fn, evaluate=evaluate)
+  return Algorithm(name="fedtgp", init=init, round=round_fn,
+                   evaluate=htfl_common.prototype_evaluate(config, setup))
 
 
 def default_config() -> ml_collections.ConfigDict:

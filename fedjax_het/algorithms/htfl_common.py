@@ -18,8 +18,15 @@ LG-FedAvg, FedGH, FedKD).
 * `aggregate_class_means`: the server's unweighted mean over the clients that hold a class
   (HtFLlib's `proto_aggregation`).
 * `make_evaluate`: top-k accuracy of every slot on every test domain with a method's own
-  scores (nearest global prototype for FedProto / FedTGP) or with its variables changed
-  (the global head of LG-FedAvg / FedGH).
+  scores (nearest global prototype for FedProto / FedTGP, `prototype_evaluate`) or with its
+  variables changed (the global head of LG-FedAvg / FedGH).
+* The round's skeleton: `local_phase` reads `config.local` once into a `LocalPhase` (epochs,
+  the rate of each round, every group's slots and trainer), whose `train` runs one group's
+  local training; `init_clients` gives every client its own variables; `train_collecting`
+  is the local phase of FedProto and FD (every group trains with the global per-class
+  quantity and sums its own); `weighted_tree_mean` averages one stacked tree over every
+  group's slots (LG-FedAvg's heads, FedKD's mentee copies). A method's module keeps the
+  order of its round and its server step.
 """
 
 from __future__ import annotations
@@ -33,11 +40,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import models, validation
+from fedjax_het import losses, models, validation
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching, local
 from fedjax_het.engine.api import Setup
-from fedjax_het.engine.clients import ClientGroup, slot_active, vmap_slots
+from fedjax_het.engine.clients import (ClientGroup, client_keys, init_group_variables,
+                                       slot_active, slot_ids, vmap_slots, where_active)
+from fedjax_het.engine.optim import round_decay_schedule
 from fedjax_het.errors import ConfigError
 from fedjax_het.losses import htfl as htfl_losses
 
@@ -103,6 +112,96 @@ def feature_dim(setup: Setup) -> int:
   return int(setup.groups[0].model.feature_dim)
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalPhase:
+  """The local phase of an HtFL round, `config.local` read once (`local_phase`).
+
+  Attributes:
+    epochs: local epochs per round.
+    lr: round index -> the local learning rate of that round.
+    ids: group name -> (S,) participant id of every slot (the clients' RNG streams).
+    active: group name -> (S,) bool, the slots that hold a client (not padding).
+    trainers: group name -> its `local.LocalTrainer`.
+  """
+  epochs: int
+  lr: Callable[[jax.Array], jax.Array]
+  ids: dict[str, jax.Array]
+  active: dict[str, jax.Array]
+  trainers: dict[str, Any]
+
+  def train(self, group: ClientGroup, variables: Any, aux: Any, data: Any,
+            local_key: jax.Array, round_index: jax.Array) -> tuple[Any, Any]:
+    """`local.train_clients` of `group`'s slots from `variables` with `aux` (one per slot)
+    on `data.groups[group.name]`: (trained variables, metrics)."""
+    return local.train_clients(
+        self.trainers[group.name], variables, aux, data.groups[group.name],
+        client_keys(local_key, self.ids[group.name]),
+        jnp.full((self.epochs,), self.lr(round_index)))
+
+  def keep_active(self, group: ClientGroup, new: Any, old: Any) -> Any:
+    """`new` in the slots that hold a client, `old` in the padding slots."""
+    return where_active(self.active[group.name], new, old)
+
+
+def local_phase(config: ml_collections.ConfigDict, setup: Setup,
+                loss_for: Callable[[ClientGroup], Any] | None = None, *,
+                trainers: dict[str, Any] | None = None) -> LocalPhase:
+  """`config.local` (epochs, lr with its linear decay over the run, batch size, optimizer,
+  weight decay) as a `LocalPhase`; the trainers are `local.make_group_trainers` of
+  `loss_for`, or `trainers` (a method with its own optimizer, FedKD)."""
+  loc = config.local
+  epochs = int(loc.epochs)
+  if trainers is None:
+    trainers = local.make_group_trainers(setup, loss_for, optimizer=loc.optimizer,
+                                         weight_decay=float(loc.weight_decay), epochs=epochs,
+                                         batch_size=int(loc.batch_size))
+  return LocalPhase(
+      epochs=epochs,
+      lr=round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay)),
+      ids={g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups},
+      active={g.name: jnp.asarray(slot_active(g)) for g in setup.groups},
+      trainers=trainers)
+
+
+def init_clients(setup: Setup, key: jax.Array) -> dict[str, dict[str, Any]]:
+  """group name -> {"variables": its slots' own variables} (no shared initialisation)."""
+  return {g.name: {"variables": init_group_variables(
+      g, key, shared=False, num_participants=setup.num_participants)} for g in setup.groups}
+
+
+def train_collecting(phase: LocalPhase, setup: Setup, state_groups: dict[str, Any], data: Any,
+                     local_key: jax.Array, round_index: jax.Array, aux_one: Any, dim: int
+                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, jax.Array],
+                                dict[str, jax.Array]]:
+  """Every group's local training with `aux_one` (the global per-class quantity) in every
+  slot, its trainer an `accumulating_loss` one summing a quantity of `dim` entries per class.
+
+  Returns:
+    (groups: the state's groups with the trained variables in the active slots, metrics,
+    sums: group -> (S, C, dim), counts: group -> (S, C)).
+  """
+  groups, metrics, sums, counts = {}, {}, {}, {}
+  for group in setup.groups:
+    g = state_groups[group.name]
+    joint = with_accumulators(g["variables"], group.num_slots, setup.num_classes, dim)
+    trained, metrics[group.name] = phase.train(
+        group, joint, broadcast_slots(aux_one, group.num_slots), data, local_key, round_index)
+    variables, sums[group.name], counts[group.name] = without_accumulators(trained)
+    groups[group.name] = {**g, "variables": phase.keep_active(group, variables,
+                                                              g["variables"])}
+  return groups, metrics, sums, counts
+
+
+def weighted_tree_mean(trees: dict[str, Any], weights: dict[str, jax.Array]) -> Any:
+  """sum over groups and slots of w * tree / sum of w: `trees` group -> a tree stacked over
+  the group's slots, `weights` group -> (S,)."""
+  total = sum(jnp.sum(w) for w in weights.values())
+  return jax.tree_util.tree_map(
+      lambda *leaves: sum(leaves) / total,
+      *[jax.tree_util.tree_map(lambda x, w=weights[n]: jnp.tensordot(w, x, axes=1), trees[n])
+        for n in trees])
+
+
 def split_forward(group: ClientGroup, *, train: bool):
   """(params, batch_stats, images, rng, mask) -> (features, logits, new batch_stats)."""
   def forward(params, batch_stats, images, rng=None, mask=None):
@@ -111,6 +210,37 @@ def split_forward(group: ClientGroup, *, train: bool):
         rng=rng, mask=mask)
     return features, logits, new["batch_stats"]
   return forward
+
+
+def prototype_loss_for(group: ClientGroup, lamda: float) -> Callable[..., Any]:
+  """CE(f(h), y) + λ · mean_{b, d} (h_b - P_{y_b})²_d with aux = (P (C, D), present (C,)):
+  FedProto's client objective (Eq. 8) and FedTGP's (Eq. 4), `losses.htfl.
+  prototype_regularizer` (a row of a class without a prototype counts 0).
+
+  Returns `loss_fn(params, batch_stats, images, labels, mask, rng, aux) -> (loss, (new_stats,
+  {"ce", "proto"}, {"features", "logits"}))`, the form `accumulating_loss` takes
+  (`dropping_outputs` gives a local trainer's form).
+  """
+  forward = split_forward(group, train=True)
+
+  def loss_fn(params, batch_stats, images, labels, mask, rng, aux):
+    prototypes, present = aux
+    features, logits, new_stats = forward(params, batch_stats, images, rng, mask)
+    ce = losses.softmax_cross_entropy(logits=logits, labels=labels, mask=mask)
+    reg = htfl_losses.prototype_regularizer(features=features, labels=labels,
+                                            prototypes=prototypes, present=present, mask=mask)
+    return ce + lamda * reg, (new_stats, {"ce": ce, "proto": reg},
+                              {"features": features, "logits": logits})
+
+  return loss_fn
+
+
+def dropping_outputs(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """A `prototype_loss_for`-form loss as a local trainer's: (loss, (new_stats, metrics))."""
+  def wrapped(*args):
+    loss, (new_stats, metrics, _) = loss_fn(*args)
+    return loss, (new_stats, metrics)
+  return wrapped
 
 
 def accumulating_loss(loss_fn: Callable[..., Any], num_classes: int,
@@ -344,6 +474,12 @@ def prototype_scores(features: jax.Array, logits: jax.Array, extra: Any) -> jax.
   del logits
   prototypes, present = extra
   return htfl_losses.nearest_prototype_scores(features, prototypes, present)
+
+
+def prototype_evaluate(config: ml_collections.ConfigDict, setup: Setup):
+  """`make_evaluate` by the nearest of the state's "global_protos" whose "proto_present"."""
+  return make_evaluate(config, setup, scores=prototype_scores,
+                       shared=lambda state: (state["global_protos"], state["proto_present"]))
 
 
 def broadcast_slots(tree: Any, num_slots: int) -> Any:

@@ -45,11 +45,7 @@ import ml_collections
 
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, htfl_common
-from fedjax_het.engine import local
 from fedjax_het.engine.api import Algorithm, Setup
-from fedjax_het.engine.clients import (client_keys, init_group_variables, slot_active, slot_ids,
-                                       where_active)
-from fedjax_het.engine.optim import round_decay_schedule
 
 
 def with_head(variables, head, num_slots):
@@ -64,14 +60,7 @@ def make_global_head_method(name: str, config: ml_collections.ConfigDict, setup:
   loc = config.local
   setup = htfl_common.feature_setup(config, setup)
   dim, num_classes = htfl_common.feature_dim(setup), setup.num_classes
-  epochs = int(loc.epochs)
-  lr = round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay))
-  ids = {g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups}
-  active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
-  trainers = local.make_group_trainers(setup, common.cross_entropy_loss_for,
-                                       optimizer=loc.optimizer,
-                                       weight_decay=float(loc.weight_decay), epochs=epochs,
-                                       batch_size=int(loc.batch_size))
+  phase = htfl_common.local_phase(config, setup, common.cross_entropy_loss_for)
   if server == "prototypes":
     cfg = config.fedgh
     server_epochs, server_lr = int(cfg.server_epochs), float(cfg.server_lr)
@@ -88,8 +77,7 @@ def make_global_head_method(name: str, config: ml_collections.ConfigDict, setup:
 
   def init(key, data):
     del data
-    groups = {g.name: {"variables": init_group_variables(
-        g, key, shared=False, num_participants=setup.num_participants)} for g in setup.groups}
+    groups = htfl_common.init_clients(setup, key)
     head = jax.tree_util.tree_map(lambda x: x[first.clients.index(0)],
                                   groups[first.name]["variables"]["params"]["head"])
     return {"groups": groups, "head": head}
@@ -101,24 +89,19 @@ def make_global_head_method(name: str, config: ml_collections.ConfigDict, setup:
     for group in setup.groups:
       g = state["groups"][group.name]
       start = with_head(g["variables"], state["head"], group.num_slots)
-      trained, metrics[group.name] = local.train_clients(
-          trainers[group.name], start, jnp.zeros((group.num_slots,)), data.groups[group.name],
-          client_keys(local_key, ids[group.name]), jnp.full((epochs,), lr(round_index)))
-      variables = where_active(active[group.name], trained, start)
+      trained, metrics[group.name] = phase.train(
+          group, start, jnp.zeros((group.num_slots,)), data, local_key, round_index)
+      variables = phase.keep_active(group, trained, start)
       groups[group.name] = {**g, "variables": variables}
       heads[group.name] = variables["params"]["head"]
-      weights[group.name] = jnp.where(active[group.name],
+      weights[group.name] = jnp.where(phase.active[group.name],
                                       data.groups[group.name].sizes.astype(jnp.float32), 0.0)
       if server == "prototypes":
         sums[group.name], counts[group.name] = collect[group.name](variables,
                                                                    data.groups[group.name])
     k = setup.num_participants
     if server == "average":
-      total = sum(jnp.sum(w) for w in weights.values())
-      head = jax.tree_util.tree_map(
-          lambda *leaves: sum(leaves) / total,
-          *[jax.tree_util.tree_map(lambda x, w=weights[n]: jnp.tensordot(w, x, axes=1), heads[n])
-            for n in heads])
+      head = htfl_common.weighted_tree_mean(heads, weights)
       server_metrics = {"bytes_up": htfl_common.float_bytes(k * head_floats),
                         "bytes_down": htfl_common.float_bytes(k * head_floats)}
     else:
