@@ -503,10 +503,11 @@ def test_quick_config_trains_end_to_end(method, tmp_path, monkeypatch):
 
 # Three rounds of each method on the tiny federation (`_setup`, `_data`, `_config`; FedTGP with
 # 2 server epochs), its final state's floating leaves summed in float64: the plain sum, the
-# sum weighted by 1 + (flat index mod 7) and the sum of magnitudes. Recorded from the methods'
-# modules as they were before their round skeleton moved into htfl_common (LocalPhase,
-# train_collecting, weighted_tree_mean): the moved code gives the same numbers (bit for bit
-# on the recording machine; within 1e-6 of the magnitude sum here, for other CPUs' rounding).
+# sum weighted by 1 + (flat index mod 7) and the sum of magnitudes, recorded on a 2-core x86
+# CPU with each method's round written out in its own module. The shared skeleton of
+# htfl_common (LocalPhase, train_collecting, weighted_tree_mean, prototype_loss_for) gives
+# the same state bit for bit there; the check allows 1e-6 of the magnitude sum for other
+# CPUs' rounding.
 STATE_FINGERPRINTS = {
     "fedproto": (962366.5774364155, 3861214.1044923887, 2761759.086406572),
     "fd": (214.1221583898432, 792.2938161579148, 873.3313225932422),
