@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_het import models
-from fedjax_het.resources import resolve_conv_impl
+from fedjax_het.runtime.resources import resolve_conv_impl
 import timing
 from timing import median_seconds
 

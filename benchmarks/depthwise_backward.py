@@ -45,7 +45,7 @@ from unittest import mock
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from fedjax_het.engine import xla_cpu  # noqa: E402 (starts no JAX backend)
+from fedjax_het.runtime import xla_cpu  # noqa: E402 (starts no JAX backend)
 import timing  # noqa: E402 (benchmarks/timing.py; imports jax, starts no backend)
 
 DEPTHWISE_BACKBONES = ("mobilenet_v2", "efficientnet_b0")

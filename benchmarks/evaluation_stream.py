@@ -31,7 +31,7 @@ from first_round import load_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
-  from fedjax_het.engine import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
+  from fedjax_het.runtime import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="digits_fcclplus_quick")
   parser.add_argument("--set", action="append", default=[], help="field=value override")

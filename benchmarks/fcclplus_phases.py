@@ -55,7 +55,7 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
   from fedjax_het.algorithms import fcclplus  # noqa: PLC0415
   from fedjax_het.engine import public, rounds  # noqa: PLC0415
   from fedjax_het.experiment import Experiment  # noqa: PLC0415
-  from fedjax_het.resources import available_memory_bytes  # noqa: PLC0415
+  from fedjax_het.runtime.resources import available_memory_bytes  # noqa: PLC0415
 
   epochs = int(config.local.epochs)
   one_epoch = config.copy_and_resolve_references()
@@ -109,7 +109,7 @@ def measure(config, conv_impl: str, repeats: int, scenario=None) -> tuple[dict, 
 
 
 def main(argv: list[str] | None = None) -> dict:
-  from fedjax_het.engine import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
+  from fedjax_het.runtime import xla_cpu  # noqa: PLC0415 (starts no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="digits_fcclplus")
   parser.add_argument("--set", action="append", default=[], help="field=value override")

@@ -243,8 +243,7 @@ def _measure(config_name: str, overrides: list[str], rounds: int, *,
 
 def main():
   import timing  # noqa: PLC0415 (benchmarks/, beside this script; starts no JAX backend)
-  from fedjax_het import trace_cache  # noqa: PLC0415 (starts no JAX backend)
-  from fedjax_het.engine import xla_cpu, xla_gpu  # noqa: PLC0415 (starts no JAX backend)
+  from fedjax_het.runtime import trace_cache, xla_cpu, xla_gpu  # noqa: PLC0415 (no JAX backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="digits_fcclplus_quick")
   parser.add_argument("--set", action="append", default=[], help="field=value override")

@@ -39,7 +39,8 @@ from jax.experimental.compute_on import compute_on
 
 import gpu_compile  # benchmarks/, beside this script
 import timing  # benchmarks/, beside this script
-from fedjax_het import models, resources
+from fedjax_het import models
+from fedjax_het.runtime import resources
 
 
 def _on_stream(fn, stream: int):

@@ -97,7 +97,7 @@ if torch.cuda.is_available():  # before jax creates its client: both frameworks 
 
 # pylint: disable=wrong-import-position
 from fedjax_het.data.scenarios import SCENARIOS  # noqa: E402
-from fedjax_het.engine import xla_cpu  # noqa: E402
+from fedjax_het.runtime import xla_cpu  # noqa: E402
 from fedjax_het.losses.fccl import (FCCM_EPS, FCCM_OFF_DIAGONAL_WEIGHT,  # noqa: E402
                                     FISL_TEMPERATURE)
 from fedjax_het.models.efficientnet import EFFICIENTNET_B0_STAGES, SE_RATIO  # noqa: E402
@@ -638,7 +638,7 @@ def time_engine(config_name: str, overrides: list[str], rounds: int, config) -> 
   row["end_to_end_secs"] = (row["init_secs"] + row["trace_lower_secs"]
                             + row["compile_secs"] + row["first_round_secs"]
                             + (calls - 1) * row["steady_round_secs"])
-  from fedjax_het.resources import resolve_conv_impl  # noqa: PLC0415
+  from fedjax_het.runtime.resources import resolve_conv_impl  # noqa: PLC0415
   row["conv_impl"] = resolve_conv_impl(config.models.conv_impl)
   return row
 

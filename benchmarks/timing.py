@@ -57,7 +57,7 @@ def cpu_description() -> str:
 
 
 def _backend_started() -> bool:
-  from fedjax_het.engine import xla_cpu  # pylint: disable=import-outside-toplevel
+  from fedjax_het.runtime import xla_cpu  # pylint: disable=import-outside-toplevel
   return xla_cpu.backend_started()
 
 

@@ -306,7 +306,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     return
   if args.deadline_secs is None:
     # This process trains: XLA:CPU's scheduler is fixed when JAX starts (as experiments/train.py).
-    from fedjax_het.engine import xla_cpu
+    from fedjax_het.runtime import xla_cpu
     xla_cpu.set_xla_cpu_scheduler("auto")
   try:
     runner.run(cells, results_dir=results_dir, overrides=args.overrides,

@@ -107,7 +107,8 @@ def main(argv):
   workdir, config = None, None
   try:
     import jax  # pylint: disable=g-import-not-at-top
-    from fedjax_het.engine import sharding, xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
+    from fedjax_het.engine import sharding  # pylint: disable=g-import-not-at-top
+    from fedjax_het.runtime import xla_cpu, xla_gpu  # pylint: disable=g-import-not-at-top
     from fedjax_het.config import validate_config  # pylint: disable=g-import-not-at-top
     from fedjax_het.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
     try:

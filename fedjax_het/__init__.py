@@ -3,13 +3,15 @@
 The layers, each importing only the ones above it:
   losses, models, data   pure losses; the model zoo; data sources, scenarios, partitions
   engine                 the blocks a round is built from (client groups, local scans, the
-                         public phase, aggregation, optimisers, programs per stage)
+                         public phase, aggregation, optimisers, the round wrapper)
   algorithms, cil        one module per method (`make(config, setup) -> Algorithm`), the
                          shared modules they build on; class-incremental building blocks
+  runtime                how a round compiles for every run: the round's programs, the trace
+                         cache, the memory policy, XLA's options
   config, validation     the run-wide config and its checks, the methods' sections
   experiment, stream_experiment, seed_stack
                          a run built from its config (domain / partitioned, task stream,
-                         several seeds as one program), trace_cache and resources beside them
+                         several seeds as one program), each compiled by the runtime
   train                  train_and_evaluate: the one loop over a run (workdir, checkpointing,
                          evaluation, reporting, plots)
   grid, reports, studies the papers' tables as resumable cells (grid: which cells, their

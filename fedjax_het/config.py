@@ -33,10 +33,10 @@ import types
 
 import ml_collections
 
-from fedjax_het import algorithms, trace_cache, validation
+from fedjax_het import algorithms, validation
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.data.scenarios import OFFICE_TESTS, PUBLIC_NORMALIZATIONS
-from fedjax_het.engine import programs, xla_cpu, xla_gpu
+from fedjax_het.runtime import programs, trace_cache, xla_cpu, xla_gpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
@@ -81,14 +81,14 @@ def run_config(algorithm: str) -> ml_collections.ConfigDict:
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
   # Keep the traced round beside the compilation cache, so a later run of the same round skips
   # tracing and lowering too: auto (when the method and models are the library's own), on, off.
-  # Same numbers either way. See fedjax_het/trace_cache.py. (A class-incremental round is not
-  # cached: auto or off.)
+  # Same numbers either way. See fedjax_het/runtime/trace_cache.py. (A class-incremental run:
+  # auto or off.)
   c.trace_cache = "auto"
   # A method whose round is given as stages (FCCL+, FCCL: public phase, local phase) can run it
   # as one XLA program per stage, compiled side by side on a CPU and loaded from the cache much
   # faster than one large program: auto (when the method has stages: groups on a GPU, stages
   # elsewhere), one, stages, or groups (as stages, with the local phase one program per
-  # participant group). Same numbers either way. See fedjax_het/engine/programs.py.
+  # participant group). Same numbers either way. See fedjax_het/runtime/programs.py.
   c.round_programs = "auto"
   # How the round's programs compile: auto (side by side on a CPU or for groups, else in turn),
   # side_by_side (threads), in_turn. Same programs either way.
@@ -102,11 +102,11 @@ def run_config(algorithm: str) -> ml_collections.ConfigDict:
   c.overwrite = False
   # XLA:CPU's instruction scheduler, fixed when JAX starts (experiments/train.py sets it):
   # auto = memory (the peak-memory-minimising one: the paper-size rounds fit on a 24 GiB CPU
-  # machine), or concurrency (XLA's default). Same numbers either way. See engine/xla_cpu.py.
+  # machine), or concurrency (XLA's default). Same numbers either way. See runtime/xla_cpu.py.
   c.xla_cpu_scheduler = "auto"
   # XLA:GPU's Triton GEMM kernels, fixed when JAX starts (experiments/train.py sets it): auto =
   # off (matrix products on cuBLAS: a far shorter GPU compile, the same step time within 2%),
-  # or on (XLA's default). No effect on a CPU or TPU. See engine/xla_gpu.py.
+  # or on (XLA's default). No effect on a CPU or TPU. See runtime/xla_gpu.py.
   c.xla_gpu_triton_gemm = "auto"
   # Resuming a workdir refuses a changed config; fields named here may differ (comma-separated
   # names or section prefixes, e.g. "num_rounds" to extend a run). See fedjax_het.workdir.

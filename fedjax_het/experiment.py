@@ -16,12 +16,9 @@ What the loop asks of a run (`Experiment` and `StreamExperiment` alike):
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import json
 import logging
 import pathlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,17 +26,18 @@ import jax
 import ml_collections
 import numpy as np
 
-from fedjax_het import checkpointing, data as data_lib, models, plots, reporting, trace_cache
+from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
-from fedjax_het.engine import programs, rounds, sharding
+from fedjax_het.engine import rounds, sharding
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
 from fedjax_het.errors import ConfigError
 from fedjax_het.evaluation import intra_inter, stack_test_sets
-from fedjax_het import resources
-from fedjax_het.resources import release_freed_host_memory, resolve_conv_impl, resolve_public_conv_impl
+from fedjax_het.runtime import compiler as compiler_lib
+from fedjax_het.runtime import resources
+from fedjax_het.runtime.resources import resolve_conv_impl, resolve_public_conv_impl
 
 
 def _client_names(domains: list[str]) -> list[str]:
@@ -188,171 +186,66 @@ class Experiment:
       self.data = jax.device_put(arrays, sharding.data_shardings(arrays, mesh))
     else:
       self.data = jax.device_put(arrays)
-    self.round_fn = rounds.make_round_fn(self.algorithm)
-    calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
     init = lambda key, d: rounds.initial_state(self.algorithm, key, d)  # noqa: E731
-    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage;
-    # "groups": as "stages", with a stage whose groups are independent split by group.
-    self.round_programs = programs.resolve(config.get("round_programs", "auto"),
-                                           bool(self.algorithm.stages), jax.default_backend())
-    if self.round_programs == "groups" and mesh is not None:
-      logging.info("config.round_programs='groups' runs as 'stages' on a device mesh (the "
-                   "group programs' outputs have no shardings of their own)")
-      self.round_programs = "stages"
-    stage_fns = (rounds.make_stage_fns(self.algorithm)
-                 if self.round_programs in ("stages", "groups") else ())
-    #: {stage name: group names} of the stages compiled as one program per group.
-    self.split_stages = {
-        stage.name: tuple(g.name for g in self.groups) for stage in self.algorithm.stages
-        if self.round_programs == "groups" and stage.groups_independent and len(self.groups) > 1}
-    self._stage_fns = dict(stage_fns)
     self._state_shardings = None
-    round_jit = {}  # how every round program (whole or stage) is jitted
     if mesh is None:
       self._init = jax.jit(init)
     else:
       abstract = jax.eval_shape(init, jax.random.key(0), self.data)
       self._state_shardings = sharding.state_shardings(abstract, mesh)
       self._init = jax.jit(init, out_shardings=self._state_shardings)
-      round_jit["out_shardings"] = (self._state_shardings, None)
-    self.run_rounds = jax.jit(calls, **round_jit)
-    self.stage_programs = tuple((name, jax.jit(fn, **round_jit)) for name, fn in stage_fns)
+    # The round's programs and their compile (trace cache, stage programs, memory policy).
+    # What the method's make() read besides the config: data sizes, normalisation statistics,
+    # the modules (E is an argument of the round, not in the key), and the convolutions this
+    # Experiment chose. The code outside the package that the round runs (its method, its
+    # models) is in the trace cache's key under config.trace_cache="on"; "auto" then does not
+    # use the cache.
+    self.compiler = compiler_lib.RoundCompiler(
+        config, self.algorithm, self.data,
+        statics={"setup": compiler_lib.statics_text(dataclasses.replace(self.setup,
+                                                                        num_rounds=0)),
+                 "conv_impl": self.conv_impl, "public_conv_impl": self.public_conv_impl},
+        defined_by=[get_method(config.algorithm).make]
+        + [m for g in self.groups for m in (g.model, g.public_model) if m is not None],
+        group_names=[g.name for g in self.groups], mesh=mesh,
+        state_shardings=self._state_shardings)
+    # "one": `run_rounds` is the round; "stages": `stage_programs` run it, one per stage;
+    # "groups": as "stages", with a stage whose groups are independent split by group
+    # (`split_stages`: {stage name: group names}).
+    self.round_fn, self.run_rounds = self.compiler.round_fn, self.compiler.run_rounds
+    self.round_programs = self.compiler.round_programs
+    self.stage_programs, self.split_stages = (self.compiler.stage_programs,
+                                              self.compiler.split_stages)
     self.evaluate = jax.jit(self.algorithm.evaluate)
     diagnostics = self.algorithm.diagnostics
     self._diagnostics = jax.jit(diagnostics.compute) if diagnostics is not None else None
     self._evaluate_compiled = self._diagnostics_compiled = None  # set by `compile_all`
-    # The code outside the package that the round runs (its method, its models): in the trace
-    # cache's key under config.trace_cache="on"; "auto" then does not use the cache.
-    self._outside_files = trace_cache.outside_package(
-        [get_method(config.algorithm).make]
-        + [m for g in self.groups for m in (g.model, g.public_model) if m is not None])
     # One test domain: plain accuracy; several: intra/inter-domain accuracy (FCCL+ tables).
     self.accuracy_kinds = ("inter", "intra") if len(self.test_domains) > 1 else ("accuracy",)
 
   def compile_rounds(self, state: Any) -> Any:
-    """The compiled round for this state's shapes: `run_rounds`, or with stages the
-    `programs.CompiledStages` (traces once; uses the caches)."""
-    return self.lower_rounds(state).compile()
+    """The compiled round for this state's shapes (`RoundCompiler.compile_rounds`)."""
+    return self.compiler.compile_rounds(state)
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
     """Compiles the round, the evaluation and the diagnostics; returns the round.
 
     The evaluation and diagnostics executables are kept and used by
-    `evaluation_record` / `diagnostics` from then on. They are traced and
-    compiled in a worker thread while this thread traces and lowers the round
-    (pure Python, one core busy), and the round's XLA compile starts only once
-    they are done: compiling the evaluation beside the round's compile is
-    slower on an H100 (FCCL+ quick: over 268 s against 176 s; XLA's GPU
-    compiler is itself multi-threaded and autotunes on the device). The
-    round is lowered by `lower_rounds`, through the trace cache when it is on;
-    a round in stage programs compiles them side by side on a CPU, in turn on
-    an accelerator. Then the memory the compiler freed is handed back to the
-    system (`release_freed_host_memory`), so that the memory check and the
-    round see it.
+    `evaluation_record` / `diagnostics` from then on; they compile in a worker
+    thread while the round is traced and lowered (`RoundCompiler.compile_all`:
+    the trace cache, the stage programs, then the compiler's freed memory
+    handed back to the system).
     """
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="fedjax_het_compile") as pool:
-      side = pool.submit(self._compile_evaluation, state, with_diagnostics)
-      lowered = self.lower_rounds(state)
-      side.result()  # raises what the worker raised
-    compiled = lowered.compile()
-    released = release_freed_host_memory()  # the compiler's freed heap, before the round runs
-    if released:
-      logging.info("returned %.2f GiB of memory the compiler had freed to the system",
-                   released / 2.0 ** 30)
-    return compiled
+    return self.compiler.compile_all(
+        state, lambda: self._compile_evaluation(state, with_diagnostics))
 
   def trace_cache_directory(self) -> pathlib.Path | None:
-    """Where `lower_rounds` keeps exported rounds (`fedjax_het.trace_cache`), or None.
-
-    None when `config.trace_cache` is "off", without `config.compilation_cache_dir`,
-    for a run sharded over a mesh, and, under "auto", when the method or a model
-    is defined outside the fedjax_het package.
-    """
-    mode = self.config.get("trace_cache", "auto")  # checked by validate_config
-    if mode == "off" or not self.config.compilation_cache_dir or self.mesh is not None:
-      return None
-    if mode == "auto" and self._outside_files:
-      logging.info("trace cache off: the method or a model is defined outside fedjax_het (%s); "
-                   "config.trace_cache='on' keys it on those files too",
-                   ", ".join(map(str, self._outside_files)))
-      return None
-    return pathlib.Path(self.config.compilation_cache_dir).expanduser() / trace_cache.FOLDER
+    """Where the round's exported programs are kept (`RoundCompiler.trace_cache_directory`)."""
+    return self.compiler.trace_cache_directory()
 
   def lower_rounds(self, state: Any) -> Any:
-    """The round lowered for `state`'s shapes, through the trace cache when it is on.
-
-    `run_rounds` lowered, or with `round_programs == "stages"` the
-    `programs.LoweredStages` of the stage programs (and, with "groups", the group
-    programs of the stages split by group), compiled side by side on a CPU or
-    when split by group, one after the other otherwise (`config.round_compile`).
-    With the cache, a later run of the same round reads each exported program
-    instead of tracing and lowering it
-    (`fedjax_het.trace_cache`); both compile the same module. A program the
-    cache cannot hold is traced as usual.
-    """
-    cache = self._trace_cache_key(state)
-    if self.round_programs in ("stages", "groups"):
-      # One key for the round (one read of the package source), one entry per program.
-      jitted = dict(self.stage_programs)
-
-      def lower(name, fn):
-        if fn is self._stage_fns.get(name):
-          program = jitted[name]
-        else:  # a program of a stage split by group
-          program = jax.jit(fn)
-          program.state_part = fn.state_part
-        return self._lower_program(
-            program, state, cache and (cache[0], trace_cache.stage_key(cache[1], name)), name)
-
-      return programs.lower_stages(
-          tuple(self._stage_fns.items()), lower, int(self.config.rounds_per_call),
-          side_by_side=programs.side_by_side(self.config.get("round_compile", "auto"),
-                                             jax.default_backend(), self.round_programs),
-          split=self.split_stages)
-    return self._lower_program(self.run_rounds, state, cache, None)
-
-  def _trace_cache_key(self, state: Any) -> tuple[pathlib.Path, str] | None:
-    """(the trace cache's directory, this round's key), or None when the cache is not used."""
-    directory = self.trace_cache_directory()
-    if directory is None:
-      return None
-    config = {name: value for name, value in workdir_lib.flatten_config(self.config).items()
-              if not workdir_lib.covered(name, workdir_lib.NEUTRAL_FIELDS
-                                         + trace_cache.NOT_IN_ROUND)}
-    # What the method's make() read besides the config (data sizes, normalisation statistics,
-    # the modules) and the convolutions this Experiment chose; E is an argument of the round.
-    setup = dataclasses.replace(self.setup, num_rounds=0)
-    statics = {"setup": repr(setup), "conv_impl": self.conv_impl,
-               "public_conv_impl": self.public_conv_impl}
-    try:
-      return directory, trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
-                                              choices=statics, args=(state, self.data),
-                                              extra_files=self._outside_files)
-    except Exception as error:  # pylint: disable=broad-except
-      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
-                   type(error).__name__, error)
-      return None
-
-  def _lower_program(self, jitted: Any, state: Any, cache: tuple[pathlib.Path, str] | None,
-                     stage: str | None) -> Any:
-    """`jitted(state, data)` lowered, through the trace cache entry `cache` (directory, key)
-    when there is one; `stage`: the stage's name, None for the whole round (for the log)."""
-    if cache is None:
-      return jitted.lower(state, self.data)
-    directory, key = cache
-    tick = time.perf_counter()
-    try:
-      lowered = trace_cache.lower_round(jitted, (state, self.data), directory=directory, key=key,
-                                        state_part=getattr(jitted, "state_part", None))
-    except Exception as error:  # pylint: disable=broad-except
-      logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
-                   type(error).__name__, error)
-      return jitted.lower(state, self.data)
-    what = "round" if stage is None else f"round's stage {stage!r}"
-    logging.info("%s the traced %s %s %s in %.1f s", "read" if lowered.hit else "saved", what,
-                 "from" if lowered.hit else "to", directory, time.perf_counter() - tick)
-    return lowered
+    """The round lowered for `state`'s shapes (`RoundCompiler.lower_rounds`)."""
+    return self.compiler.lower_rounds(state)
 
   def _compile_evaluation(self, state: Any, with_diagnostics: bool) -> None:
     self._evaluate_compiled = self.evaluate.lower(state, self.data.test).compile()

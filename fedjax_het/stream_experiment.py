@@ -42,12 +42,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_het import checkpointing, models, resources
+from fedjax_het import checkpointing, models
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds
+from fedjax_het.runtime import compiler as compiler_lib
+from fedjax_het.runtime import resources
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import class_incremental as cil_report
 
@@ -93,10 +95,15 @@ class StreamExperiment:
     self.client_names = [f"client_{i}" for i in range(stream.client_indices.shape[1])]
     self.data = jax.device_put(cil_stream.stream_arrays(stream))
     self.test = jax.device_put((stream.test_images, stream.test_labels))
-    per_call = int(config.rounds_per_call)
     self._init = jax.jit(lambda key, d: rounds.initial_state(self.algorithm, key, d))
-    self.run_rounds = jax.jit(rounds.make_run_rounds(rounds.make_round_fn(self.algorithm),
-                                                     per_call))
+    # The round's program and its compile, as for every run (`runtime.compiler`): the trace
+    # cache keyed on the config, the stream's setup (settings, model, sizes, class lists) and
+    # the convolutions; the evaluation compiled beside it; the compiler's freed memory returned.
+    self.compiler = compiler_lib.RoundCompiler(
+        config, self.algorithm, self.data,
+        statics={"setup": compiler_lib.statics_text(self.setup), "conv_impl": self.conv_impl},
+        defined_by=[get_method(config.algorithm).make, self.model])
+    self.run_rounds = self.compiler.run_rounds
     self.evaluate = jax.jit(self.algorithm.evaluate)
     self._evaluate_compiled = None
 
@@ -137,11 +144,22 @@ class StreamExperiment:
     return jax.device_put(jax.device_get(checkpointer.restore(round_index, like)))
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = True) -> Any:
-    """Compiles the round and the evaluation; returns the compiled round."""
+    """Compiles the round and, beside it, the evaluation (`RoundCompiler.compile_all`: through
+    the trace cache, then the compiler's freed memory handed back); returns the round."""
     del with_diagnostics  # no diagnostics
+    return self.compiler.compile_all(state, lambda: self._compile_evaluation(state))
+
+  def _compile_evaluation(self, state: Any) -> None:
     num_seen = jnp.int32(self.settings.classes_per_task)
     self._evaluate_compiled = self.evaluate.lower(state, (*self.test, num_seen)).compile()
-    return self.run_rounds.lower(state, self.data).compile()
+
+  def compile_rounds(self, state: Any) -> Any:
+    """The compiled round for this state's shapes (`RoundCompiler.compile_rounds`)."""
+    return self.compiler.compile_rounds(state)
+
+  def lower_rounds(self, state: Any) -> Any:
+    """The round lowered for `state`'s shapes (`RoundCompiler.lower_rounds`)."""
+    return self.compiler.lower_rounds(state)
 
   def train_records(self, metrics: Any, num_rounds: int) -> list[dict[str, Any]]:
     """Per-round records: task, train/loss, the sampled clients and the method's metrics."""

@@ -5,7 +5,7 @@ The loop is the same for every run; what the run is comes from its config:
 the FedAvg family, FedMD, FedDF, RHFL, FedMatch, SOLO),
 `stream_experiment.StreamExperiment` for GLFC's class-incremental task stream
 (glfc, icarl_fl, fedavg_cil). The loop: the resume guard, init or restore,
-compile (with the memory policy of `fedjax_het.resources`), then rounds in
+compile (with the memory policy of `fedjax_het.runtime.resources`), then rounds in
 calls of `config.rounds_per_call` (one jitted `lax.scan`), records, evaluation,
 diagnostics and checkpoints when the run asks for them, and the results.
 
@@ -62,7 +62,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import reporting, resources, seed_stack
+from fedjax_het import reporting, seed_stack
+from fedjax_het.runtime import resources
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.engine import sharding

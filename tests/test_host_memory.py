@@ -1,11 +1,11 @@
-"""fedjax_het.resources.release_freed_host_memory: freed C heap pages go back to the system."""
+"""fedjax_het.runtime.resources.release_freed_host_memory: freed C heap pages go back to the system."""
 
 import ctypes
 import platform
 
 import pytest
 
-from fedjax_het import resources
+from fedjax_het.runtime import resources
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",

@@ -11,10 +11,11 @@ import pytest
 from fedjax_het import algorithms
 from fedjax_het import config as config_lib
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
-from fedjax_het import trace_cache
+from fedjax_het.runtime import resources
+from fedjax_het.runtime import trace_cache
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.engine import programs, rounds
+from fedjax_het.engine import rounds
+from fedjax_het.runtime import programs
 from fedjax_het.engine.api import Algorithm, Stage
 from fedjax_het.errors import ConfigError
 from tests.test_train import tiny_config

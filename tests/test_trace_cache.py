@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_het import config as config_lib
 from fedjax_het import models
-from fedjax_het import trace_cache
+from fedjax_het.runtime import trace_cache
 from fedjax_het import experiment as experiment_lib
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fcclplus, solo
@@ -274,3 +274,22 @@ def test_a_second_cli_run_reads_the_traced_round_and_gives_the_same_results(tmp_
   assert "saved the traced round to" in logs[0]
   assert "read the traced round from" in logs[1]
   assert results[0] == results[1]
+
+
+def test_a_class_incremental_run_reads_its_traced_round_and_computes_the_same_bits(tmp_path):
+  from fedjax_het.stream_experiment import StreamExperiment  # pylint: disable=g-import-not-at-top
+  from tests.test_cil_train import tiny_cil_config  # pylint: disable=g-import-not-at-top
+  config = tiny_cil_config()
+  config.compilation_cache_dir = str(tmp_path)
+  first = StreamExperiment(config)
+  assert first.compiler.trace_cache_directory() == tmp_path / trace_cache.FOLDER
+  state = first.init_state()
+  missed = first.lower_rounds(state)
+  second = StreamExperiment(config, scenario=first.scenario)
+  read = second.lower_rounds(state)
+  assert (missed.hit, read.hit) == (False, True)
+  assert read.as_text() == missed.as_text()
+  config.trace_cache = "off"
+  plain = StreamExperiment(config, scenario=first.scenario)
+  assert plain.compiler.trace_cache_directory() is None
+  assert _bitwise_equal(read.compile()(state, second.data), plain.run_rounds(state, plain.data))

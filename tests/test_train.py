@@ -15,7 +15,7 @@ import pytest
 
 from fedjax_het import reporting
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
+from fedjax_het.runtime import resources
 from fedjax_het.config import validate_config
 from fedjax_het.engine import rounds, sharding
 from fedjax_het.experiment import Experiment

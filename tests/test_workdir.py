@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
+from fedjax_het.runtime import resources
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.errors import ConfigError, UserError, WorkdirError
 from fedjax_het.experiment import Experiment

@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
+from fedjax_het.runtime import resources
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.engine import xla_cpu
+from fedjax_het.runtime import xla_cpu
 from fedjax_het.errors import ConfigError
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
@@ -63,11 +63,11 @@ def test_config_validation_names_the_scheduler_field():
 _ONE_ROUND = """
 import hashlib, json, sys
 sys.path.insert(0, {repo!r})
-from fedjax_het.engine import xla_cpu
+from fedjax_het.runtime import xla_cpu
 in_force = xla_cpu.set_xla_cpu_scheduler({choice!r})
 import jax, numpy as np
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
+from fedjax_het.runtime import resources
 from fedjax_het import workdir as workdir_lib
 from tests.test_train import tiny_config
 experiment = experiment_lib.Experiment(tiny_config(num_rounds=1))

@@ -9,8 +9,8 @@ import jax
 import pytest
 
 from fedjax_het import experiment as experiment_lib
-from fedjax_het import resources
-from fedjax_het.engine import xla_gpu
+from fedjax_het.runtime import resources
+from fedjax_het.runtime import xla_gpu
 from fedjax_het.errors import ConfigError
 from tests.test_train import tiny_config
 
@@ -61,7 +61,7 @@ def test_config_validation_names_the_triton_gemm_field():
 def test_a_fresh_process_gets_the_flag_before_its_backend_starts(choice, environment,
                                                                   expected_flags):
   script = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-            "from fedjax_het.engine import xla_gpu\n"
+            "from fedjax_het.runtime import xla_gpu\n"
             f"in_force = xla_gpu.set_xla_gpu_triton_gemm({choice!r})\n"
             "import os, jax\n"
             "assert float(jax.numpy.ones(3).sum()) == 3.0  # the flag is one XLA knows\n"

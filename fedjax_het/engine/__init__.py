@@ -10,9 +10,9 @@
   optim        torch-style optimisers (optax.inject_hyperparams), round schedules
   rounds       make_round_fn / make_run_rounds: one jitted program per call;
                staged_round / make_stage_fns: a round given as stages
-  programs     a staged round as one compiled program per stage (config.round_programs)
   sharding     the `clients` mesh axis
-  xla_cpu      XLA:CPU's instruction scheduler (memory-minimising for the paper-size rounds)
 
-The engine imports no algorithm: algorithms -> engine -> models / losses / data.
+How a run compiles those rounds (trace cache, programs per stage, memory policy, XLA's
+options) is `fedjax_het.runtime`'s. The engine imports no algorithm: algorithms -> engine ->
+models / losses / data.
 """

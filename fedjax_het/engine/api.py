@@ -130,7 +130,7 @@ class Stage(NamedTuple):
       its metrics, a dict keyed by the group names) depends on that group's own
       state and data only, as in a local phase where every participant trains on
       its private data. `config.round_programs="groups"` then compiles the stage
-      as one program per group (`fedjax_het.engine.programs`); with False it
+      as one program per group (`fedjax_het.runtime.programs`); with False it
       stays one program.
   """
   name: str

@@ -38,7 +38,7 @@ def main(spec_path: str) -> int:
   spec = pickle.loads(pathlib.Path(spec_path).read_bytes())
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                       datefmt="%H:%M:%S")
-  from fedjax_het.engine import xla_cpu  # pylint: disable=g-import-not-at-top
+  from fedjax_het.runtime import xla_cpu  # pylint: disable=g-import-not-at-top
   first = spec["configs"][spec["group"][0]] if "group" in spec else spec["config"]
   xla_cpu.set_xla_cpu_scheduler(first.get("xla_cpu_scheduler", "auto"))
   try:

@@ -59,7 +59,8 @@ MODES = ("auto", "on", "off")
 #: The folder, inside the compilation cache directory, that holds the exported rounds.
 FOLDER = "fedjax_het_traces"
 SUFFIX = ".jax_exported"
-PACKAGE = pathlib.Path(__file__).resolve().parent
+#: The fedjax_het package's folder (this module is in its `runtime` subpackage).
+PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 
 #: Config fields a round's program does not depend on, left out of the key: `num_rounds` is an
 #: argument of the program (`FederatedArrays.num_rounds`, read by the schedules through

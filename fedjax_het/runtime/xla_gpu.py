@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 
-from fedjax_het.engine import xla_cpu
 from fedjax_het.errors import ConfigError
+from fedjax_het.runtime import xla_cpu
 
 #: The XLA flag; "false" sends the matrix products to cuBLAS.
 FLAG = "--xla_gpu_enable_triton_gemm"

@@ -16,7 +16,7 @@ share:
     compiler's freed heap back to the system (`release_freed_host_memory`).
 
 XLA's flags that must be set before JAX starts (the XLA:CPU scheduler, XLA:GPU's
-Triton GEMM) are `engine.xla_cpu` and `engine.xla_gpu`.
+Triton GEMM) are `runtime.xla_cpu` and `runtime.xla_gpu`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import ml_collections
 
 from fedjax_het import models
 from fedjax_het import workdir as workdir_lib
-from fedjax_het.engine import xla_cpu, xla_gpu
 from fedjax_het.errors import RoundTooLargeError
+from fedjax_het.runtime import xla_cpu, xla_gpu
 
 
 def resolve_conv_impl(conv_impl: str) -> str:
