@@ -123,9 +123,9 @@ def main(argv):
     logging.info("workdir: %s", workdir)
     # Before any JAX computation: the scheduler, the device count and the process group are
     # fixed when the backend starts.
-    choice = config.get("xla_cpu_scheduler", "auto")  # a user's older config may lack it
+    choice = config.xla_cpu_scheduler
     scheduler = xla_cpu.set_xla_cpu_scheduler(choice)
-    triton_gemm = xla_gpu.set_xla_gpu_triton_gemm(config.get("xla_gpu_triton_gemm", "auto"))
+    triton_gemm = xla_gpu.set_xla_gpu_triton_gemm(config.xla_gpu_triton_gemm)
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                     num_cpu_devices=_NUM_CPU_DEVICES.value)
     if jax.default_backend() == "cpu":
@@ -133,7 +133,7 @@ def main(argv):
                    choice, os.environ.get("XLA_FLAGS", ""))
     if jax.default_backend() == "gpu":
       logging.info("XLA:GPU Triton GEMM: %s (config.xla_gpu_triton_gemm=%r; XLA_FLAGS=%r)",
-                   triton_gemm, config.get("xla_gpu_triton_gemm", "auto"),
+                   triton_gemm, config.xla_gpu_triton_gemm,
                    os.environ.get("XLA_FLAGS", ""))
     if config.scenario.name == "class_incremental" and _NUM_PROCESSES.value > 1:
       raise errors_lib.ConfigError("--num_processes must be 1 for config.scenario.name="
@@ -187,7 +187,7 @@ def _finish(code: int) -> None:
 def _checkpoint_round(workdir: str, config) -> int | None:
   """The newest round every run of the command holds a finished checkpoint of in `workdir`
   (each seed's `seed_<s>/` with config.seeds), or None."""
-  seeds = tuple(config.get("seeds", ())) if config is not None else ()
+  seeds = tuple(config.seeds) if config is not None else ()
   common = None
   for folder in [pathlib.Path(workdir) / f"seed_{s}" for s in seeds] or [pathlib.Path(workdir)]:
     checkpoints = folder / "checkpoints"

@@ -145,7 +145,7 @@ class Experiment:
                         f"{scenario.name!r} has {k} participants ({scenario.domains}).")
     self.conv_impl = conv_impl or resolve_conv_impl(config.models.conv_impl)
     self.public_conv_impl = public_conv_impl or resolve_public_conv_impl(
-        config.models.get("public_conv_impl", "auto"), self.conv_impl)
+        config.models.public_conv_impl, self.conv_impl)
     width = float(config.models.width)
     self.mesh = mesh
     slot_multiple = mesh.devices.size if mesh is not None else 1

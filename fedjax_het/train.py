@@ -172,7 +172,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     dict}}.
   """
   workdir = pathlib.Path(workdir)
-  seeds = tuple(int(s) for s in config.get("seeds", ()))
+  seeds = tuple(int(s) for s in config.seeds)
   if not seeds:
     return train_lanes([config], [workdir], mesh=mesh, max_rounds=max_rounds)[0]
   workdir_lib.check_workdir(workdir)
@@ -211,7 +211,7 @@ def train_lanes(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     jax.config.update("jax_compilation_cache_dir",
                       str(pathlib.Path(config.compilation_cache_dir).expanduser()))
   stacked = len(configs) > 1
-  sharded = "sharding" in config and config.sharding.num_devices != 1
+  sharded = config.sharding.num_devices != 1
   if stacked and (mesh is not None or sharded or jax.process_count() > 1):
     raise ConfigError("config.seeds: seeds on one axis run in one process without a device "
                       "mesh (config.sharding.num_devices must be 1).")
@@ -279,7 +279,7 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
   diagnostics = experiment.algorithm.diagnostics
   if diagnostics is not None and not experiment.has_public:
     diagnostics = None  # drawn on the public batch (engine.api.Diagnostics): none to draw on
-  diagnostic_rounds = {int(r) for r in config.logging.get("diagnostic_rounds", ())
+  diagnostic_rounds = {int(r) for r in config.logging.diagnostic_rounds
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
            for w in workdirs]
@@ -323,8 +323,8 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
           logged[lane].append(writer.write(lane, record))
           records[lane].append(record)
       if diverged is not None:
-        message = f"{diverged} (config.on_nonfinite={config.get('on_nonfinite', 'stop')!r})"
-        if config.get("on_nonfinite", "stop") == "stop":
+        message = f"{diverged} (config.on_nonfinite={config.on_nonfinite!r})"
+        if config.on_nonfinite == "stop":
           raise DivergedError(f"{message}: training stopped; the last finite checkpoint is round "
                               f"{checkpointers[0].latest_round()}. Lower the learning rate (or "
                               "set config.on_nonfinite='warn' to train on).")

@@ -171,7 +171,7 @@ def run_record(config: ml_collections.ConfigDict, scenario: Any) -> dict[str, An
 
 def allowed_changes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """NEUTRAL_FIELDS plus the names in `config.resume_allow_changes`."""
-  named = [f.strip() for f in str(config.get("resume_allow_changes", "")).split(",") if f.strip()]
+  named = [f.strip() for f in str(config.resume_allow_changes).split(",") if f.strip()]
   return NEUTRAL_FIELDS + tuple(named)
 
 
@@ -318,7 +318,7 @@ def check_resume(workdir: pathlib.Path, current: Mapping[str, Any],
 def check_fresh(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
   """Raises `WorkdirError` when a fresh start would overwrite the results of a run whose
   checkpoints are gone (unless `config.overwrite`)."""
-  if config.get("overwrite", False):
+  if config.overwrite:
     return
   metrics = workdir / "metrics.jsonl"
   found = [name for name, present in (
@@ -368,7 +368,7 @@ def open_run(workdir: pathlib.Path, config: ml_collections.ConfigDict, record: M
   checkpointer = checkpointing.Checkpointer(checkpoints, keep=keep) if resuming else None
   start = checkpointer.latest_round() if checkpointer is not None else None
   if start is not None:
-    if config.get("overwrite", False):
+    if config.overwrite:
       raise WorkdirError(f"workdir {str(workdir)!r} holds the checkpoints of a run (the latest "
                          f"is round {start}); --config.overwrite=True replaces only the "
                          "results of a run whose checkpoints are gone, never checkpoints: "

@@ -40,7 +40,7 @@ def main(spec_path: str) -> int:
                       datefmt="%H:%M:%S")
   from fedjax_het.runtime import xla_cpu  # pylint: disable=g-import-not-at-top
   first = spec["configs"][spec["group"][0]] if "group" in spec else spec["config"]
-  xla_cpu.set_xla_cpu_scheduler(first.get("xla_cpu_scheduler", "auto"))
+  xla_cpu.set_xla_cpu_scheduler(first.xla_cpu_scheduler)
   try:
     if "group" in spec:
       stacked = training.train_stacked(

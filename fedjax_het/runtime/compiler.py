@@ -75,7 +75,7 @@ class RoundCompiler:
     self._statics = dict(statics)
     self.round_fn = rounds.make_round_fn(algorithm)
     calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
-    self.round_programs = programs.resolve(config.get("round_programs", "auto"),
+    self.round_programs = programs.resolve(config.round_programs,
                                            bool(algorithm.stages), jax.default_backend())
     if self.round_programs == "groups" and mesh is not None:
       logging.info("config.round_programs='groups' runs as 'stages' on a device mesh (the "
@@ -100,7 +100,7 @@ class RoundCompiler:
     for a run sharded over a mesh, and, under "auto", when the method or a model
     is defined outside the fedjax_het package.
     """
-    mode = self.config.get("trace_cache", "auto")  # checked by validate_config
+    mode = self.config.trace_cache  # checked by validate_config
     if mode == "off" or not self.config.compilation_cache_dir or self.mesh is not None:
       return None
     if mode == "auto" and self.outside_files:
@@ -137,7 +137,7 @@ class RoundCompiler:
 
       return programs.lower_stages(
           tuple(self._stage_fns.items()), lower, int(self.config.rounds_per_call),
-          side_by_side=programs.side_by_side(self.config.get("round_compile", "auto"),
+          side_by_side=programs.side_by_side(self.config.round_compile,
                                              jax.default_backend(), self.round_programs),
           split=self.split_stages)
     return self._lower_program(self.run_rounds, state, cache, None)

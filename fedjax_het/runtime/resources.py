@@ -98,7 +98,7 @@ def low_memory_conv_impls(config: ml_collections.ConfigDict, conv_impl: str,
   that has a public set but no public-batch training (SOLO, FedAvg, ...)
   compiles the same program again at the first step, then goes on.
   """
-  named = config.models.get("public_conv_impl", "auto") != "auto"
+  named = config.models.public_conv_impl != "auto"
   if public_conv_impl == "im2col" and has_public and not named:
     return conv_impl, "custom_vjp"
   return "custom_vjp", public_conv_impl if named else "custom_vjp"
@@ -120,7 +120,7 @@ def recorded_conv_impls(workdir: pathlib.Path, config: ml_collections.ConfigDict
   if recorded.get("backend") != jax.default_backend() or "conv_impl" not in recorded:
     return {}
   impls = {"conv_impl": recorded["conv_impl"]}
-  if config.models.get("public_conv_impl", "auto") == "auto" and "public_conv_impl" in recorded:
+  if config.models.public_conv_impl == "auto" and "public_conv_impl" in recorded:
     impls["public_conv_impl"] = recorded["public_conv_impl"]
   if not all(impl in models.CONV_IMPLS for impl in impls.values()):
     return {}
