@@ -81,8 +81,7 @@ def run_config(algorithm: str) -> ml_collections.ConfigDict:
   c.compilation_cache_dir = "~/.cache/fedjax_het/jax"  # "" disables the persistent cache
   # Keep the traced round beside the compilation cache, so a later run of the same round skips
   # tracing and lowering too: auto (when the method and models are the library's own), on, off.
-  # Same numbers either way. See fedjax_het/runtime/trace_cache.py. (A class-incremental run:
-  # auto or off.)
+  # Same numbers either way. See fedjax_het/runtime/trace_cache.py.
   c.trace_cache = "auto"
   # A method whose round is given as stages (FCCL+, FCCL: public phase, local phase) can run it
   # as one XLA program per stage, compiled side by side on a CPU and loaded from the cache much

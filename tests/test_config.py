@@ -137,7 +137,6 @@ def test_rounds_to_a_target_need_periodic_evaluation():
     ("sharding.num_devices", 2, "1 for a class-incremental run"),
     ("sharding.num_devices", 0, "1 for a class-incremental run"),
     ("round_programs", "stages", "'auto' or 'one' for a class-incremental run"),
-    ("trace_cache", "on", "'auto' or 'off' for a class-incremental run"),
     ("models.compute_dtype", "bfloat16", "'float32' for a class-incremental run"),
     ("eval.top_k", 5, "1 for a class-incremental run"),
     ("eval.targets", (50.0,), "() for a class-incremental run"),

@@ -293,3 +293,33 @@ def test_a_class_incremental_run_reads_its_traced_round_and_computes_the_same_bi
   plain = StreamExperiment(config, scenario=first.scenario)
   assert plain.compiler.trace_cache_directory() is None
   assert _bitwise_equal(read.compile()(state, second.data), plain.run_rounds(state, plain.data))
+
+
+def test_a_class_incremental_run_with_trace_cache_on_caches_a_method_of_its_own(
+    tmp_path, monkeypatch, counted_traces):
+  """trace_cache="on" for a stream whose method is defined outside the package (here: this
+  module), which "auto" leaves uncached: the second build reads the round, no second trace."""
+  from fedjax_het import algorithms  # pylint: disable=g-import-not-at-top
+  from fedjax_het.stream_experiment import StreamExperiment  # pylint: disable=g-import-not-at-top
+  from tests.test_cil_train import tiny_cil_config  # pylint: disable=g-import-not-at-top
+  make = algorithms.get_method("fedavg_cil").make
+
+  def make_here(config, setup):
+    return make(config, setup)
+
+  monkeypatch.setitem(algorithms.METHODS, "fedavg_cil",
+                      algorithms.METHODS["fedavg_cil"]._replace(make=make_here))
+  config = tiny_cil_config()
+  config.compilation_cache_dir = str(tmp_path)
+  assert StreamExperiment(config).compiler.trace_cache_directory() is None  # "auto"
+  config.trace_cache = "on"
+  config_lib.validate_config(config)
+  first = StreamExperiment(config)
+  assert first.compiler.trace_cache_directory() == tmp_path / trace_cache.FOLDER
+  state = first.init_state()
+  missed = first.lower_rounds(state)
+  assert not missed.hit and counted_traces["traces"] == 1
+  second = StreamExperiment(config, scenario=first.scenario)
+  read = second.lower_rounds(state)
+  assert read.hit and counted_traces["traces"] == 1  # read, not traced
+  assert read.as_text() == missed.as_text()

@@ -256,8 +256,6 @@ def validate_stream_config(config: ml_collections.ConfigDict) -> None:
           f"1 {stream}: it runs in one process on one device")
   v.check(config, "round_programs", v.choice(("auto", "one")),
           f"'auto' or 'one' {stream}: its methods' rounds are one piece")
-  v.check(config, "trace_cache", v.choice(("auto", "off")),
-          f"'auto' or 'off' {stream}: its round is traced afresh, not cached")
   v.check(config, "models.compute_dtype", v.choice(("float32",)),
           f"'float32' {stream}: the stream's models are built in float32")
   v.check(config, "eval.top_k", v.choice((1,)),
