@@ -179,13 +179,15 @@ def resource_exhausted(directory):
 
 
 def test_a_full_disk_in_a_checkpoint_write_stops_with_one_error_and_no_record_past_it(
-    tmp_path, monkeypatch, full_run):
+    tmp_path, full_run):
   """Simulated: orbax's background write of round 2 raises the ValueError a full disk gives
   (a real one: tests/test_stops.py, where a private tmpfs can be mounted)."""
   from fedjax_het.errors import StorageError  # pylint: disable=import-outside-toplevel
   reference, want = full_run
-  fail_checkpoint_writes(monkeypatch, 2, resource_exhausted)
-  with pytest.raises(StorageError) as error:
+  # The fault has a patch of its own: freeing the space undoes it alone, and the environment
+  # of `_shared_cache` (no FEDJAX_HET_DATA_DIR: the synthetic data of the full run) stays.
+  with pytest.MonkeyPatch.context() as disk, pytest.raises(StorageError) as error:
+    fail_checkpoint_writes(disk, 2, resource_exhausted)
     train_and_evaluate(tiny_config("solo"), tmp_path)
   path = f"{tmp_path / 'checkpoints' / '2'}.orbax-checkpoint-tmp/state/ocdbt.process_0/d/1dd1af7b"
   # The failure is seen after round 3 trains (before its record is written) or, when the
@@ -199,7 +201,7 @@ def test_a_full_disk_in_a_checkpoint_write_stops_with_one_error_and_no_record_pa
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0", "1"]
   assert [r["round"] for r in _metrics(tmp_path)] == [1]
   assert not (tmp_path / "results.json").exists()
-  monkeypatch.undo()  # space freed: the same command resumes and ends as the full run
+  # Space freed (the fault's patch is undone): the same command resumes and ends as the full run.
   train_and_evaluate(tiny_config("solo"), tmp_path)
   _assert_same_run(tmp_path, reference, want["state"])
 
