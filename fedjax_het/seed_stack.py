@@ -9,7 +9,9 @@ the synthetic images), the per-seed arrays are stacked along a new leading
 axis, the state is initialised with `jax.vmap` over the seeds' keys and data,
 and the round, the evaluation and the diagnostics are the method's own
 functions under `jax.vmap`. One trace and one compile serve all seeds, and on
-an accelerator the seeds share each kernel launch.
+an accelerator the seeds share each kernel launch. The vmapped round compiles as
+every run's does (`runtime.RoundCompiler`): through the trace cache, with the
+evaluation and diagnostics compiled beside it.
 
 A lane is one seed. `SingleRun` presents one experiment with the same
 interface (its own programs, with stage programs, the trace cache, sharding
@@ -24,9 +26,9 @@ Deviations from a separate run of each seed:
     batched convolution and a batched matrix product with other loop orders
     than their unbatched forms (`tests/test_seed_stack.py` gives the
     tolerance);
-  * the round is one program (`config.round_programs` and the trace cache do
-    not apply), and the seeds run in one process without a device mesh
-    (`config.sharding.num_devices` must be 1);
+  * the round is one program (`config.round_programs` does not apply), and the
+    seeds run in one process without a device mesh (`config.sharding.num_devices`
+    must be 1);
   * the seeds must give the same shapes (same sizes and groups: the same
     config but for the seed); a config whose data sizes depend on the seed is
     refused, naming `config.seeds`.
@@ -44,6 +46,7 @@ import numpy as np
 
 from fedjax_het.engine import rounds
 from fedjax_het.errors import ConfigError
+from fedjax_het.runtime import compiler as compiler_lib
 
 
 def seed_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
@@ -116,16 +119,21 @@ class SeedStack:
                                        *[e.data for e in self.lanes])
     self._keys = jnp.stack([jax.random.key_data(jax.random.key(int(e.config.seed)))
                             for e in self.lanes])
-    algorithm, per_call = self.algorithm, int(first.config.rounds_per_call)
+    algorithm = self.algorithm
     init = lambda key_data, d: rounds.initial_state(  # noqa: E731
         algorithm, jax.random.wrap_key_data(key_data), d)
     self._init = jax.jit(jax.vmap(init))
-    self.run_rounds = jax.jit(jax.vmap(rounds.make_run_rounds(rounds.make_round_fn(algorithm),
-                                                              per_call)))
+    # The first lane's round under vmap, keyed in the trace cache on what its make() read (the
+    # lanes' setups are equal) and the stacked shapes.
+    self.compiler = compiler_lib.RoundCompiler(
+        first.config, algorithm, self.data, statics=first.compiler.statics,
+        defined_by=first.compiler.defined_by, lanes=len(self.lanes))
+    self.run_rounds = self.compiler.run_rounds
     self._evaluate = jax.jit(jax.vmap(algorithm.evaluate))
     diagnostics = algorithm.diagnostics
     self._diagnostics = (jax.jit(jax.vmap(diagnostics.compute)) if diagnostics is not None
                          else None)
+    self._evaluate_compiled = self._diagnostics_compiled = None  # set by `compile_all`
 
   @property
   def experiment(self) -> Any:
@@ -146,9 +154,16 @@ class SeedStack:
     return jax.device_put(jax.tree_util.tree_map(lambda *xs: np.stack(xs), *states))
 
   def compile_all(self, state: Any, *, with_diagnostics: bool = False) -> Any:
-    """The vmapped round, compiled (the evaluation and diagnostics compile on first use)."""
-    del with_diagnostics
-    return self.run_rounds.lower(state, self.data).compile()
+    """The vmapped round, compiled (`RoundCompiler.compile_all`: through the trace cache, the
+    evaluation and, `with_diagnostics`, the diagnostics compiled beside it and kept)."""
+    return self.compiler.compile_all(
+        state, lambda: self._compile_evaluation(state, with_diagnostics))
+
+  def _compile_evaluation(self, state: Any, with_diagnostics: bool) -> None:
+    # Any round's evaluation input: the stream's classes seen differ in value, not in shape.
+    self._evaluate_compiled = self._evaluate.lower(state, self._evaluation_input(1)).compile()
+    if with_diagnostics and self._diagnostics is not None:
+      self._diagnostics_compiled = self._diagnostics.lower(state, self.data).compile()
 
   def with_convs(self, conv_impl: str, public_conv_impl: str) -> "SeedStack":
     """The same seeds (the same data) with other convolutions (the trainer's memory policy)."""
@@ -159,19 +174,22 @@ class SeedStack:
     return [e.train_records(jax.tree_util.tree_map(lambda x, i=i: x[i], metrics), num_rounds)
             for i, e in enumerate(self.lanes)]
 
-  def evaluation_records(self, state: Any, done: int) -> list[dict[str, Any]]:
+  def _evaluation_input(self, done: int) -> Any:
     if hasattr(self.lanes[0], "evaluation_input"):  # the task stream: classes seen so far
-      stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
-                                       *[e.evaluation_input(done) for e in self.lanes])
-    else:
-      stacked = self.data.test
-    evaluations = jax.device_get(self._evaluate(state, stacked))
+      return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
+                                    *[e.evaluation_input(done) for e in self.lanes])
+    return self.data.test
+
+  def evaluation_records(self, state: Any, done: int) -> list[dict[str, Any]]:
+    evaluate = self._evaluate_compiled or self._evaluate
+    evaluations = jax.device_get(evaluate(state, self._evaluation_input(done)))
     return [e.evaluation_from(jax.tree_util.tree_map(lambda x, i=i: x[i], evaluations), done)
             for i, e in enumerate(self.lanes)]
 
   def diagnostics(self, state: Any) -> list[Any]:
     if self._diagnostics is None:
       return [None] * len(self.lanes)
-    values = jax.device_get(self._diagnostics(state, self.data))
+    compute = self._diagnostics_compiled or self._diagnostics
+    values = jax.device_get(compute(state, self.data))
     return [e.diagnostics_from(jax.tree_util.tree_map(lambda x, i=i: x[i], values))
             for i, e in enumerate(self.lanes)]

@@ -154,3 +154,57 @@ def test_seed_configs_are_single_runs():
   assert [(c.seed, tuple(c.seeds)) for c in configs] == [(3, ()), (5, ())]
   assert jax.tree_util.tree_leaves(config.to_dict())  # the original is unchanged
   assert tuple(config.seeds) == (3, 5)
+
+
+def _bitwise_equal(a, b):
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  return tree_a == tree_b and all(
+      x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+      for x, y in zip(leaves_a, leaves_b))
+
+
+def _cached_stacks(tmp_path):
+  """Two stacks of the same two seeds (one group of small CNNs: quick to compile) with the
+  trace cache in `tmp_path`, and their lanes."""
+  from fedjax_het.train import build_experiment  # pylint: disable=g-import-not-at-top
+  config = tiny_config("solo", compilation_cache_dir=str(tmp_path), seeds=SEEDS,
+                       **{"models.architectures": ("simple_cnn",) * 4})
+  validate_config(config)
+  lanes = [build_experiment(c) for c in seed_stack.seed_configs(config)]
+  return seed_stack.SeedStack(lanes), seed_stack.SeedStack(lanes), lanes
+
+
+def test_a_second_stack_reads_its_vmapped_round_from_the_trace_cache(tmp_path, monkeypatch):
+  """The stack's round lowers as every run's (runtime.RoundCompiler): the second stack of the
+  same seeds reads the traced round instead of tracing it, the very module the first saved."""
+  from fedjax_het.runtime import trace_cache  # pylint: disable=g-import-not-at-top
+  traces = _counting_round_fns(monkeypatch)
+  first, second, _ = _cached_stacks(tmp_path)
+  assert first.compiler.trace_cache_directory() == tmp_path / trace_cache.FOLDER
+  state = first.init_state()
+  missed = first.compiler.lower_rounds(state)
+  assert not missed.hit and len(traces) == 1
+  read = second.compiler.lower_rounds(state)
+  assert read.hit and len(traces) == 1  # read, not traced
+  assert read.as_text() == missed.as_text()
+
+
+@pytest.mark.slow  # three compiles of the round and evaluation: about 20 s on 2 cores
+def test_a_stack_compiled_through_the_trace_cache_computes_the_same_bits(tmp_path):
+  """compile_all (the round read from the cache, the evaluation and diagnostics compiled
+  beside it) gives the bits of the vmapped round, evaluation and diagnostics jitted without
+  the cache."""
+  first, second, lanes = _cached_stacks(tmp_path)
+  state = first.init_state()
+  first.compiler.lower_rounds(state)  # saves the traced round
+  out = second.compile_all(state, with_diagnostics=True)(state, second.data)
+  assert second._evaluate_compiled is not None  # pylint: disable=protected-access
+  for lane in lanes:
+    lane.config.trace_cache = "off"
+  plain = seed_stack.SeedStack(lanes)
+  assert plain.compiler.trace_cache_directory() is None
+  assert _bitwise_equal(out, plain.run_rounds(state, plain.data))
+  assert second.evaluation_records(out[0], 1) == plain.evaluation_records(out[0], 1)
+  assert [d.tolist() for d in second.diagnostics(out[0])] == [
+      d.tolist() for d in plain.diagnostics(out[0])]

@@ -53,30 +53,40 @@ class RoundCompiler:
 
   Attributes:
     round_fn: the round, `(state, data) -> (state, metrics)` (`rounds.make_round_fn`).
-    run_rounds: `rounds_per_call` rounds as one jitted program.
+    run_rounds: `rounds_per_call` rounds as one jitted program (with `lanes`, vmapped
+      over the lanes' leading axis).
     round_programs: "one", "stages" or "groups" (`programs.resolve` of
-      `config.round_programs`; "groups" runs as "stages" on a device mesh).
+      `config.round_programs`; "groups" runs as "stages" on a device mesh; "one"
+      with `lanes`).
     stage_programs: ((stage name, jitted stage program), ...); empty for "one".
     split_stages: {stage name: group names} of the stages compiled per group.
     outside_files: the source files outside the package that define the method or
       a model (`trace_cache.outside_package`).
+    statics, defined_by: as given (a `seed_stack.SeedStack` builds its compiler from
+      its first lane's).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, algorithm: Algorithm, data: Any, *,
                statics: Mapping[str, str], defined_by: Iterable[Any],
                group_names: Sequence[str] = (), mesh: Any = None,
-               state_shardings: Any = None):
+               state_shardings: Any = None, lanes: int = 0):
     """`statics`: what the method's `make` read besides the config (for the trace cache's key,
     e.g. {"setup": statics_text(setup), "conv_impl": ...}); `defined_by`: the method's `make`
     and the models (their defining files outside the package are the `outside_files`);
     `group_names`: the participant groups a stage may be split by; `state_shardings`: the
-    state's shardings on `mesh` (the round programs' output shardings)."""
+    state's shardings on `mesh` (the round programs' output shardings); `lanes`: 0 for one
+    run, else the number of lanes (seeds, `seed_stack.SeedStack`) on the leading axis of
+    the state and `data`, whose round is the method's round under `jax.vmap`, as one
+    program."""
     self.config, self.data, self.mesh = config, data, mesh
-    self._statics = dict(statics)
+    self.statics, self.defined_by = dict(statics), list(defined_by)
     self.round_fn = rounds.make_round_fn(algorithm)
     calls = rounds.make_run_rounds(self.round_fn, int(config.rounds_per_call))
-    self.round_programs = programs.resolve(config.round_programs,
-                                           bool(algorithm.stages), jax.default_backend())
+    if lanes:
+      calls = jax.vmap(calls)
+      self.statics["lanes"] = str(int(lanes))
+    self.round_programs = "one" if lanes else programs.resolve(
+        config.round_programs, bool(algorithm.stages), jax.default_backend())
     if self.round_programs == "groups" and mesh is not None:
       logging.info("config.round_programs='groups' runs as 'stages' on a device mesh (the "
                    "group programs' outputs have no shardings of their own)")
@@ -91,7 +101,7 @@ class RoundCompiler:
     round_jit = {} if state_shardings is None else {"out_shardings": (state_shardings, None)}
     self.run_rounds = jax.jit(calls, **round_jit)
     self.stage_programs = tuple((name, jax.jit(fn, **round_jit)) for name, fn in stage_fns)
-    self.outside_files = trace_cache.outside_package(defined_by)
+    self.outside_files = trace_cache.outside_package(self.defined_by)
 
   def trace_cache_directory(self) -> pathlib.Path | None:
     """Where `lower_rounds` keeps exported rounds (`runtime.trace_cache`), or None.
@@ -182,7 +192,7 @@ class RoundCompiler:
                                          + trace_cache.NOT_IN_ROUND)}
     try:
       return directory, trace_cache.round_key(config_json=json.dumps(config, sort_keys=True),
-                                              choices=self._statics, args=(state, self.data),
+                                              choices=self.statics, args=(state, self.data),
                                               extra_files=self.outside_files)
     except Exception as error:  # pylint: disable=broad-except
       logging.info("trace cache not used for this round (%s: %s); tracing it as usual",
