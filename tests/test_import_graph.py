@@ -154,3 +154,71 @@ def test_no_method_module_imports_another_method_module():
     for other in sorted(imports & set(methods) - {module}):
       found.append(f"{module} ({methods[module]}) imports {other} ({methods[other]})")
   assert not found, "\n".join(found)
+
+
+#: The modules of `fedjax_het/algorithms/` that hold shared pieces, not a method.
+SHARED_MODULES = {"common", "fedavg_family", "private_training", "htfl_common", "cil_replay"}
+#: The modules that build a run from its config: none of them names a method.
+RUN_MODULES = ("train.py", "experiment.py", "stream_experiment.py", "seed_stack.py",
+               "run_contract.py", "config.py", "workdir.py")
+
+
+def registrations(source: str) -> tuple[dict[str, str], list[str]]:
+  """({method name: its module}, problems) of the registry's `source`: every `register` call
+  must be a statement of the module's top level, `register("name", make=m.f,
+  default_config=m.g, validate_config=m.h)` with the three functions from one module `m`
+  (and `class_incremental=True` for a method of the task stream)."""
+  tree = ast.parse(source)
+  top = {id(s.value) for s in tree.body if isinstance(s, ast.Expr)}
+  found, problems = {}, []
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "register"):
+      continue
+    keywords = {k.arg: k.value for k in node.keywords}
+    functions = [keywords.get(k) for k in ("make", "default_config", "validate_config")]
+    modules = {f.value.id for f in functions
+               if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)}
+    name = node.args[0].value if (len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
+                                  and isinstance(node.args[0].value, str)) else None
+    flag = keywords.get("class_incremental")
+    if (id(node) not in top or name is None or len(modules) != 1 or None in functions
+        or set(keywords) - {"make", "default_config", "validate_config", "class_incremental"}
+        or (flag is not None and not (isinstance(flag, ast.Constant) and flag.value is True))):
+      problems.append(f"line {node.lineno}: {ast.unparse(node)}")
+    else:
+      found[name] = modules.pop()
+  return found, problems
+
+
+def test_registrations_refuses_a_loop_and_mixed_modules():
+  found, problems = registrations(
+      'register("a", make=a.make_a, default_config=a.default_config,\n'
+      '         validate_config=a.validate_config)\n'
+      'register("b", make=b.make, default_config=c.default_config, validate_config=b.check)\n'
+      'for m in (d, e):\n'
+      '  register(m.NAME, make=m.make, default_config=m.default_config,\n'
+      '           validate_config=m.validate_config, class_incremental=m.CIL)\n')
+  assert found == {"a": "a"}
+  assert [p.split(":")[0] for p in problems] == ["line 3", "line 5"]
+
+
+def test_every_method_module_registers_in_one_style():
+  """Each method of `fedjax_het/algorithms/` is one `register(...)` call of the registry
+  naming its module's functions (no loop over modules, no per-module flag, no special case
+  in the run's modules); every module there but the shared ones registers at least one."""
+  from fedjax_het import algorithms  # pylint: disable=import-outside-toplevel
+  found, problems = registrations((PACKAGE / "algorithms" / "__init__.py").read_text())
+  assert not problems, "\n".join(problems)
+  assert set(found) == set(algorithms.METHODS)  # nothing registers a built-in elsewhere
+  for name, module in found.items():
+    method = algorithms.METHODS[name]
+    assert {f.__module__ for f in (method.make, method.default_config, method.validate_config)
+            } == {f"fedjax_het.algorithms.{module}"}, name
+  on_disk = {p.stem for p in (PACKAGE / "algorithms").glob("*.py")} - {"__init__"}
+  assert SHARED_MODULES <= on_disk
+  assert set(found.values()) == on_disk - SHARED_MODULES
+  for path in RUN_MODULES:
+    tree = ast.parse((PACKAGE / path).read_text())
+    named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)} & set(found)
+    assert not named, f"fedjax_het/{path} names the methods {sorted(named)}"

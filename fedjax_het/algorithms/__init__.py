@@ -72,8 +72,8 @@ forwards, the public-data methods' stages, evaluation, communication bytes),
 `htfl_common` (the HtFLlib methods' pieces, above) and `cil_replay` (the exemplar memory and
 replay blocks of the class-incremental methods, iCaRL + FL's round).
 
-How to add a method (the whole recipe; `tests/test_round_api.py` does it with a
-toy FedAvg in the test file alone):
+How to add a method (the whole recipe, docs/engine.md "Adding a method";
+`tests/test_round_api.py` does steps 1-3 with a toy FedAvg in the test file alone):
 
 1. Write `make(config, setup) -> engine.api.Algorithm`. Read the config into
    Python constants here (never pass a ConfigDict into jit). Return
@@ -97,10 +97,20 @@ toy FedAvg in the test file alone):
    `engine.local.default_config()`), and `validate_config(config)` that checks
    them with `fedjax_het.validation` (errors name the field and the allowed
    values).
-3. Register it: `register("name", make=..., default_config=..., validate_config=...)`
-   (the built-in ones below), then `fedjax_het.config.base_config("name")`
-   builds its config and `fedjax_het.train.train_and_evaluate` runs it. The
-   trainer, the engine and `config.py` do not change.
+3. Register it: one top-level statement below, `register("name", make=module.make_name,
+   default_config=module.default_config, validate_config=module.validate_config)`
+   (`class_incremental=True` for a method of the task stream). Every built-in method
+   registers by exactly this call (`tests/test_import_graph.py`); a method defined
+   outside the package makes the same call. Then `fedjax_het.config.base_config("name")`
+   builds its config and `fedjax_het.train.train_and_evaluate` runs it. The trainer,
+   the engine and `config.py` do not change.
+4. Its scenario configs: the name in the `METHODS` tuple of its family module in
+   `fedjax_het/configs/` (digits.py, htfl.py, _two_stream.py, cifar100.py) and the
+   method's settings in that family's `get_config` (digits.py: `method_settings`,
+   `quick_settings`); it then trains as `--config=<family>_<name>_quick`.
+5. A paper table's row: `Row(key="name", label=..., variant=<the family's
+   get_config argument>)` in `fedjax_het/reports/tables.py`, its label in
+   `METHOD_LABELS`, the paper's numbers in `reports/paper_numbers.py`.
 """
 
 from __future__ import annotations
@@ -198,10 +208,21 @@ register("fedgh", make=lg_fedavg.make_fedgh, default_config=lg_fedavg.fedgh_defa
          validate_config=lg_fedavg.fedgh_validate_config)
 register("fedkd", make=fedkd.make_fedkd, default_config=fedkd.default_config,
          validate_config=fedkd.validate_config)
-for _module in (glfc, icarl_fl, fedavg_cil, ssil_fl, bic_fl, podnet_fl, dde_icarl_fl,
-                geodl_icarl_fl):
-  register(_module.__name__.rpartition(".")[2], make=_module.make,
-           default_config=_module.default_config, validate_config=_module.validate_config,
-           class_incremental=_module.CLASS_INCREMENTAL)
+register("glfc", make=glfc.make, default_config=glfc.default_config,
+         validate_config=glfc.validate_config, class_incremental=True)
+register("icarl_fl", make=icarl_fl.make, default_config=icarl_fl.default_config,
+         validate_config=icarl_fl.validate_config, class_incremental=True)
+register("fedavg_cil", make=fedavg_cil.make, default_config=fedavg_cil.default_config,
+         validate_config=fedavg_cil.validate_config, class_incremental=True)
+register("ssil_fl", make=ssil_fl.make, default_config=ssil_fl.default_config,
+         validate_config=ssil_fl.validate_config, class_incremental=True)
+register("bic_fl", make=bic_fl.make, default_config=bic_fl.default_config,
+         validate_config=bic_fl.validate_config, class_incremental=True)
+register("podnet_fl", make=podnet_fl.make, default_config=podnet_fl.default_config,
+         validate_config=podnet_fl.validate_config, class_incremental=True)
+register("dde_icarl_fl", make=dde_icarl_fl.make, default_config=dde_icarl_fl.default_config,
+         validate_config=dde_icarl_fl.validate_config, class_incremental=True)
+register("geodl_icarl_fl", make=geodl_icarl_fl.make, default_config=geodl_icarl_fl.default_config,
+         validate_config=geodl_icarl_fl.validate_config, class_incremental=True)
 
 __all__ = ["METHODS", "Method", "get_method", "register"]

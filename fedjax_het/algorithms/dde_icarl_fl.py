@@ -119,8 +119,6 @@ from fedjax_het.engine import cohort, local
 from fedjax_het.engine.api import Algorithm
 from fedjax_het.losses import causal_distillation
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
 #: The batch statistic holding DDE's feature momentum h (D,) (module docstring).
 MOMENTUM = "dde_momentum"
 

@@ -38,9 +38,6 @@ from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData, client_keys
 from fedjax_het.engine.optim import make_optimizer
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
-
 
 def default_config() -> ml_collections.ConfigDict:
   """No section of its own: the stream's run-wide sections (`cil.stream.stream_config`)."""

@@ -104,8 +104,6 @@ from fedjax_het.engine.api import Algorithm
 from fedjax_het.losses import geodesic as geodesic_losses
 from fedjax_het.losses import glfc as glfc_losses
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
 #: GeoDL's distillation weight lambda (the GeoDL / LUCIR code's `--lamda` default).
 GEODL_WEIGHT = 5.0
 

@@ -520,10 +520,6 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
   return Algorithm(name="glfc", init=init, round=round_fn, evaluate=evaluate)
 
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
-
-
 def default_config() -> ml_collections.ConfigDict:
   """GLFC's own section, `config.glfc` (`glfc_section`)."""
   return ml_collections.ConfigDict({"glfc": glfc_section()})

@@ -101,10 +101,6 @@ def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "icarl.distinct_exemplars", v.is_bool, "True or False")
 
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
-
-
 def default_config() -> ml_collections.ConfigDict:
   """iCaRL's own section, `config.icarl` (`icarl_section`)."""
   return ml_collections.ConfigDict({"icarl": icarl_section()})

@@ -100,8 +100,6 @@ from fedjax_het.engine.api import Algorithm
 from fedjax_het.losses import incremental as incremental_losses
 from fedjax_het.models.base import STAGE_COLLECTION
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
 #: The parameter subtree of the local similarity classifier (module docstring).
 LSC = "podnet_lsc"
 

@@ -83,9 +83,6 @@ from fedjax_het.engine.api import Algorithm
 from fedjax_het.engine.clients import GroupData
 from fedjax_het.losses import incremental as incremental_losses
 
-#: A method of the class-incremental task stream (`fedjax_het.algorithms.Method`).
-CLASS_INCREMENTAL = True
-
 
 def default_config() -> ml_collections.ConfigDict:
   """`config.ssil`: the memory (iCaRL + FL's), the KD temperature, the replay batch."""
