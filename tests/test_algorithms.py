@@ -213,6 +213,7 @@ def test_fcclplus_kd_then_fntd_distils_with_kd_first_then_fntd():
     fcclplus.validate_config(config)
 
 
+@pytest.mark.slow  # about 25 s on 2 CPU cores
 def test_homogeneous_fcclplus_averages_all_participants_before_local_training():
   setup = _setup(["r", "r", "r"])
   config = _config()

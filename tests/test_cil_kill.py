@@ -80,6 +80,7 @@ def _kill_and_resume(method, written, tmp_path):
           == json.loads((tmp_path / "reference" / "results.json").read_text()))
 
 
+@pytest.mark.slow  # about 40 s on 2 CPU cores; test_cil_train and test_stops cover resumes in CI
 def test_icarl_fl_killed_after_the_task_boundary_checkpoint_resumes_bit_identical(tmp_path):
   _kill_and_resume("icarl_fl", True, tmp_path)
 
