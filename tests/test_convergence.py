@@ -75,6 +75,20 @@ def test_the_gap_is_paired_by_seed_and_opens_where_every_seed_stays_above_zero(r
   assert row40.split(" | ")[1] == f"{np.mean([_base('inter', 40, s) for s in range(3)]):.2f} ± 1.00"
 
 
+def test_a_setting_with_base_cells_only_renders_base_and_no_gap(tmp_path):
+  """BASE finished, the method not yet: BASE's column filled, the method's and the gap's '–'."""
+  _write(tmp_path, "solo", 0, lambda k, r: _base(k, r, 0))
+  text, numbers = convergence.render(tables.get_table("fcclplus_office31"), "mid", tmp_path)
+  inter = numbers["settings"]["office31"]["inter"]
+  assert inter["paired_seeds"] == [] and inter["opens"] is None
+  assert inter["method"][40] == {"mean": None, "std": None, "n": 0}
+  row40 = next(line for line in text.splitlines() if line.startswith("| 40 |"))
+  assert row40 == f"| 40 | {_base('inter', 40, 0):.2f} | – | {_base('intra', 40, 0):.2f} | – | – | – |"
+  assert "- inter: no gap yet (no seed has both rows finished)" in text
+  assert convergence.figure([tables.get_table("fcclplus_office31")], "mid", tmp_path,
+                            tmp_path / "curves.png")
+
+
 def test_gap_opens_edge_cases():
   assert convergence.gap_opens({}, [1, 2]) is None
   assert convergence.gap_opens({0: {1: 1.0, 2: 1.0}}, [1, 2]) == 1

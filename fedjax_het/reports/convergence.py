@@ -42,6 +42,10 @@ def per_seed_curves(cells: Mapping[int, Mapping[str, Any]], kind: str
 
 
 def _stat(values: Sequence[float]) -> dict[str, Any]:
+  """{"mean", "std" (None with one value), "n"}; mean and std None with no value (a row with
+  no finished cell yet)."""
+  if not values:
+    return {"mean": None, "std": None, "n": 0}
   mean, std = common.mean_std([float(v) for v in values])
   return {"mean": mean, "std": std, "n": len(values)}
 
@@ -156,6 +160,9 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path, *,
       if last is None:
         lines.append(f"- {kind}: no finished cell")
         continue
+      if not r["paired_seeds"]:
+        lines.append(f"- {kind}: no gap yet (no seed has both rows finished){paper_text}")
+        continue
       opens = ("above zero on every paired seed from round "
                f"{r['opens']} to round {last}" if r["opens"] is not None else
                f"not above zero on every paired seed at round {last}")
@@ -219,6 +226,8 @@ def figure(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.
     for j, kind in enumerate(KINDS):
       ax, r = axes[i][j], result[kind]
       for side, row, color in (("base", base, "tab:blue"), ("method", method, "tab:red")):
+        if not r[side] or r[side][r["rounds"][0]]["n"] == 0:
+          continue  # the row has no finished cell yet
         mean = np.array([r[side][x]["mean"] for x in r["rounds"]])
         std = np.array([r[side][x]["std"] or 0.0 for x in r["rounds"]])
         n = max(r[side][x]["n"] for x in r["rounds"])
