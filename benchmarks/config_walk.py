@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import os
 import pathlib
 import sys
@@ -50,10 +49,7 @@ _COMPREHENSIONS = (".<listcomp>", ".<genexpr>", ".<dictcomp>", ".<setcomp>")
 
 def tiny_config(variant: str, num_rounds: int) -> ml_collections.ConfigDict:
   """`digits.get_config(f"{variant}_quick")` shrunk as tests/test_train.py's `tiny_config`."""
-  spec = importlib.util.spec_from_file_location(
-      "digits_config", REPO / "fedjax_het" / "configs" / "digits.py")
-  digits = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(digits)
+  from fedjax_het.configs import digits  # pylint: disable=g-import-not-at-top
   c = digits.get_config(f"{variant}_quick")
   c.models.architectures = ("simple_cnn", "fedavg_cifar_cnn", "simple_cnn", "fedavg_cifar_cnn")
   c.num_rounds = num_rounds
