@@ -267,6 +267,7 @@ def test_homogeneous_feddf_averages_before_local_training():
 
 # FedMD's case is slow (21 s): its round's composition is checked on tiny linear models above,
 # and FedDF's case runs the same trainer path.
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 @pytest.mark.parametrize("variant", [pytest.param("fedmd", marks=pytest.mark.slow), "feddf"])
 def test_round_is_traced_once_over_several_rounds(variant):
   state, history = rounds_traced_once(

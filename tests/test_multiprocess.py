@@ -218,6 +218,7 @@ def _metrics(workdir: pathlib.Path) -> list[dict]:
 # on the 2-core CPU, FCCL+ (two architectures, collaborative phase) 1.5-4 minutes.
 @pytest.mark.parametrize("flags", [pytest.param(TINY_FLAGS, marks=pytest.mark.slow), FEDAVG_FLAGS],
                          ids=["fcclplus", "fedavg"])
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_two_processes_match_one_process(tmp_path, env, flags):
   one = subprocess.run(
       [sys.executable, str(REPO / "experiments" / "train.py"), *flags,

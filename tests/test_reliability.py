@@ -157,6 +157,7 @@ def test_asking_for_the_usage_is_a_success(flag):
   assert "--config" in out.stdout + out.stderr
 
 
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_path):
   """SIGTERM after round 1, then the same command resumes and Ctrl-C (SIGINT) stops it
   again: each stop is exit 130 and one line naming the round and the checkpoint."""

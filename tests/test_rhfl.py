@@ -262,6 +262,7 @@ def test_round_is_confidence_and_public_alignment_then_local_sce_on_split_keys()
   assert not np.allclose(np.asarray(kernel(got)), np.asarray(kernel(state)))
 
 
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_round_is_traced_once_over_several_rounds_with_finite_metrics():
   state, history = rounds_traced_once(Experiment(tiny_config("rhfl", name="rhfl_trace")), 3)
   metrics = history[-1]

@@ -68,6 +68,7 @@ def _assert_close_records(got, want):
         assert a[name] == value, name
 
 
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_each_seed_equals_its_separate_run(tmp_path, monkeypatch):
   make_config = lambda: tiny_config("solo")  # noqa: E731
   traces = _counting_round_fns(monkeypatch)
@@ -91,6 +92,7 @@ def test_each_seed_equals_its_separate_run(tmp_path, monkeypatch):
   assert _records(tmp_path / "stacked" / "seed_0") != _records(tmp_path / "stacked" / "seed_1")
 
 
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_a_stacked_run_resumes_bit_identical(tmp_path):
   config = tiny_config("solo")
   config.seeds = SEEDS

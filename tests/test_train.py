@@ -203,6 +203,7 @@ def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds(variant):
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 13-30 s of the default suite on 2 cores; the slow suite runs it
 def test_sharded_round_equals_unsharded_round():
   assert len(jax.devices()) == 4  # conftest simulates 4 CPU devices
   # SGD in both phases: the default fresh Adam per public batch is sign-SGD, which turns
