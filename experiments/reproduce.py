@@ -48,6 +48,12 @@ seed by seed; --copy-to=DIR mirrors every cell's files (and an
 interrupted cell's checkpoints) and the tables into DIR/results/ as they are written.
 Every invocation appends what it ran to results/invocations.jsonl.
 
+A cell trained from a working tree with uncommitted changes keeps their patch beside it
+(patch.diff), so its commit and the patch pin its code. A cell whose record says it was
+trained from uncommitted changes without a patch is "unpinned": --list counts them,
+--retrain-unpinned deletes the selected ones and trains them again, and no cell is copied from
+an unpinned twin.
+
 Errors in the arguments, the configs, the data or a workdir print one line and exit with
 status 1 (the traceback with --verbose or FEDJAX_HET_TRACEBACK=1).
 """
@@ -57,6 +63,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 
@@ -125,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--retrain-copies", action="store_true",
                       help="train every cell (default: a fresh cell whose run another table "
                       "holds finished, same config and seed, is copied from it)")
+  parser.add_argument("--retrain-unpinned", action="store_true",
+                      help="delete and train again every selected cell whose code no commit "
+                      "pins (trained from uncommitted changes without their patch; --list "
+                      "counts them)")
   parser.add_argument("--dry-run", action="store_true", help="print the cells it would run")
   parser.add_argument("--verbose", action="store_true",
                       help="show the traceback of configuration, data and workdir errors")
@@ -159,12 +170,24 @@ def _cells(args: argparse.Namespace) -> list[cells_lib.Cell]:
 SUMMARY_SEEDS = (0, 1, 2)
 
 
+def _record(cell_dir: pathlib.Path) -> dict:
+  """A cell's cell.json ({} without a readable one)."""
+  try:
+    record = json.loads((cell_dir / provenance.CELL_FILE).read_text())
+  except (OSError, ValueError):
+    return {}
+  return record if isinstance(record, dict) else {}
+
+
 def _recorded_status(cell_dir: pathlib.Path) -> str | None:
   """The status a cell's cell.json records (None without a readable one)."""
-  try:
-    return json.loads((cell_dir / provenance.CELL_FILE).read_text()).get("status")
-  except (OSError, ValueError):
-    return None
+  return _record(cell_dir).get("status")
+
+
+def _unpinned(cell_dir: pathlib.Path) -> bool:
+  """Whether the cell's record says no commit pins its code (`provenance.unpinned`)."""
+  record = _record(cell_dir)
+  return bool(record) and provenance.unpinned(record)
 
 
 def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
@@ -175,6 +198,7 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
   width = max(len(t.id) for t in tables)
   echo(f"{'table':<{width}}  finished cells (of seeds {', '.join(map(str, seeds))}) per "
        f"scale; title")
+  unpinned = []
   for table in tables:
     counts = []
     for scale in tables_lib.SCALES:
@@ -182,10 +206,32 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
         counts.append(f"{scale} -")
         continue
       cells = cells_lib.plan(table, scale, seeds)
-      done = sum(_recorded_status(c.directory(results_dir)) == "finished" for c in cells)
-      counts.append(f"{scale} {done}/{len(cells)}")
+      done = [c for c in cells if _recorded_status(c.directory(results_dir)) == "finished"]
+      counts.append(f"{scale} {len(done)}/{len(cells)}")
+      loose = sum(_unpinned(c.directory(results_dir)) for c in done)
+      if loose:
+        unpinned.append(f"{table.id} {scale} {loose}")
     echo(f"{table.id:<{width}}  {'  '.join(f'{c:<11}' for c in counts)}  {table.title}")
+  if unpinned:
+    echo(f"finished cells that no commit pins (trained from uncommitted changes, no patch "
+         f"kept; `--retrain-unpinned` trains them again): {', '.join(unpinned)}")
   echo("`--list --cells [--table=<id>]` lists every cell with its status and config.")
+
+
+def remove_unpinned(cells: Sequence[cells_lib.Cell], results_dir: pathlib.Path,
+                    echo: Callable[[str], None], dry_run: bool = False) -> list[cells_lib.Cell]:
+  """Deletes the directory of every cell of `cells` whose code no commit pins
+  (`provenance.unpinned`), so that the run trains it again; returns those cells. With
+  `dry_run`, only says which."""
+  found = [c for c in cells if _unpinned(c.directory(results_dir))]
+  for cell in found:
+    path = cell.directory(results_dir)
+    commit = (_record(path).get("commit") or "an unknown commit")[:10]
+    if not dry_run:
+      shutil.rmtree(path)
+    echo(f"{cell.label}: {'would delete' if dry_run else 'deleted'} (trained from uncommitted "
+         f"changes at {commit} without their patch: no commit pins its code); it trains again")
+  return found
 
 
 def list_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
@@ -301,6 +347,8 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
     report(_tables(args), args.scale, results_dir, pathlib.Path(args.doc), echo)
     return
   cells = _cells(args)
+  if args.retrain_unpinned:
+    remove_unpinned(cells, results_dir, echo, dry_run=args.dry_run)
   if args.dry_run:
     dry_run(cells, results_dir, args.overrides, echo)
     return

@@ -198,6 +198,46 @@ def test_list_prints_one_line_per_table_with_its_finished_cells_per_scale(tmp_pa
   assert lines[1].split()[1:3] == ["quick", "2/7"]
 
 
+def test_unpinned_cells_are_counted_never_copied_and_retrained_on_request(tmp_path, capsys,
+                                                                         monkeypatch):
+  """A cell trained from uncommitted changes without their patch is "unpinned": --list counts
+  it, no twin is copied from it, --retrain-unpinned deletes it and trains it again."""
+  assert not provenance.unpinned({"dirty": False, "invocations": [{"dirty": False}]})
+  assert not provenance.unpinned({"dirty": True, "patch_sha256": "ab",
+                                  "invocations": [{"dirty": True, "patch_sha256": "ab"}]})
+  assert not provenance.unpinned({"status": "finished"})  # a record without the field
+  # The last invocation clean, an earlier one dirty without a patch: still unpinned.
+  assert provenance.unpinned({"dirty": False, "invocations": [{"dirty": True}, {"dirty": False}]})
+  solo0, solo1 = _cell("fcclplus_digits", "solo", 0), _cell("fcclplus_digits", "solo", 1)
+  write_cell(tmp_path, solo0, _numbers(10.0))
+  loose = write_cell(tmp_path, solo1, _numbers(12.0))
+  record = json.loads((loose / "cell.json").read_text())
+  (loose / "cell.json").write_text(json.dumps({**record, "dirty": True,
+                                               "invocations": [{"dirty": True}]}))
+  assert reproduce.main(["--list", f"--results-dir={tmp_path}"]) == 0
+  out = capsys.readouterr().out
+  assert "no commit pins" in out and "fcclplus_digits quick 1" in out
+  # FCCL Tables 1/2's BASE on Digits is the same run as FCCL+'s: seed 0 has a pinned twin.
+  twin0 = _cell("fccl_tables1_2", "solo", 0, setting="digits")
+  twin1 = _cell("fccl_tables1_2", "solo", 1, setting="digits")
+  config0, config1 = cell_configs.cell_config(twin0), cell_configs.cell_config(twin1)
+  from fedjax_het.grid import twins
+  assert twins.find_twin(twin0, config0, tmp_path) == solo0.directory(tmp_path)
+  assert twins.find_twin(twin1, config1, tmp_path) is None
+  # --retrain-unpinned deletes the unpinned cell (a dry run only says so) and trains it.
+  args = ["--table=fcclplus_digits", "--methods=solo", "--seeds=0,1",
+          f"--results-dir={tmp_path}", "--retrain-unpinned"]
+  assert reproduce.main([*args, "--dry-run"]) == 0
+  assert "would delete" in capsys.readouterr().out and loose.exists()
+  calls = []
+  monkeypatch.setattr(provenance, "git_commit", lambda: ("0" * 40, False))
+  monkeypatch.setattr(runner, "run", lambda cells, **kw: calls.append(
+      [c.label for c in cells if not (c.directory(tmp_path) / "results.json").exists()]))
+  assert reproduce.main(args) == 0
+  assert not loose.exists() and solo0.directory(tmp_path).exists()
+  assert calls == [["fcclplus_digits/quick/solo__seed1"]]
+
+
 def test_list_prints_every_table_and_each_cells_status(tmp_path, capsys):
   _digits_results(tmp_path)
   write_cell(tmp_path, _cell("fcclplus_digits", "fedmd", 0), _numbers(50.0), rounds=2,

@@ -29,8 +29,8 @@ def find_twin(cell: cells_lib.Cell, config: ml_collections.ConfigDict,
               results_dir: pathlib.Path) -> pathlib.Path | None:
   """The directory of a finished cell of another table (or setting) that is the same run as
   `cell`: the same config file, variant at the cell's scale, row fields and seed, and a
-  recorded config equal to `config` (`progress.is_finished`, so the --set overrides must agree too).
-  None when there is none. E.g. the BASE row of FCCL Tables 1/2 on Digits is the BASE row of
+  recorded config equal to `config` (`progress.is_finished`, so the --set overrides must agree too),
+  whose code a commit pins (not `provenance.unpinned`). None when there is none. E.g. the BASE row of FCCL Tables 1/2 on Digits is the BASE row of
   FCCL+ Table VIII/IX on Digits; the quick cells of GLFC's T = 5 and 20 layouts are Table 1's."""
   own = cell.directory(results_dir)
   recipe = _recipe(cell.setting, cell.row, cell.scale)
@@ -40,7 +40,8 @@ def find_twin(cell: cells_lib.Cell, config: ml_collections.ConfigDict,
         if _recipe(setting, row, cell.scale) != recipe:
           continue
         path = tables_lib.cell_dir(results_dir, table, setting, row, cell.seed, cell.scale)
-        if path == own or not path.is_dir():
+        if path == own or not path.is_dir() or provenance.unpinned(
+            progress.read_json(path / provenance.CELL_FILE) or {}):
           continue
         try:
           if progress.is_finished(path, config):
