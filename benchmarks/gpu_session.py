@@ -27,6 +27,10 @@ step, so a call cut short keeps what it measured; every step's output goes to
     authors' and the tuned torch loops.
   * `table`: `speed_table.py --first-round OUT/full.json --pytorch
     OUT/pytorch.json`, the engine/torch table from the two.
+  * `htfl`: `htfl_loop.py` on the full-width HtFE4 CIFAR-10 FedProto and FD configs
+    (`--htfl-configs`; the data need cifar10.npz): the library's round beside HtFLlib's
+    client-by-client torch loop, in memory and with its per-client disk round trip, each
+    config's record in `OUT/htfl/`.
   * `cells`: `experiments/reproduce.py --queue=gpu --scale=paper` with the time
     left (less `CELLS_MARGIN_SECS`) as its deadline: the next unfinished
     paper-scale cells (FCCL+ and BASE on Office31 first), each finished or
@@ -67,11 +71,14 @@ import time
 import timing  # benchmarks/, beside this script
 
 HERE = pathlib.Path(__file__).resolve().parent
-STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table", "cells", "mid_cells")
+STEPS = ("env", "steps", "flags", "quick", "full", "pytorch", "table", "htfl", "cells",
+         "mid_cells")
 #: Seconds a cells step leaves before the deadline for the runner to stop its cell and copy.
 CELLS_MARGIN_SECS = 30.0
 #: Limits of each step, seconds (each is also cut at the deadline; "flags": each flag set).
-LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60}
+LIMITS = {"steps": 240, "flags": 60, "quick": 240, "full": 480, "pytorch": 240, "table": 60,
+          "htfl": 480}
+HTFL_CONFIGS = "htfl_cifar10_practical_htfe4_fedproto,htfl_cifar10_practical_htfe4_fd"
 TRITON_GEMM_OFF = "--xla_gpu_enable_triton_gemm=false"  # the library's default on a GPU
 #: XLA flag sets the `flags` step compares on EfficientNet-B0's "gemm_taps" step (each added to
 #: the library's default): no autotuning (each GEMM and convolution takes its library's first
@@ -169,6 +176,8 @@ def main() -> None:
   parser.add_argument("--torch-flavours", default="",
                       help="comma-separated torch loops the pytorch step times, in this order "
                            "(default: pytorch_reference.py's, authors then tuned)")
+  parser.add_argument("--htfl-configs", default=HTFL_CONFIGS,
+                      help="comma-separated configs of the `htfl` step")
   parser.add_argument("--width", type=float, default=1.0, help="backbone width of the step rows")
   parser.add_argument("--batch", type=int, default=256, help="batch of the step rows")
   parser.add_argument("--step-rows", default="efficientnet_b0:gemm_taps,efficientnet_b0:xla,"
@@ -252,6 +261,11 @@ def main() -> None:
                           "--pytorch", str(out / "pytorch.json"),
                           "--out", str(out / "table.json"), *overrides],
                 limit=LIMITS["table"], env=env)
+  if "htfl" in plan:
+    configs = [x for name in args.htfl_configs.split(",") if name for x in ("--config", name)]
+    session.run("htfl", [python, str(HERE / "htfl_loop.py"), *configs, "--rounds",
+                         str(args.rounds), "--out-dir", str(out / "htfl")],
+                limit=LIMITS["htfl"], env=env)
   for step, queue, scale in (("cells", "gpu", args.cells_scale), ("mid_cells", "mid", "mid")):
     if step in plan:
       deadline = max(0.0, session.remaining() - CELLS_MARGIN_SECS)

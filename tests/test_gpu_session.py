@@ -68,6 +68,19 @@ def test_the_one_call_speed_plan_passes_its_options_to_the_steps(tmp_path):
   assert steps["pytorch"]["command"][steps["pytorch"]["command"].index("--rounds") + 1] == "3"
 
 
+def test_the_htfl_step_runs_the_loop_comparison_on_the_full_width_configs(tmp_path):
+  done = _run(tmp_path, "--plan", "htfl", "--deadline-secs", "0", "--rounds", "3")
+  assert done.returncode == 0, done.stderr
+  step = json.loads((tmp_path / "session.json").read_text())["steps"]["htfl"]
+  command = step["command"]
+  assert command[1].endswith("benchmarks/htfl_loop.py")
+  assert [command[i + 1] for i, x in enumerate(command) if x == "--config"] == [
+      "htfl_cifar10_practical_htfe4_fedproto", "htfl_cifar10_practical_htfe4_fd"]
+  assert command[command.index("--rounds") + 1] == "3"
+  assert command[command.index("--out-dir") + 1] == str(tmp_path / "htfl")
+  assert step["status"] == "skipped: no time left"
+
+
 def test_an_unknown_step_is_named_with_the_choices(tmp_path):
   done = _run(tmp_path, "--plan", "env,warmup")
   assert done.returncode != 0
