@@ -41,7 +41,29 @@ def test_the_public_rows_load_a_public_set_and_train_locally_as_htfllib():
     assert (config.scenario.public_name, config.scenario.public_size) == ("cifar100", 1000)
     assert (config.local.optimizer, config.local.lr, config.local.batch_size,
             config.local.epochs) == ("sgd", 0.01, 10, 1)
+    # The quick public batch that keeps a round's public stage within a CPU's memory.
+    assert config.collaborative.batch_size == 64
   assert P.HTFL_FEDKTL_TABLE1["fedtgp"][("practical", "cifar10")] == 88.15
+  paper = [c for c in cells_lib.plan(table, "paper", [0]) if c.row.key == "fedmd"]
+  assert cell_configs.cell_config(paper[0]).collaborative.batch_size == 512
+
+
+def test_the_htfl_queue_holds_every_paper_cell_of_the_table():
+  cells = cells_lib.queue_plan("htfl", "paper", [0, 1, 2])
+  table = tables.get_table("htfl_cifar10_practical")
+  assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)
+  assert {c.label for c in cells} == {c.label for c in cells_lib.plan(table, "paper",
+                                                                       [0, 1, 2])}
+  assert cells[0].label == "htfl_cifar10_practical/paper/cifar10_practical_htfe2__lg_fedavg__seed0"
+  # Seed by seed; in each seed the data-free rows come before the public-data rows.
+  per_seed = 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)
+  assert cells[per_seed].label.endswith("__lg_fedavg__seed1")
+  public = [i for i, c in enumerate(cells[:per_seed])
+            if c.row.key in tables.HTFL_PUBLIC_METHODS]
+  assert min(public) == 2 * len(tables.HTFL_METHODS)
+  config = cell_configs.cell_config(cells[0])
+  validate_config(config)
+  assert (config.num_rounds, config.models.width, config.htfl.feature_dim) == (2000, 1.0, 512)
 
 
 def test_the_cifar100_groups_take_fedtgps_own_numbers():

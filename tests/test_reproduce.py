@@ -287,7 +287,7 @@ def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
        "'num_rounds'?"),
       (["--queue=gpu", "--table=fcclplus_digits"], "error: --queue and --table exclude each "
                                                    "other: pass one."),
-      (["--queue=cpu"], "error: --queue='cpu' is not allowed; allowed queues: gpu, mid."),
+      (["--queue=cpu"], "error: --queue='cpu' is not allowed; allowed queues: gpu, mid, htfl."),
       (["--report"], "error: --report needs --table=<id>[,<id>...]."),
       ([], "error: pass --table=<id> (or --queue=<name>, --list); table ids: fcclplus_digits, "),
   ]:

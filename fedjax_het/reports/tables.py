@@ -909,6 +909,9 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
                                    "fedmatch")),
             ("fcclplus_digits", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
                                  "fedmatch"))),
+    # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
+    # every row in HtFE2 and HtFE4, the data-free methods before the public-data ones.
+    "htfl": (("htfl_cifar10_practical", None),),
 }
 
 
