@@ -80,8 +80,8 @@ test split with the FCCL+ benchmark's evaluator: eval/intra (each client on its 
 the number the table reads, the same metric as the data-free rows' `htfl.eval_domains="own"`,
 and eval/inter (the mean over the other clients' splits) comes beside it. The evaluation is
 not what sets their memory (FedMD, HtFE4, quick: XLA's memory analysis gives the evaluation
-program 0.8 GiB of temporaries), so they keep the benchmark's evaluator and its inter number
-at K times the evaluation work of "own".
+program 0.8 GiB of temporaries with custom_vjp convolutions), so they keep the benchmark's
+evaluator and its inter number at K times the evaluation work of "own".
 
 Memory: a public-data round's largest program is its public stage. FedMD's digest, FedDF's
 distillation and the FCCL / FCCL+ / RHFL collaborative steps take one gradient through every
