@@ -6,7 +6,10 @@ LG-FedAvg, FedGH, FedKD).
   `-lr 0.01 -lbs 10 -ls 1`) as `config.local`, and `config.htfl.feature_dim` (512: every
   backbone's features pooled to 512 entries before its head, HtFLlib's `BaseHeadSplit`
   with `-fd 512`; 0 keeps the backbones' own features) and `config.htfl.eval_domains`
-  ("own": every client on its own test split, HtFLlib's protocol; "all": on every split).
+  ("own": every client on its own test split, HtFLlib's protocol; "all": on every split)
+  and `config.htfl.client_loop` (how a group's clients train: "vmap" together, each as
+  many steps as the group's largest client, the GPU/TPU layout; "map" one after another,
+  each only its own steps, the least work on a CPU; "auto" picks by backend).
 * `feature_setup`: the run's setup with every group's model pooled to `htfl.feature_dim`
   (`models.with_feature_dim`).
 * Per-class statistics: `accumulating_loss` wraps a per-batch loss so that local training
@@ -71,7 +74,9 @@ def default_sections() -> ml_collections.ConfigDict:
       "local": local_config(),
       SECTION: {"feature_dim": models.HTFL_FEATURE_DIM,
                 # "own": each client on its own test split (HtFLlib); "all": on every split
-                "eval_domains": "own"},
+                "eval_domains": "own",
+                # a group's clients: "vmap" (GPU/TPU), "map" (CPU), "auto" by backend
+                "client_loop": "auto"},
   })
 
 
@@ -83,6 +88,8 @@ def validate_sections(config: ml_collections.ConfigDict) -> None:
                    "an integer >= 0 (0: the backbones' own feature dimensions)")
   validation.check(config, f"{SECTION}.eval_domains", validation.choice(EVAL_DOMAINS),
                    f"one of {EVAL_DOMAINS}")
+  validation.check(config, f"{SECTION}.client_loop", validation.choice(CLIENT_LOOPS),
+                   f"one of {CLIENT_LOOPS}")
 
 
 def feature_setup(config: ml_collections.ConfigDict, setup: Setup, *,
@@ -122,12 +129,15 @@ class LocalPhase:
     ids: group name -> (S,) participant id of every slot (the clients' RNG streams).
     active: group name -> (S,) bool, the slots that hold a client (not padding).
     trainers: group name -> its `local.LocalTrainer`.
+    sequential: the clients of a group train one after another, each only its own steps
+      (`htfl.client_loop` "map"), else vmapped.
   """
   epochs: int
   lr: Callable[[jax.Array], jax.Array]
   ids: dict[str, jax.Array]
   active: dict[str, jax.Array]
   trainers: dict[str, Any]
+  sequential: bool = False
 
   def train(self, group: ClientGroup, variables: Any, aux: Any, data: Any,
             local_key: jax.Array, round_index: jax.Array) -> tuple[Any, Any]:
@@ -136,7 +146,7 @@ class LocalPhase:
     return local.train_clients(
         self.trainers[group.name], variables, aux, data.groups[group.name],
         client_keys(local_key, self.ids[group.name]),
-        jnp.full((self.epochs,), self.lr(round_index)))
+        jnp.full((self.epochs,), self.lr(round_index)), sequential=self.sequential)
 
   def keep_active(self, group: ClientGroup, new: Any, old: Any) -> Any:
     """`new` in the slots that hold a client, `old` in the padding slots."""
@@ -160,7 +170,16 @@ def local_phase(config: ml_collections.ConfigDict, setup: Setup,
       lr=round_decay_schedule(float(loc.lr), setup.num_rounds, float(loc.lr_decay)),
       ids={g.name: jnp.asarray(slot_ids(g, setup.num_participants)) for g in setup.groups},
       active={g.name: jnp.asarray(slot_active(g)) for g in setup.groups},
-      trainers=trainers)
+      trainers=trainers, sequential=client_loop(config) == "map")
+
+
+def client_loop(config: ml_collections.ConfigDict) -> str:
+  """`htfl.client_loop` with "auto" resolved: "map" on a CPU (vmap buys no parallelism
+  there, and one client after another runs only the steps that hold data), else "vmap"."""
+  loop = str(config[SECTION].get("client_loop", "auto"))
+  if loop == "auto":
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+  return loop
 
 
 def init_clients(setup: Setup, key: jax.Array) -> dict[str, dict[str, Any]]:
@@ -387,6 +406,8 @@ def server_sgd_epochs(loss_fn: Callable[..., jax.Array], params: Any, data: tupl
 
 
 EVAL_DOMAINS = ("own", "all")
+#: `htfl.client_loop`'s values (module docstring).
+CLIENT_LOOPS = ("auto", "vmap", "map")
 
 
 def make_evaluate(config: ml_collections.ConfigDict, setup: Setup, *,
