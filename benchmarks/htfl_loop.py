@@ -435,6 +435,7 @@ def measure(config_name: str, overrides: list[str], rounds: int, device, *,
             seed: int = 0, write=lambda report: None) -> dict:
   """The report of one config (module docstring); `write(report)` after every phase."""
   first_round = _script("first_round")
+  from fedjax_het.algorithms import htfl_common  # noqa: PLC0415
   from fedjax_het.experiment import build_scenario  # noqa: PLC0415
 
   config = first_round.load_config(config_name, overrides)
@@ -457,7 +458,11 @@ def measure(config_name: str, overrides: list[str], rounds: int, device, *,
                       "batch_size": batch, "epochs": epochs},
             "lamda": float(config[method].lamda),
             "sgd_steps_per_round": epochs * sum(math.ceil(n / batch) for n in sizes),
-            "library_slot_steps_per_round": slot_steps(archs, sizes, batch, epochs),
+            "client_loop": htfl_common.client_loop(config),
+            "library_slot_steps_per_round": (
+                slot_steps(archs, sizes, batch, epochs)
+                if htfl_common.client_loop(config) == "vmap"
+                else epochs * sum(math.ceil(n / batch) for n in sizes)),
             "parameters": {"library": library_parameters(config, scenario.num_classes)}}
   report["engine"] = time_library(first_round, config_name, overrides, rounds, config)
   print("[library] " + ", ".join(f"{k} {v:.2f}" for k, v in report["engine"].items()
@@ -514,9 +519,10 @@ def measure(config_name: str, overrides: list[str], rounds: int, device, *,
 
 
 def slot_steps(archs: list[str], sizes: list[int], batch: int, epochs: int) -> int:
-  """Client steps the library's round computes: a group (the clients of one architecture)
-  runs as many vmapped steps as its largest client needs, every client in each (a client's
-  steps past its data are computed and masked, `engine.local`)."""
+  """Client steps the library's round computes with `htfl.client_loop` "vmap": a group (the
+  clients of one architecture) runs as many vmapped steps as its largest client needs, every
+  client in each (a client's steps past its data are computed and masked, `engine.local`).
+  With "map" (a CPU's default) each client runs only its own steps."""
   groups = {}
   for arch, n in zip(archs, sizes):
     groups.setdefault(arch, []).append(n)

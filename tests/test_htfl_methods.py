@@ -440,7 +440,8 @@ def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
   assert np.all(np.isfinite(np.asarray(metrics["local"]["a"]["mentee"])))
 
 
-@pytest.mark.parametrize("method", ["fedproto", "fd", "lg_fedavg"])
+@pytest.mark.parametrize("method", ["fedproto", pytest.param("fd", marks=pytest.mark.slow),
+                                    pytest.param("lg_fedavg", marks=pytest.mark.slow)])
 def test_clients_one_after_another_equal_the_vmapped_clients(method):
   """htfl.client_loop "map" (each client only its own steps) trains the same models as
   "vmap" (every client as many steps as the group's largest, the rest masked): batch 2 over
