@@ -531,6 +531,9 @@ def slot_steps(archs: list[str], sizes: list[int], batch: int, epochs: int) -> i
 
 def time_library(first_round, config_name, overrides, rounds, config) -> dict:
   """first_round.py's `_measure` (in this process), and its steady figure per round."""
+  # `_measure` counts its import_secs and start_to_round1_end_secs from first_round.START:
+  # from this call, so that a later config of the run does not count the configs before it.
+  first_round.START = time.perf_counter()
   row = first_round._measure(config_name, overrides, rounds)  # pylint: disable=protected-access
   row["steady_round_per_round_secs"] = row["steady_round_secs"] / int(config.rounds_per_call)
   return row
