@@ -61,7 +61,6 @@ status 1 (the traceback with --verbose or FEDJAX_HET_TRACEBACK=1).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import shutil
 import sys
@@ -172,22 +171,8 @@ SUMMARY_SEEDS = (0, 1, 2)
 
 def _record(cell_dir: pathlib.Path) -> dict:
   """A cell's cell.json ({} without a readable one)."""
-  try:
-    record = json.loads((cell_dir / provenance.CELL_FILE).read_text())
-  except (OSError, ValueError):
-    return {}
+  record = progress.read_json(cell_dir / provenance.CELL_FILE)
   return record if isinstance(record, dict) else {}
-
-
-def _recorded_status(cell_dir: pathlib.Path) -> str | None:
-  """The status a cell's cell.json records (None without a readable one)."""
-  return _record(cell_dir).get("status")
-
-
-def _unpinned(cell_dir: pathlib.Path) -> bool:
-  """Whether the cell's record says no commit pins its code (`provenance.unpinned`)."""
-  record = _record(cell_dir)
-  return bool(record) and provenance.unpinned(record)
 
 
 def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
@@ -206,9 +191,10 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
         counts.append(f"{scale} -")
         continue
       cells = cells_lib.plan(table, scale, seeds)
-      done = [c for c in cells if _recorded_status(c.directory(results_dir)) == "finished"]
+      done = [r for r in (_record(c.directory(results_dir)) for c in cells)
+              if r.get("status") == "finished"]
       counts.append(f"{scale} {len(done)}/{len(cells)}")
-      loose = sum(_unpinned(c.directory(results_dir)) for c in done)
+      loose = sum(provenance.unpinned(r) for r in done)
       if loose:
         unpinned.append(f"{table.id} {scale} {loose}")
     echo(f"{table.id:<{width}}  {'  '.join(f'{c:<11}' for c in counts)}  {table.title}")
@@ -223,10 +209,14 @@ def remove_unpinned(cells: Sequence[cells_lib.Cell], results_dir: pathlib.Path,
   """Deletes the directory of every cell of `cells` whose code no commit pins
   (`provenance.unpinned`), so that the run trains it again; returns those cells. With
   `dry_run`, only says which."""
-  found = [c for c in cells if _unpinned(c.directory(results_dir))]
-  for cell in found:
+  found = []
+  for cell in cells:
     path = cell.directory(results_dir)
-    commit = (_record(path).get("commit") or "an unknown commit")[:10]
+    record = _record(path)
+    if not provenance.unpinned(record):
+      continue
+    found.append(cell)
+    commit = (record.get("commit") or "an unknown commit")[:10]
     if not dry_run:
       shutil.rmtree(path)
     echo(f"{cell.label}: {'would delete' if dry_run else 'deleted'} (trained from uncommitted "

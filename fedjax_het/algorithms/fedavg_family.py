@@ -66,7 +66,7 @@ from fedjax_het.errors import ConfigError
 WEIGHTINGS = ("size", "uniform")
 LR_SCHEDULES = ("linear", "exponential")
 EVALUATES = ("global", "local")
-CLIENT_LOOPS = ("auto", "vmap", "map")
+CLIENT_LOOPS = local.CLIENT_LOOPS
 
 
 # objective_for(group) -> loss_fn(params, batch_stats, images, labels, mask, rng, aux), where
@@ -196,9 +196,8 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
                       f"participants ({group.num_clients}), got {cohort_size}.")
   weighting = common.check_choice("fedavg.weighting", cfg.weighting, WEIGHTINGS)
   keep_local = common.check_choice("fedavg.evaluate", cfg.evaluate, EVALUATES) == "local"
-  client_loop = common.check_choice("fedavg.client_loop", cfg.client_loop, CLIENT_LOOPS)
-  if client_loop == "auto":  # CPU: vmap buys no parallelism; one client after another is least work
-    client_loop = "map" if jax.default_backend() == "cpu" else "vmap"
+  client_loop = local.resolve_client_loop(
+      common.check_choice("fedavg.client_loop", cfg.client_loop, CLIENT_LOOPS))
   epochs = int(loc.epochs)
   trainer = local.make_group_trainers(
       setup, objective_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),

@@ -176,10 +176,7 @@ def local_phase(config: ml_collections.ConfigDict, setup: Setup,
 def client_loop(config: ml_collections.ConfigDict) -> str:
   """`htfl.client_loop` with "auto" resolved: "map" on a CPU (vmap buys no parallelism
   there, and one client after another runs only the steps that hold data), else "vmap"."""
-  loop = str(config[SECTION].get("client_loop", "auto"))
-  if loop == "auto":
-    return "map" if jax.default_backend() == "cpu" else "vmap"
-  return loop
+  return local.resolve_client_loop(str(config[SECTION].client_loop))
 
 
 def init_clients(setup: Setup, key: jax.Array) -> dict[str, dict[str, Any]]:
@@ -407,7 +404,7 @@ def server_sgd_epochs(loss_fn: Callable[..., jax.Array], params: Any, data: tupl
 
 EVAL_DOMAINS = ("own", "all")
 #: `htfl.client_loop`'s values (module docstring).
-CLIENT_LOOPS = ("auto", "vmap", "map")
+CLIENT_LOOPS = local.CLIENT_LOOPS
 
 
 def make_evaluate(config: ml_collections.ConfigDict, setup: Setup, *,

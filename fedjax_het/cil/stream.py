@@ -53,10 +53,11 @@ from fedjax_het import validation as v
 from fedjax_het.cil import masking
 from fedjax_het.data import incremental
 from fedjax_het.data.augment import normalizer
+from fedjax_het.engine import local
 from fedjax_het.engine.optim import OPTIMIZERS
 
 SCENARIO = "class_incremental"
-CLIENT_LOOPS = ("auto", "vmap", "map")
+CLIENT_LOOPS = local.CLIENT_LOOPS
 #: `scenario.client_roles`: the clients' roles (old / in-between / new) and classes are drawn
 #: once per task (the authors' code) or again at every global round (the paper's text);
 #: `draw_round_roles`.
@@ -438,9 +439,7 @@ class StreamSettings:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, num_classes: int) -> "StreamSettings":
-    loop = config.cil.client_loop
-    if loop == "auto":
-      loop = "map" if jax.default_backend() == "cpu" else "vmap"
+    loop = local.resolve_client_loop(config.cil.client_loop)
     t = int(config.scenario.num_tasks)
     return cls(num_tasks=t, classes_per_task=num_classes // t,
                rounds_per_task=int(config.cil.rounds_per_task),

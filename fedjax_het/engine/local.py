@@ -147,6 +147,21 @@ def make_local_trainer(*, loss_fn: LocalLossFn, optimizer: optax.GradientTransfo
   return train
 
 
+#: How a stack of participants trains (`train_clients`): "vmap" together, each as many steps
+#: as the longest (a GPU/TPU's layout), "map" one after another, each only its own steps (the
+#: least work on a CPU), "auto" by backend (`resolve_client_loop`).
+CLIENT_LOOPS = ("auto", "vmap", "map")
+
+
+def resolve_client_loop(loop: str) -> str:
+  """A client-loop setting (`CLIENT_LOOPS`) with "auto" resolved: "map" on a CPU, where vmap
+  buys no parallelism and one client after another runs only the steps that hold data; else
+  "vmap"."""
+  if loop == "auto":
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+  return loop
+
+
 def train_clients(trainer: Callable[..., Any], variables: Any, aux: Any, data: Any,
                   keys: jax.Array, learning_rates: jax.Array, *,
                   sequential: bool = False) -> tuple[Any, Any]:

@@ -125,9 +125,8 @@ def unpinned(record: Mapping[str, Any]) -> bool:
   """Whether no commit pins the code of a cell's `record` (its cell.json): one of its
   invocations trained it from a working tree with uncommitted changes and kept no patch.
   `reproduce.py --list` counts such cells and `--retrain-unpinned` trains them again."""
-  entries = [record, *record.get("invocations", [])]
-  return any(e.get("dirty") and not e.get("patch_sha256") for e in entries
-             if "dirty" in e)
+  return any(e.get("dirty") and not e.get("patch_sha256")
+             for e in (record, *record.get("invocations", [])))
 
 
 def update_cell_record(cell_dir: pathlib.Path, meta: Mapping[str, Any], *, status: str,

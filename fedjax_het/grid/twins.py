@@ -29,9 +29,10 @@ def find_twin(cell: cells_lib.Cell, config: ml_collections.ConfigDict,
               results_dir: pathlib.Path) -> pathlib.Path | None:
   """The directory of a finished cell of another table (or setting) that is the same run as
   `cell`: the same config file, variant at the cell's scale, row fields and seed, and a
-  recorded config equal to `config` (`progress.is_finished`, so the --set overrides must agree too),
-  whose code a commit pins (not `provenance.unpinned`). None when there is none. E.g. the BASE row of FCCL Tables 1/2 on Digits is the BASE row of
-  FCCL+ Table VIII/IX on Digits; the quick cells of GLFC's T = 5 and 20 layouts are Table 1's."""
+  recorded config equal to `config` (`progress.is_finished`, so the --set overrides must agree
+  too), whose code a commit pins (not `provenance.unpinned`). None when there is none. E.g. the
+  BASE row of FCCL Tables 1/2 on Digits is the BASE row of FCCL+ Table VIII/IX on Digits; the
+  quick cells of GLFC's T = 5 and 20 layouts are Table 1's."""
   own = cell.directory(results_dir)
   recipe = _recipe(cell.setting, cell.row, cell.scale)
   for table in tables_lib.TABLES.values():
