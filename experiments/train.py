@@ -49,6 +49,7 @@ def _stopped_while_starting(kind, value, traceback) -> None:
 if __name__ == "__main__":
   # From here on a stop signal ends the command with one line, even during the imports.
   sys.excepthook = _stopped_while_starting
+  sys.unraisablehook = errors_lib.unraisable_hook  # a stop a finalizer drops: no traceback
   signal.signal(signal.SIGINT, errors_lib.on_stop_signal)
   signal.signal(signal.SIGTERM, errors_lib.on_stop_signal)
 

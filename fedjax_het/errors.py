@@ -12,6 +12,11 @@ trainer's sections that must not be cut (a checkpoint write: starting it, and wa
 the one under way to finish): there the signal is held until the section ends, and a
 second signal raises `StopForced` at once (the write under way is then discarded: the
 next start removes its unfinished folder).
+
+A `KeyboardInterrupt` raised while Python runs a `__del__` method or a weakref callback
+is printed as "Exception ignored in ..." and dropped (CPython's rule for exceptions in
+finalizers); the handler therefore also records the signal, and the trainer calls
+`raise_dropped_stop()` between its steps: a stop is never lost to a finalizer.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import errno
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,19 +98,44 @@ class StopForced(KeyboardInterrupt):
 
 _held = 0                    # depth of held_stop() sections (main thread only)
 _pending: int | None = None  # the signal that arrived inside one
+_raised: int | None = None   # a signal raised as KeyboardInterrupt and not yet handled
 
 
 def on_stop_signal(signum: int, frame: Any) -> None:
   """The handler of SIGINT and SIGTERM: `KeyboardInterrupt`, held inside `held_stop()` (a
   second signal there raises `StopForced`)."""
   del frame
-  global _pending
+  global _pending, _raised
   if _held:
     if _pending is not None:
       raise StopForced(signum)
     _pending = signum
     return
+  _raised = signum
   raise KeyboardInterrupt(signum)
+
+
+def raise_dropped_stop() -> None:
+  """Raises `KeyboardInterrupt` again for a stop signal whose `KeyboardInterrupt` did not
+  reach the caller (raised inside a finalizer, where Python prints and drops it); nothing
+  when no stop signal is unhandled."""
+  if _raised is not None:
+    raise KeyboardInterrupt(_raised)
+
+
+def unraisable_hook(unraisable: Any) -> None:
+  """`sys.unraisablehook` of the command: a stop's `KeyboardInterrupt` dropped in a finalizer
+  is silent (`raise_dropped_stop` raises it again); anything else is reported as Python
+  does."""
+  if isinstance(unraisable.exc_value, KeyboardInterrupt) and _raised is not None:
+    return
+  sys.__unraisablehook__(unraisable)
+
+
+def stop_handled() -> None:
+  """The stop signal raised last has been caught by the code that ends the run."""
+  global _raised
+  _raised = None
 
 
 _STOPPING = 0  # `_pending` while a section runs on behalf of a stop already under way

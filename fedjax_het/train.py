@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_het import reporting, seed_stack
+from fedjax_het import errors, reporting, seed_stack
 from fedjax_het.runtime import resources
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
@@ -298,6 +298,7 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     # Made after compiling: its rate and ETA count training rounds only.
     progress = writer.progress(num_rounds, start=start, enabled=bool(config.logging.progress))
     while done < stop:
+      errors.raise_dropped_stop()  # a stop a finalizer dropped (compiling, the last round)
       tick = time.perf_counter()
       state, metrics = run_rounds(state, run.data)
       jax.block_until_ready(state)
@@ -337,6 +338,8 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
       progress.update(done, experiment.progress_text(new_records[0][-1]))
   except (KeyboardInterrupt, StorageError, OSError) as error:  # a stop signal, the storage
     ended = error
+    if isinstance(error, KeyboardInterrupt):
+      errors.stop_handled()
   except BaseException:
     if progress is not None:
       progress.close()
@@ -366,6 +369,7 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     raise RunStopped(done, checkpoint, phase="results" if finished else "training",
                      started=start, discarded=done if forced and checkpoint != done else None)
   try:
+    errors.raise_dropped_stop()
     return _write_results(run, records, writer, saved, done, plots=bool(config.logging.plots),
                           stacked=stacked, state=state)
   except KeyboardInterrupt:

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from fedjax_het import errors
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "train.py"
 
@@ -184,7 +186,55 @@ def test_a_stop_while_compiling_is_one_line(tmp_path, env):
   assert read_until(child, "compiling the round", lines)
   child.send_signal(signal.SIGTERM)
   code, stderr = finish(child, lines)
-  assert code == 130
+  assert code == 130, stderr[-3000:]
+  one_line(stderr, rf"^stopped at round 0; rerun the same command to resume from the checkpoint "
+                   rf"of round 0 in {re.escape(str(workdir))}$")
+  assert committed(workdir) == [0] and not unfinished(workdir)
+
+
+#: Right after the round compiles, SIGTERM arrives while Python runs a finalizer (`__del__`),
+#: where CPython prints and drops the handler's KeyboardInterrupt.
+STOP_IN_FINALIZER = """
+import os, signal
+from fedjax_het.runtime import compiler as _compiler
+_real = _compiler.RoundCompiler.compile_all
+class _Finalized:
+  def __del__(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10 ** 6):  # Python runs the handler here, inside __del__
+      pass
+def _compile_all(self, *args, **kwargs):
+  out = _real(self, *args, **kwargs)
+  _Finalized()
+  print("FINALIZED", file=sys.stderr, flush=True)
+  return out
+_compiler.RoundCompiler.compile_all = _compile_all
+"""
+
+
+def test_a_stop_a_finalizer_drops_is_raised_again_in_process():
+  class Finalized:
+    def __del__(self):
+      errors.on_stop_signal(signal.SIGTERM, None)
+
+  hook, sys.unraisablehook = sys.unraisablehook, errors.unraisable_hook
+  try:
+    Finalized()  # the KeyboardInterrupt is raised inside __del__ and dropped
+    with pytest.raises(KeyboardInterrupt):
+      errors.raise_dropped_stop()
+  finally:
+    sys.unraisablehook = hook
+    errors.stop_handled()
+  errors.raise_dropped_stop()  # handled: nothing is raised
+
+
+def test_a_stop_a_finalizer_drops_still_stops_the_run_with_one_line(tmp_path, env):
+  workdir = tmp_path / "run"
+  child = start(command(workdir, env, patch=STOP_IN_FINALIZER, tmp=tmp_path), env)
+  lines = []
+  assert read_until(child, "FINALIZED", lines), "".join(lines)[-3000:]
+  code, stderr = finish(child, lines)
+  assert code == 130, stderr[-3000:]
   one_line(stderr, rf"^stopped at round 0; rerun the same command to resume from the checkpoint "
                    rf"of round 0 in {re.escape(str(workdir))}$")
   assert committed(workdir) == [0] and not unfinished(workdir)
