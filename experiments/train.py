@@ -155,7 +155,7 @@ def main(argv):
     if _verbose():
       raise
     print(_stop_line(stop, workdir, config), file=sys.stderr)
-    _finish(130)
+    _finish(130, at_once=getattr(stop, "in_flight", False))
   except OSError as error:  # a full disk, a folder that cannot be written
     _ignore_stop_signals()
     if _verbose():
@@ -171,16 +171,17 @@ def _ignore_stop_signals() -> None:
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _finish(code: int) -> None:
-  """Exits with `code` once the output is flushed; at once (`os._exit`) when a thread that
-  would keep the process alive is left (a checkpoint write a second signal cut short, a
-  compilation under way)."""
+def _finish(code: int, *, at_once: bool = False) -> None:
+  """Exits with `code` once the output is flushed; at once (`os._exit`) with `at_once` (a
+  round still computing on the device: the runtime's shutdown would wait for it) or when a
+  thread that would keep the process alive is left (a checkpoint write a second signal cut
+  short, a compilation under way)."""
   for stream in (sys.stdout, sys.stderr):
     stream.flush()
   for handler in std_logging.getLogger().handlers + std_logging.getLogger("absl").handlers:
     handler.flush()
-  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-         if t is not threading.main_thread()):
+  if at_once or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                    if t is not threading.main_thread()):
     os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 

@@ -80,16 +80,19 @@ class RunStopped(KeyboardInterrupt):
   round of the newest checkpoint on disk (a rerun resumes from it; None: none yet).
   `phase`: "training" (in or before a round), "results" (after the last round, while the
   results were written); `discarded`: the round of a checkpoint write a second signal cut
-  short (None when none was)."""
+  short (None when none was); `in_flight`: the stop came while a round was computing on the
+  device (its result is dropped; the process exits without waiting for it)."""
 
   def __init__(self, round_index: int, checkpoint: int | None, *, phase: str = "training",
-               started: int | None = None, discarded: int | None = None):
+               started: int | None = None, discarded: int | None = None,
+               in_flight: bool = False):
     super().__init__(round_index, checkpoint)
     self.round = round_index
     self.checkpoint = checkpoint
     self.phase = phase
     self.started = round_index if started is None else started
     self.discarded = discarded
+    self.in_flight = in_flight
 
 
 class StopForced(KeyboardInterrupt):

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+import threading
 import time
 from typing import Any
 
@@ -283,7 +284,7 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
                        if 0 < int(r) <= num_rounds} if diagnostics is not None else set()
   saved = [_load_diagnostics(w / f"{diagnostics.name}.npz") if diagnostics and start else {}
            for w in workdirs]
-  done, progress, ended = start, None, None
+  done, progress, ended, in_flight = start, None, None, False
   try:
     if not kept_rounds:
       with held_stop():  # a stop signal waits until the write is started
@@ -300,8 +301,10 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     while done < stop:
       errors.raise_dropped_stop()  # a stop a finalizer dropped (compiling, the last round)
       tick = time.perf_counter()
+      in_flight = True
       state, metrics = run_rounds(state, run.data)
-      jax.block_until_ready(state)
+      wait_interruptibly(state)
+      in_flight = False
       # A checkpoint write that failed in the background stops the run here, before the
       # records of another round are written.
       for checkpointer in checkpointers:
@@ -367,7 +370,8 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
     finished = done == stop and checkpoint == done
     logging.info("stopped after round %d; the latest checkpoint is round %s", done, checkpoint)
     raise RunStopped(done, checkpoint, phase="results" if finished else "training",
-                     started=start, discarded=done if forced and checkpoint != done else None)
+                     started=start, discarded=done if forced and checkpoint != done else None,
+                     in_flight=in_flight)
   try:
     errors.raise_dropped_stop()
     return _write_results(run, records, writer, saved, done, plots=bool(config.logging.plots),
@@ -375,6 +379,28 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
   except KeyboardInterrupt:
     raise RunStopped(done, _latest_committed(checkpointers), phase="results",
                      started=start) from None
+
+
+def wait_interruptibly(tree: Any) -> None:
+  """`jax.block_until_ready(tree)` that a stop signal cuts short: the wait runs in a daemon
+  thread while this (the main) thread waits on an event, which Python interrupts to run a
+  signal handler (a round of a mid or paper-scale config takes minutes on a CPU; in
+  `block_until_ready` itself a stop would wait for the round to end). An error of the
+  computation is raised here."""
+  finished, failure = threading.Event(), []
+
+  def wait() -> None:
+    try:
+      jax.block_until_ready(tree)
+    except BaseException as error:  # pylint: disable=broad-except (raised in the main thread)
+      failure.append(error)
+    finished.set()
+
+  threading.Thread(target=wait, name="fedjax_het_round_wait", daemon=True).start()
+  while not finished.wait(1.0):
+    pass
+  if failure:
+    raise failure[0]
 
 
 def _write_results(run: Run, records: list[list[dict[str, Any]]], writer: reporting.RunWriter,

@@ -212,6 +212,58 @@ _compiler.RoundCompiler.compile_all = _compile_all
 """
 
 
+#: Round 2 does not end for 10 minutes (a host callback holds one of its state's arrays);
+#: it announces itself once dispatched.
+ENDLESS_ROUND = """
+import jax, jax.numpy as jnp
+from fedjax_het.runtime import compiler as _compiler
+_real, _calls = _compiler.RoundCompiler.compile_all, [0]
+def _sleep(x):
+  time.sleep(600)
+  return x
+@jax.jit
+def _hold(x):
+  return x + jax.pure_callback(_sleep, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 0
+class _Rounds:  # the compiled round (its memory analysis too), round 2 held
+  def __init__(self, compiled):
+    self._compiled = compiled
+  def __getattr__(self, name):
+    return getattr(self._compiled, name)
+  def __call__(self, state, data):
+    state, metrics = self._compiled(state, data)
+    _calls[0] += 1
+    if _calls[0] == 2:
+      leaves, treedef = jax.tree_util.tree_flatten(state)
+      i = next(i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating))
+      leaves[i] = _hold(leaves[i])
+      state = jax.tree_util.tree_unflatten(treedef, leaves)
+      print("ROUND 2 DISPATCHED", file=sys.stderr, flush=True)
+    return state, metrics
+def _compile_all(self, *args, **kwargs):
+  return _Rounds(_real(self, *args, **kwargs))
+_compiler.RoundCompiler.compile_all = _compile_all
+"""
+
+
+def test_a_stop_during_a_round_ends_the_process_without_waiting_for_the_round(tmp_path, env):
+  """A round of a mid or paper-scale config takes minutes on a CPU: a stop neither waits for it
+  nor for the runtime's shutdown (which would wait for the computation)."""
+  workdir = tmp_path / "run"
+  child = start(command(workdir, env, patch=ENDLESS_ROUND, tmp=tmp_path), env)
+  lines = []
+  assert read_until(child, "ROUND 2 DISPATCHED", lines), "".join(lines)[-3000:]
+  time.sleep(1)
+  child.send_signal(signal.SIGTERM)
+  code, stderr = finish(child, lines, timeout=120)  # the round alone would take 600 s
+  assert code == 130, stderr[-3000:]
+  line = (rf"^stopped at round 1; rerun the same command to resume from the checkpoint of round "
+          rf"1 in {re.escape(str(workdir))}$")
+  assert re.search(line, stderr.strip().splitlines()[-1]), stderr[-3000:]
+  one_line(stderr, line)
+  assert committed(workdir)[-1] == 1 and not unfinished(workdir)
+  assert rounds(workdir) == [1]
+
+
 def test_a_stop_a_finalizer_drops_is_raised_again_in_process():
   class Finalized:
     def __del__(self):
@@ -240,7 +292,9 @@ def test_a_stop_a_finalizer_drops_still_stops_the_run_with_one_line(tmp_path, en
   assert committed(workdir) == [0] and not unfinished(workdir)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+# One handler serves both signals (the imports test sends each): SIGINT here in the slow suite.
+@pytest.mark.parametrize("stop", [pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+                                  signal.SIGTERM])
 def test_a_stop_during_a_checkpoint_write_lets_it_finish_and_is_one_line(tmp_path, env, stop):
   workdir = tmp_path / "run"
   child = start(command(workdir, env, patch=SLOW_SAVE.format(round=2, seconds=3), tmp=tmp_path),
