@@ -181,8 +181,8 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
   finished out of its cells at `seeds` (read from the records alone: `--list --cells`
   also checks each finished cell's config against the current one)."""
   width = max(len(t.id) for t in tables)
-  echo(f"{'table':<{width}}  finished cells (of seeds {', '.join(map(str, seeds))}) per "
-       f"scale; title")
+  echo(f"{'table':<{width}}  finished cells in {results_dir} (of seeds "
+       f"{', '.join(map(str, seeds))}) per scale; title")
   unpinned = []
   for table in tables:
     counts = []
@@ -202,6 +202,9 @@ def summarize_tables(tables: Sequence[tables_lib.Table], seeds: Sequence[int],
     echo(f"finished cells that no commit pins (trained from uncommitted changes, no patch "
          f"kept; `--retrain-unpinned` trains them again): {', '.join(unpinned)}")
   echo("`--list --cells [--table=<id>]` lists every cell with its status and config.")
+  if not shipped(results_dir):
+    echo("the cells the repository ships (those docs/results.md renders): add "
+         "--results-dir=results")
 
 
 def remove_unpinned(cells: Sequence[cells_lib.Cell], results_dir: pathlib.Path,

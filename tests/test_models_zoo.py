@@ -259,7 +259,11 @@ FAST_OR_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n in DEEP_MODELS else
                 for n in models.MODEL_NAMES]
 
 
-@pytest.mark.parametrize("name", FAST_OR_SLOW)
+# GoogLeNet's train-and-eval forward compiles for about 10 s on a 2-core CPU (its train mode is
+# compiled in the default suite by the BatchNorm test below): slow suite.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n == "googlenet" or n in DEEP_MODELS
+                                  else n for n in models.MODEL_NAMES])
 def test_output_shapes_feature_dims_and_head(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -339,9 +343,11 @@ def _make_train_step(model, lr):
   return step
 
 
-# GoogLeNet's jitted step compiles for about 15 s on a 2-core CPU: slow suite.
+# GoogLeNet's and EfficientNet-B0's jitted steps compile for 8-15 s on a 2-core CPU: slow
+# suite (their forward passes are compiled in the default suite: EfficientNet-B0's by the
+# output-shape test, GoogLeNet's by the BatchNorm test).
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n == "googlenet" or n in DEEP_MODELS
+                                  if n in ("googlenet", "efficientnet_b0") or n in DEEP_MODELS
                                   else n for n in models.MODEL_NAMES])
 def test_jitted_sgd_train_step_reduces_the_loss(name):
   model = models.get_model(name, NC, width=TINY)
@@ -358,7 +364,8 @@ def test_jitted_sgd_train_step_reduces_the_loss(name):
   assert float(jnp.max(jnp.abs(grads["head"]["kernel"]))) > 0
 
 
-VMAP_MODELS = ["resnet10", "efficientnet_b0", "simple_cnn", "fedavg_cifar_cnn", "lenet_encoder",
+VMAP_MODELS = ["resnet10", pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+               "simple_cnn", "fedavg_cifar_cnn", "lenet_encoder",
                "fedfusion", pytest.param("mobilenet_v2", marks=pytest.mark.slow),
                pytest.param("googlenet", marks=pytest.mark.slow)]
 

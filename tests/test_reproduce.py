@@ -186,8 +186,10 @@ def test_list_prints_one_line_per_table_with_its_finished_cells_per_scale(tmp_pa
              status="interrupted")
   assert reproduce.main(["--list", f"--results-dir={tmp_path}"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert lines[0].split()[:6] == ["table", "finished", "cells", "(of", "seeds", "0,"]
-  assert len(lines) == len(tables.TABLES) + 2
+  assert lines[0].split()[:8] == ["table", "finished", "cells", "in", str(tmp_path), "(of",
+                                  "seeds", "0,"]
+  # A directory other than the repository's results/: the last line says how to list those.
+  assert len(lines) == len(tables.TABLES) + 3 and lines[-1].endswith("--results-dir=results")
   digits = next(line for line in lines if line.startswith("fcclplus_digits "))
   assert digits.split()[1:7] == ["quick", "3/21", "mid", "0/21", "paper", "0/21"]
   shards = next(line for line in lines if line.startswith("fedmmd_mnist_shards "))
