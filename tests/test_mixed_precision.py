@@ -58,7 +58,8 @@ def test_bfloat16_outputs_are_float32_and_close_to_float32(name):
   assert 0 < error < 0.05 * scale
 
 
-@pytest.mark.parametrize("name", ["resnet10", "fedavg_cifar_cnn"])
+@pytest.mark.parametrize("name", ["resnet10",  # the CNN's (5 s): slow suite
+                                  pytest.param("fedavg_cifar_cnn", marks=pytest.mark.slow)])
 def test_bfloat16_gradients_and_statistics_are_float32_and_aligned(name):
   f32, bf16, variables, images, labels = _pair(name)
   grads32, new32 = _ce_grads(f32, variables, images, labels)
