@@ -255,14 +255,16 @@ def test_parameter_count_under_width_multiplier(name, width, num_classes):
 # The Bottleneck ResNets' init and forward compile for half a minute to minutes on a 2-core
 # CPU (their counts and shapes are checked without compiling, tests/test_htfl_models.py).
 DEEP_MODELS = ("resnet50", "resnet101", "resnet152")
-FAST_OR_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n in DEEP_MODELS else n
-                for n in models.MODEL_NAMES]
+
+
+def every_model_slow_for(*names: str) -> list:
+  """Every registry model as a parameter, `names` and the deep models in the slow suite."""
+  return [pytest.param(n, marks=pytest.mark.slow) if n in names or n in DEEP_MODELS else n
+          for n in models.MODEL_NAMES]
 
 
 # GoogLeNet's train-and-eval forward compiles for about 10 s on a 2-core CPU: slow suite.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n == "googlenet" or n in DEEP_MODELS
-                                  else n for n in models.MODEL_NAMES])
+@pytest.mark.parametrize("name", every_model_slow_for("googlenet"))
 def test_output_shapes_feature_dims_and_head(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -287,9 +289,7 @@ BN_MODELS = ("resnet10", "resnet12", "resnet18", "resnet34", "glfc_resnet18",
 
 # GoogLeNet's train and eval forward passes compile for about 12 s on a 2-core CPU: slow suite
 # (the default suite checks its parameter counts and feature dimension without compiling).
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n == "googlenet" or n in DEEP_MODELS
-                                  else n for n in models.MODEL_NAMES])
+@pytest.mark.parametrize("name", every_model_slow_for("googlenet"))
 def test_batch_norm_state_changes_in_train_mode_only(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -348,10 +348,8 @@ def _make_train_step(model, lr):
 
 # GoogLeNet's, EfficientNet-B0's, MobileNetV2's and ResNet-34's jitted steps compile for 4-15 s
 # on a 2-core CPU: slow suite (ResNet-10/18 keep the basic-block step in the default suite).
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n in ("googlenet", "efficientnet_b0", "mobilenet_v2",
-                                           "resnet34") or n in DEEP_MODELS
-                                  else n for n in models.MODEL_NAMES])
+@pytest.mark.parametrize("name", every_model_slow_for("googlenet", "efficientnet_b0",
+                                                     "mobilenet_v2", "resnet34"))
 def test_jitted_sgd_train_step_reduces_the_loss(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
