@@ -6,10 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_het import experiment
 from fedjax_het.algorithms import common, fedavg, fedavg_family, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
+from fedjax_het.configs import _two_stream as two_stream
+from fedjax_het.configs import mnist
 from fedjax_het.engine import optim
 from fedjax_het.models.base import Classifier, MLPTail
+from fedjax_het.reports import tables
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyMLP
 
@@ -332,3 +336,39 @@ def test_fedfusion_conv_identity_init_starts_as_the_plain_model():
     config = base_config("fedfusion")
     config.fedfusion.conv_init = "zeros"
     validate_config(config)
+
+
+def test_mid_variants_are_the_paper_setting_with_the_stated_cuts_and_reach_the_data(
+    tmp_path, monkeypatch):
+  """`_mid` (configs/_two_stream.py `MID`): every field of the paper setting but MID's, the
+  paper's targets and rounds; the registry's mid tables are exactly MID's settings; the cut
+  sizes reach the scenario the trainer builds (2000 training images per client and 1000 test
+  images per permuted domain)."""
+  assert set(two_stream.MID) == set(tables.TWO_STREAM_MID)
+  for name, setting in (("fedmmd_shards", "shards"), ("fedfusion_permuted_conv", "permuted"),
+                        ("fedavg_shards_nodropout", "shards")):
+    paper = mnist.get_config(name).to_dict()
+    mid = mnist.get_config(f"{name}_mid").to_dict()
+    cuts = two_stream.MID[("mnist", setting)]
+    paper.pop("name"), mid.pop("name")
+    for field, value in cuts.items():
+      group, key = field.split(".")
+      assert mid[group][key] == value != paper[group][key]
+      mid[group][key] = paper[group][key]
+    assert mid == paper  # nothing else differs: rounds, targets, rates, batch, clients
+  assert mnist.get_config("fedavg_shards_mid").eval.targets == (97.0, 98.0)
+  assert mnist.get_config("fedavg_permuted_mid").num_rounds == 300
+  for bad, message in (("fedavg_binary_mid", "_mid exists for the settings mnist shards, "
+                        "mnist permuted; got mnist binary"),
+                       ("fedavg_shards_mid_quick", "then _quick or _mid")):
+    with pytest.raises(ValueError, match=message):
+      mnist.get_config(bad)
+  assert [t for t in tables.TABLES if "mid" in tables.TABLES[t].scales
+          and tables.TABLES[t].family == "partitioned"] == ["fedfusion_table2",
+                                                            "fedmmd_mnist_shards"]
+  monkeypatch.setenv("FEDJAX_HET_DATA_DIR", str(tmp_path))  # no data: the synthetic stand-in
+  config = mnist.get_config("fedavg_permuted_mid")
+  scenario = experiment.build_scenario(config)
+  assert [len(split.labels) for split in scenario.train] == [2000, 2000]
+  assert {d: len(t.labels) for d, t in scenario.test.items()} == {"mnist_perm0": 1000,
+                                                                  "mnist_perm1": 1000}

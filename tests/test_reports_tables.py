@@ -361,8 +361,8 @@ def test_rows_and_settings_are_selected_by_name():
                      "fcclplus_table15; allowed scales: quick, mid, paper"):
     cells_lib.plan(table, "full", [0])
   with pytest.raises(ConfigError, match="--scale='mid' is not allowed for table "
-                     "fedmmd_mnist_shards; allowed scales: quick, paper"):
-    cells_lib.plan(tables.get_table("fedmmd_mnist_shards"), "mid", [0])
+                     "fedmmd_cifar10_binary; allowed scales: quick, paper"):
+    cells_lib.plan(tables.get_table("fedmmd_cifar10_binary"), "mid", [0])
   assert tables.two_stream_variant("fedfusion_conv", "permuted", quick=True) == \
       "fedfusion_permuted_conv_quick"
   assert tables.two_stream_variant("fedavg", "shards") == "fedavg_shards"

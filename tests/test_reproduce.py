@@ -192,8 +192,10 @@ def test_list_prints_one_line_per_table_with_its_finished_cells_per_scale(tmp_pa
   assert len(lines) == len(tables.TABLES) + 3 and lines[-1].endswith("--results-dir=results")
   digits = next(line for line in lines if line.startswith("fcclplus_digits "))
   assert digits.split()[1:7] == ["quick", "3/21", "mid", "0/21", "paper", "0/21"]
+  binary = next(line for line in lines if line.startswith("fedmmd_cifar10_binary "))
+  assert binary.split()[3:5] == ["mid", "-"]  # a table without mid-scale configs
   shards = next(line for line in lines if line.startswith("fedmmd_mnist_shards "))
-  assert shards.split()[3:5] == ["mid", "-"]  # a table without mid-scale configs
+  assert shards.split()[3:5] == ["mid", "0/18"]
   assert reproduce.main(["--list", "--seeds=0", "--table=fcclplus_digits",
                          f"--results-dir={tmp_path}"]) == 0
   lines = capsys.readouterr().out.splitlines()
@@ -277,8 +279,8 @@ def test_bad_arguments_print_one_line_and_write_nothing(tmp_path, capsys):
       (["--table=nope"], "error: --table='nope' is not allowed; allowed tables: "),
       (["--table=fcclplus_digits", "--scale=full"], "error: --scale='full' is not allowed; "
                                                     "allowed scales: quick, mid, paper."),
-      (["--table=fedmmd_mnist_shards", "--scale=mid"],
-       "error: --scale='mid' is not allowed for table fedmmd_mnist_shards; allowed scales: "
+      (["--table=fedmmd_cifar10_binary", "--scale=mid"],
+       "error: --scale='mid' is not allowed for table fedmmd_cifar10_binary; allowed scales: "
        "quick, paper."),
       (["--table=fcclplus_digits", "--seeds=0,x"], "error: --seeds must be comma-separated "
                                                    "integers (e.g. 0,1,2), got '0,x'."),

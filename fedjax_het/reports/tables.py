@@ -25,9 +25,11 @@ from fedjax_het.reports import paper_numbers as numbers
 
 FAMILIES = ("domain_shift", "partitioned", "class_incremental")
 #: quick: the `_quick` configs (narrow models, few rounds: minutes on a CPU); mid: the `_mid`
-#: configs (the code protocol's rounds, public steps and local epochs on width-1/8 backbones:
-#: about an hour a cell on a 2-core CPU; the tables whose configs have it, `Table.scales`);
-#: paper: the paper's configs.
+#: configs (about an hour a cell at most on a 2-core CPU: for FCCL+ the code protocol's rounds,
+#: public steps and local epochs on width-1/8 backbones; for FedMMD's MNIST shards and
+#: FedFusion's permuted MNIST the paper protocol with fewer test, training images or local
+#: epochs, configs/_two_stream.py; the tables whose configs have it, `Table.scales`); paper:
+#: the paper's configs.
 SCALES = ("quick", "mid", "paper")
 
 
@@ -562,6 +564,8 @@ TWO_STREAM_LABELS = {"fedavg": "FedAvg", "fedmmd": "FedMMD (MMD)",
                      "fedmmd_trunk": "FedMMD (MMD on the conv trunk)",
                      "fedfusion_conv": "FedFusion+Conv", "fedfusion_multi": "FedFusion+Multi",
                      "fedfusion_single": "FedFusion+Single"}
+#: The FedMMD / FedFusion settings with `_mid` configs (configs/_two_stream.py `MID`).
+TWO_STREAM_MID = (("mnist", "shards"), ("mnist", "permuted"))
 FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
 FEDMMD_METHODS = ("fedavg", "fedmmd", "fedmmd_l2")
 #: The FedMMD rounds tables' rows: FEDMMD_METHODS, FedAvg and FedMMD without dropout, and
@@ -616,7 +620,8 @@ def two_stream_table(dataset: str, setting: str, methods: Sequence[str] = TWO_ST
                source=paper.get("where", "no printed numbers for this setting"),
                protocol=TWO_STREAM_PROTOCOL, family="partitioned",
                settings=(two_stream_setting(dataset, setting, methods, notes=notes),),
-               base="fedavg")
+               base="fedavg",
+               scales=SCALES if (dataset, setting) in TWO_STREAM_MID else ("quick", "paper"))
 
 
 # --- partitioned: HtFLlib's data-free heterogeneous-model methods ----------------------------
@@ -872,7 +877,7 @@ def _build() -> dict[str, Table]:
       id="fedfusion_table2", title="FedFusion Table 2: rounds to 94% and 95% on permuted MNIST",
       paper=TWO_STREAM_PAPER, source="FedFusion Table 2 (and Table 1 column (c))",
       protocol=TWO_STREAM_PROTOCOL, family="partitioned", base="fedavg",
-      settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS),)))
+      settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS),), scales=SCALES))
   for dataset, setting in (("cifar10", "binary"), ("mnist", "shards")):
     tables.append(two_stream_table(dataset, setting, FEDMMD_TABLE_METHODS,
                                    table_id=f"fedmmd_{dataset}_{setting}",

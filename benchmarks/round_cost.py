@@ -1,0 +1,95 @@
+"""What a round of a config costs through the trainer: the figure a scale is sized by.
+
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 FEDJAX_HET_DATA_DIR=<bundle> \
+        python benchmarks/round_cost.py --rounds=3 --name=two_stream_mid \
+        --configs=mnist_fedavg_permuted_mid,mnist_fedfusion_permuted_conv_mid \
+        --out benchmarks/results/round_cost__two_stream_mid__<device>.json
+
+Each config trains its first `--rounds` rounds in a fresh process of
+`experiments/train.py --config=<config> --config.num_rounds=<rounds>` (a temporary workdir;
+the compilation cache as a user has it), one config after another; the JSON records, per
+config, the seconds of each round the trainer logs (`time/round_secs`), the steady round
+(the median of the rounds after the first), the round count of the full config and what
+that many steady rounds cost, and the run's per-round evaluation. It is written after each
+config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import timing  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def read_rounds(workdir: pathlib.Path) -> dict:
+  """{"round_secs": {round: s}, "eval": {round: {metric: value}}} from a run's metrics.jsonl
+  (the evaluation: its `eval/...` means)."""
+  round_secs, evals = {}, {}
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    r = str(record["round"])
+    if "time/round_secs" in record:
+      round_secs[r] = round(record["time/round_secs"], 2)
+    means = {k: round(v, 2) for k, v in record.items()
+             if k.startswith("eval/") and k.endswith("/mean")}
+    if means:
+      evals[r] = means
+  return {"round_secs": round_secs, "eval": evals}
+
+
+def steady_round(round_secs: dict) -> float | None:
+  """The median of the rounds after the first (None with one round)."""
+  later = [s for r, s in round_secs.items() if int(r) > 1]
+  return round(statistics.median(later), 2) if later else None
+
+
+def measure(config: str, rounds: int) -> dict:
+  """One config's first `rounds` rounds in a fresh trainer process."""
+  from fedjax_het import configs  # pylint: disable=import-outside-toplevel
+  full_rounds = int(configs.get_config(config).num_rounds)
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = pathlib.Path(tmp) / "run"
+    command = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={config}",
+               f"--config.num_rounds={rounds}", f"--workdir={workdir}"]
+    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    result = read_rounds(workdir)
+  steady = steady_round(result["round_secs"])
+  return {"command": f"python experiments/train.py --config={config} "
+                     f"--config.num_rounds={rounds} --workdir=<tmp>",
+          "steady_round_secs": steady, "full_config_rounds": full_rounds,
+          "full_config_minutes_at_steady_round": (round(steady * full_rounds / 60, 1)
+                                                  if steady else None),
+          **result}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", required=True, help="comma-separated config names")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--name", required=True, help="the record's name (in --out)")
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args(argv)
+  report = {"rounds": args.rounds, "data_dir_set": bool(os.environ.get("FEDJAX_HET_DATA_DIR")),
+            "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), "configs": {}}
+  for config in args.configs.split(","):
+    report["configs"][config] = measure(config, args.rounds)
+    timing.write_result(args.out, report)
+    print(f"{config}: steady round {report['configs'][config]['steady_round_secs']} s",
+          flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

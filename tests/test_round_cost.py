@@ -1,0 +1,23 @@
+"""benchmarks/round_cost.py: the per-round record it reads from a run's metrics.jsonl."""
+
+import json
+
+from tests import benchmark_scripts
+
+round_cost = benchmark_scripts.load("round_cost")
+
+
+def test_reads_round_seconds_and_evaluation_means_and_takes_the_median_after_round_one(
+    tmp_path):
+  rows = [{"round": 1, "time/round_secs": 30.004, "eval/accuracy/mean": 11.111,
+           "eval/accuracy/min": 1.0, "train/loss": 2.0},
+          {"round": 2, "time/round_secs": 6.0, "eval/accuracy/mean": 40.0},
+          {"round": 3, "time/round_secs": 9.0},
+          {"round": 4, "time/round_secs": 7.5, "eval/intra/mean": 50.0}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  got = round_cost.read_rounds(tmp_path)
+  assert got["round_secs"] == {"1": 30.0, "2": 6.0, "3": 9.0, "4": 7.5}
+  assert got["eval"] == {"1": {"eval/accuracy/mean": 11.11}, "2": {"eval/accuracy/mean": 40.0},
+                         "4": {"eval/intra/mean": 50.0}}
+  assert round_cost.steady_round(got["round_secs"]) == 7.5  # median of 6, 9, 7.5
+  assert round_cost.steady_round({"1": 5.0}) is None
