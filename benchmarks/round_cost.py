@@ -8,10 +8,11 @@
 Each config trains its first `--rounds` rounds in a fresh process of
 `experiments/train.py --config=<config> --config.num_rounds=<rounds>` (a temporary workdir;
 the compilation cache as a user has it), one config after another; the JSON records, per
-config, the seconds of each round the trainer logs (`time/round_secs`), the steady round
-(the median of the rounds after the first), the round count of the full config and what
-that many steady rounds cost, and the run's per-round evaluation. It is written after each
-config.
+config, the wall seconds of each round from its progress line (training, evaluation and
+records: what a cell pays), the seconds of the round's training program alone
+(`time/round_secs` of metrics.jsonl), the steady round (the median of the rounds after the
+first, wall), the round count of the full config and what that many steady rounds cost, and
+the run's per-round evaluation. It is written after each config.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +50,16 @@ def read_rounds(workdir: pathlib.Path) -> dict:
   return {"round_secs": round_secs, "eval": evals}
 
 
+#: The trainer's progress line without a terminal (`reporting.Progress`): its round and the
+#: wall seconds since the previous line.
+PROGRESS_LINE = re.compile(r"round (\d+)/\d+ .*\((\d+(?:\.\d+)?) s/round, ETA")
+
+
+def read_wall_seconds(log: str) -> dict:
+  """{round: wall seconds} from the trainer's progress lines in `log`."""
+  return {m.group(1): float(m.group(2)) for m in PROGRESS_LINE.finditer(log)}
+
+
 def steady_round(round_secs: dict) -> float | None:
   """The median of the rounds after the first (None with one round)."""
   later = [s for r, s in round_secs.items() if int(r) > 1]
@@ -62,13 +74,13 @@ def measure(config: str, rounds: int) -> dict:
     workdir = pathlib.Path(tmp) / "run"
     command = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={config}",
                f"--config.num_rounds={rounds}", f"--workdir={workdir}"]
-    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    result = read_rounds(workdir)
-  steady = steady_round(result["round_secs"])
+    done = subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    result = {"wall_secs": read_wall_seconds(done.stdout), **read_rounds(workdir)}
+  steady = steady_round(result["wall_secs"])
   return {"command": f"python experiments/train.py --config={config} "
                      f"--config.num_rounds={rounds} --workdir=<tmp>",
-          "steady_round_secs": steady, "full_config_rounds": full_rounds,
+          "steady_wall_secs": steady, "full_config_rounds": full_rounds,
           "full_config_minutes_at_steady_round": (round(steady * full_rounds / 60, 1)
                                                   if steady else None),
           **result}
@@ -86,7 +98,7 @@ def main(argv=None) -> int:
   for config in args.configs.split(","):
     report["configs"][config] = measure(config, args.rounds)
     timing.write_result(args.out, report)
-    print(f"{config}: steady round {report['configs'][config]['steady_round_secs']} s",
+    print(f"{config}: steady round {report['configs'][config]['steady_wall_secs']} s",
           flush=True)
   return 0
 

@@ -21,3 +21,10 @@ def test_reads_round_seconds_and_evaluation_means_and_takes_the_median_after_rou
                          "4": {"eval/intra/mean": 50.0}}
   assert round_cost.steady_round(got["round_secs"]) == 7.5  # median of 6, 9, 7.5
   assert round_cost.steady_round({"1": 5.0}) is None
+
+
+def test_reads_the_wall_seconds_of_each_round_from_the_progress_lines():
+  log = ("I1129 02:03:34.566611 1403 reporting.py:263] round 1/4 accuracy 30.7 (9.2 s/round, "
+         "ETA 0.5 min)\nI1129 02:03:44 1403 reporting.py:263] round 2/4 inter 73.5 intra 73.5 "
+         "(95 s/round, ETA 0.3 min)\nsomething else (1.0 s/round)\n")
+  assert round_cost.read_wall_seconds(log) == {"1": 9.2, "2": 95.0}
