@@ -12,6 +12,8 @@ from fedjax_het.config import base_config, validate_config
 from fedjax_het.configs import _two_stream as two_stream
 from fedjax_het.configs import mnist
 from fedjax_het.engine import optim
+from fedjax_het.grid import cell_configs
+from fedjax_het.grid import cells as cells_lib
 from fedjax_het.models.base import Classifier, MLPTail
 from fedjax_het.reports import tables
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
@@ -372,3 +374,15 @@ def test_mid_variants_are_the_paper_setting_with_the_stated_cuts_and_reach_the_d
   assert [len(split.labels) for split in scenario.train] == [2000, 2000]
   assert {d: len(t.labels) for d, t in scenario.test.items()} == {"mnist_perm0": 1000,
                                                                   "mnist_perm1": 1000}
+
+
+def test_fedfusion_table2s_identity_start_row_is_the_conv_row_but_for_conv_init():
+  """The diagnosis row of FedFusion Table 2 trains the Conv row's config at every scale with
+  only fedfusion.conv_init changed."""
+  table = tables.get_table("fedfusion_table2")
+  for scale in table.scales:
+    conv, identity = (cell_configs.cell_config(cell) for cell in cells_lib.plan(
+        table, scale, [0], ["fedfusion_conv", "fedfusion_conv_identity"]))
+    assert (conv.fedfusion.conv_init, identity.fedfusion.conv_init) == ("torch", "identity")
+    identity.fedfusion.conv_init = "torch"
+    assert identity.to_dict() == conv.to_dict()

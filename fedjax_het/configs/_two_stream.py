@@ -92,19 +92,21 @@ so each finishes in minutes on a 2-core CPU; their numbers only show that
 training works.
 
 Mid variants (`_mid`, MNIST shards and permuted only: the settings of FedMMD's MNIST
-claim and of FedFusion Table 2): the paper's protocol and rounds, cut where a cell would
-not fit about an hour on a 2-core CPU, and the paper's targets (`MID`):
+claim and of FedFusion Table 2): the paper's protocol, rounds and targets, cut where a cell
+would not fit about an hour on a 2-core CPU (`MID`; the costs are steady rounds on a 2-core
+CPU, training and evaluation, `benchmarks/results/round_cost__two_stream_mid__cpu2.json`):
   * shards: the paper setting as above (200 rounds, 100 clients of 2 shards, C = 0.1,
-    batch 10, E = 2, the 10000 MNIST images of the offline bundle), evaluated on 2000
-    test images (stratified) instead of 10000: a FedAvg round costs 6-7 s on a 2-core CPU
-    against 10 s with the whole test set (the standard error of an accuracy near 98% on
-    2000 images is 0.3 points), so a cell takes about 25 minutes.
+    batch 10, E = 2, the 10000 MNIST images of the offline bundle), evaluated every round
+    on 2000 test images (stratified) instead of 10000: a FedAvg round costs 6.0 s instead of
+    10.0 s (FedMMD 6.9 s), a cell 20-23 minutes. The standard error of an accuracy near 98%
+    on 2000 images is 0.3 points.
   * permuted: 2000 training images per client (`train_size` 4000) instead of 5000, one
     local epoch instead of the code's five, 1000 test images per client's permuted domain,
-    the paper's 300 rounds with its learning-rate decay to the floor: the paper setting
-    costs 95 s a round on a 2-core CPU (FedAvg; 8 hours a cell), this one about a tenth.
-    Rounds to a target are not the paper's (each round does a tenth of the local steps):
-    the table compares the methods with each other, as the paper's reduction column does.
+    the paper's 300 rounds with its learning-rate decay to the floor: the paper setting's
+    FedAvg round costs 94.6 s (8 hours a cell), this one 9.6 s (48 minutes; FedFusion+Conv
+    12.5 s, 62 minutes). Rounds to a target are not the paper's (a round does a twelfth of
+    the paper setting's local steps): the table compares the methods with each other, as the
+    paper's reduction column does.
 """
 
 from __future__ import annotations

@@ -567,6 +567,12 @@ TWO_STREAM_LABELS = {"fedavg": "FedAvg", "fedmmd": "FedMMD (MMD)",
 #: The FedMMD / FedFusion settings with `_mid` configs (configs/_two_stream.py `MID`).
 TWO_STREAM_MID = (("mnist", "shards"), ("mnist", "permuted"))
 FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
+#: FedFusion+Conv with its 1x1 convolution started as the plain model (this library's option,
+#: `fedfusion.conv_init="identity"`): the diagnosis row of FedFusion Table 2.
+FEDFUSION_CONV_IDENTITY_ROW = Row(
+    key="fedfusion_conv_identity", label="FedFusion+Conv, identity start (not the paper's)",
+    variant="fedfusion_permuted_conv", quick_variant="fedfusion_permuted_conv_quick",
+    overrides=(("fedfusion.conv_init", "identity"),))
 FEDMMD_METHODS = ("fedavg", "fedmmd", "fedmmd_l2")
 #: The FedMMD rounds tables' rows: FEDMMD_METHODS, FedAvg and FedMMD without dropout, and
 #: FedMMD with its MMD on the conv trunk's feature map (with dropout).
@@ -595,12 +601,14 @@ def two_stream_variant(method: str, setting: str, *, quick: bool = False) -> str
 
 
 def two_stream_setting(dataset: str, setting: str, methods: Sequence[str], *,
-                       cells_of: str = "", notes: Sequence[str] = ()) -> Setting:
+                       cells_of: str = "", notes: Sequence[str] = (),
+                       extra_rows: Sequence[Row] = ()) -> Setting:
   """The Setting of one FedMMD / FedFusion (dataset, setting) with the given method tokens
-  (`notes`: added after the paper's)."""
+  (`notes`: added after the paper's; `extra_rows` after the methods')."""
   rows = tuple(Row(key=m, label=TWO_STREAM_LABELS[m],
                    variant=two_stream_variant(m, setting),
                    quick_variant=two_stream_variant(m, setting, quick=True)) for m in methods)
+  rows += tuple(extra_rows)
   paper = numbers.TWO_STREAM.get((dataset, setting), {})
   paper_notes = tuple(paper.get("notes", ())) if paper else ()
   if paper.get("train_images"):
@@ -859,7 +867,8 @@ def _build() -> dict[str, Table]:
       paper=TWO_STREAM_PAPER, source="FedFusion Table 1, columns (a)-(d)",
       protocol=TWO_STREAM_PROTOCOL, family="partitioned", base="fedavg",
       settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS,
-                                   cells_of="fedfusion_table2"),
+                                   cells_of="fedfusion_table2",
+                                   extra_rows=(FEDFUSION_CONV_IDENTITY_ROW,)),
                 two_stream_setting("cifar10", "iid", FEDFUSION_METHODS),
                 two_stream_setting("cifar10", "classes5", FEDFUSION_METHODS),
                 two_stream_setting("cifar10", "classes2", FEDFUSION_METHODS)),
@@ -872,12 +881,20 @@ def _build() -> dict[str, Table]:
              "92.21% above its IID (d) 80.01% rule out a global-accuracy reading",
              "settings in the order (c), (d), (a), (b); (c) and (d) are the global model's "
              "accuracy",
-             "the mnist permuted cells are fedfusion_table2's (the same runs)")))
+             "the mnist permuted cells are fedfusion_table2's (the same runs), its row "
+             "FedFusion+Conv, identity start too: not the paper's, fedfusion_table2's diagnosis "
+             "row")))
   tables.append(Table(
       id="fedfusion_table2", title="FedFusion Table 2: rounds to 94% and 95% on permuted MNIST",
       paper=TWO_STREAM_PAPER, source="FedFusion Table 2 (and Table 1 column (c))",
       protocol=TWO_STREAM_PROTOCOL, family="partitioned", base="fedavg",
-      settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS),), scales=SCALES))
+      settings=(two_stream_setting("mnist", "permuted", FEDFUSION_METHODS,
+                                   extra_rows=(FEDFUSION_CONV_IDENTITY_ROW,)),),
+      scales=SCALES,
+      notes=("the row FedFusion+Conv, identity start is not the paper's: the Conv operator's "
+             "1x1 convolution starts as [I; 0] (the plain model; fedfusion.conv_init=identity) "
+             "instead of PyTorch's default initialisation (the authors' code), the diagnosis "
+             "of whether Conv's start decides its rounds to the targets",)))
   for dataset, setting in (("cifar10", "binary"), ("mnist", "shards")):
     tables.append(two_stream_table(dataset, setting, FEDMMD_TABLE_METHODS,
                                    table_id=f"fedmmd_{dataset}_{setting}",
@@ -906,7 +923,7 @@ TABLES: dict[str, Table] = _build()
 QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     "gpu": (("fcclplus_office31", ("fcclplus", "solo")),
             ("fcclplus_digits", ("fcclplus", "solo")),
-            ("fedfusion_table2", None),
+            ("fedfusion_table2", FEDFUSION_METHODS),
             ("glfc_table1", None)),
     # FCCL+ Tables VIII/IX at mid scale: FCCL+ and BASE (the convergence study's cells), then
     # FCCL and the other baselines, Office31 (all data real) before Digits.
