@@ -166,7 +166,10 @@ def test_final_accuracy_seed_by_seed_against_fedavg():
   assert "| FedFusion+Conv | 0, 1 | -1.00, +1.00 | changes sign |" in text
   rows = numbers["seed_by_seed"]["rows"]
   assert rows["fedfusion_multi"]["final"]["per_seed"] == {0: -1.0, 2: 0.0}
-  assert [rows[r]["final"]["verdict"] for r in rows] == ["above", "below_or_equal", "changes"]
+  assert [rows[r]["final"]["verdict"] for r in ("fedfusion_single", "fedfusion_multi",
+                                                 "fedfusion_conv")] == [
+      "above", "below_or_equal", "changes"]
+  assert rows["fedfusion_conv_identity"]["final"]["verdict"] == "too_few"  # a row without cells
 
 
 def test_figure_has_a_line_per_row_and_the_targets():
