@@ -25,7 +25,8 @@ cells train through the ordinary trainers, with
 the row's config at the scale (--scale=quick: the `_quick` configs, minutes on a CPU;
 mid: the `_mid` configs of the FCCL+ tables, the authors' code protocol on width-1/8
 backbones for 40 rounds, about an hour a cell on a 2-core CPU, and of FedMMD's MNIST shards
-and FedFusion Table 2, the paper protocol cut as configs/_two_stream.py says; paper: the paper's
+and FedFusion Table 2, the paper protocol cut as configs/_two_stream.py says, and of GLFC
+Table 1, as configs/cifar100.py says; paper: the paper's
 configs), config.seed = s and the --set overrides. A rerun skips
 finished cells and resumes an interrupted one from its checkpoints. A cell that is the same
 run as a finished cell of another table (the same config and seed: the BASE rows shared by

@@ -8,6 +8,7 @@ from fedjax_het import data
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.data import incremental
 from fedjax_het.configs import cifar100
+from fedjax_het.reports import tables
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +114,27 @@ def test_configs_use_icarls_order_at_paper_scale_only():
     expected = "seeded" if name.endswith("_quick") else "icarl"
     assert cifar100.get_config(name).scenario.class_order == expected, name
   assert config_lib.base_config("glfc").scenario.class_order == "seeded"
+
+
+def test_mid_variants_are_the_paper_setting_with_the_stated_cuts():
+  """cifar100 `<method>_mid` (GLFC Table 1's mid scale): the paper variant's config but for
+  the width, the local epochs, the exemplar memory and GLFC's transitions (module docstring);
+  glfc_table1 alone of the GLFC tables has the scale."""
+  for method in cifar100.METHODS:
+    paper = cifar100.get_config(method).to_dict()
+    mid = cifar100.get_config(f"{method}_mid").to_dict()
+    paper.pop("name"), mid.pop("name")
+    assert (mid["models"]["width"], mid["local"]["epochs"]) == (0.125, 2)
+    mid["models"]["width"], mid["local"]["epochs"] = paper["models"]["width"], 20
+    section = cifar100._memory_section(method)  # pylint: disable=protected-access
+    if section:
+      assert (mid[section]["memory_size"], paper[section]["memory_size"]) == (480, 2000)
+      mid[section]["memory_size"] = 2000
+    if "glfc" in mid:
+      assert (mid["glfc"]["transition"], paper["glfc"]["transition"]) == ("stream", "entropy")
+      mid["glfc"]["transition"] = "entropy"
+    assert mid == paper, method
+  with pytest.raises(ValueError, match="<method>_mid"):
+    cifar100.get_config("glfc_tasks5_mid")
+  assert [t.id for t in tables.TABLES.values()
+          if t.family == "class_incremental" and "mid" in t.scales] == ["glfc_table1"]
