@@ -6,8 +6,9 @@
         --out benchmarks/results/round_cost__two_stream_mid__<device>.json
 
 Each config trains its first `--rounds` rounds in a fresh process of
-`experiments/train.py --config=<config> --config.num_rounds=<rounds>` (a temporary workdir;
-the compilation cache as a user has it), one config after another; the JSON records, per
+`experiments/train.py --config=<config>` (a temporary workdir; the compilation cache as a user
+has it), stopped with SIGTERM once the trainer has logged that many rounds (any config,
+the class-incremental stream's too), one config after another; the JSON records, per
 config, the wall seconds of each round from its progress line (training, evaluation and
 records: what a cell pays), the seconds of the round's training program alone
 (`time/round_secs` of metrics.jsonl), the steady round (the median of the rounds after the
@@ -22,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,17 +71,28 @@ def steady_round(round_secs: dict) -> float | None:
 def measure(config: str, rounds: int) -> dict:
   """One config's first `rounds` rounds in a fresh trainer process."""
   from fedjax_het import configs  # pylint: disable=import-outside-toplevel
-  full_rounds = int(configs.get_config(config).num_rounds)
+  from fedjax_het.grid import cell_configs  # pylint: disable=import-outside-toplevel
+  full_rounds = cell_configs.expected_rounds(configs.get_config(config))
   with tempfile.TemporaryDirectory() as tmp:
     workdir = pathlib.Path(tmp) / "run"
     command = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={config}",
-               f"--config.num_rounds={rounds}", f"--workdir={workdir}"]
-    done = subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    result = {"wall_secs": read_wall_seconds(done.stdout), **read_rounds(workdir)}
+               f"--workdir={workdir}"]
+    log = []
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as process:
+      for line in process.stdout:
+        log.append(line)
+        if len(read_wall_seconds(line)) and int(PROGRESS_LINE.search(line).group(1)) >= rounds:
+          process.send_signal(signal.SIGTERM)  # the trainer stops with one line, status 130
+      process.wait()
+    wall = read_wall_seconds("".join(log))
+    if len(wall) < min(rounds, full_rounds):
+      raise RuntimeError(f"{config}: {len(wall)} rounds logged, exit status "
+                         f"{process.returncode}:\n{''.join(log[-20:])}")
+    result = {"wall_secs": wall, **read_rounds(workdir)}
   steady = steady_round(result["wall_secs"])
-  return {"command": f"python experiments/train.py --config={config} "
-                     f"--config.num_rounds={rounds} --workdir=<tmp>",
+  return {"command": f"python experiments/train.py --config={config} --workdir=<tmp>, "
+                     f"stopped after round {rounds}",
           "steady_wall_secs": steady, "full_config_rounds": full_rounds,
           "full_config_minutes_at_steady_round": (round(steady * full_rounds / 60, 1)
                                                   if steady else None),
