@@ -137,13 +137,16 @@ average (GLFC's "Avg.") and the average forgetting.
 Mid variants (<method>_mid, GLFC Table 1's T = 10; `reproduce.py --table=glfc_table1
 --scale=mid`): the paper setting above (100 classes in 10 tasks, 30 clients and 10 more per
 task, 10 a round, 10 rounds a task, the paper's learning rates and schedule) with the CIFAR
-ResNet-18 at width 1/8 (`MID_WIDTH`), 2 local epochs a round instead of 20 (`MID_EPOCHS`; at
-20, round 1 of cifar100_fedavg_cil at width 1/8 took 219 s on a 2-core CPU: 6 hours a
-cell), an exemplar memory of 480 images per client instead of 2000 (`MID_MEMORY`: the
-bundle has 120 training images a class against the official 500, so a client holds 720
-images a task instead of 3000; 480 = 2000 x 120/500 keeps the memory below the client's old
-data, so herding selects, as in the paper) and GLFC's transitions read from the stream as
-in the quick variants (the entropy rule is calibrated for the full-width model).
+ResNet-18 at width 1/8 (`MID_WIDTH`), 2 local epochs a round instead of 20 (`MID_EPOCHS`),
+an exemplar memory of 480 images per client instead of 2000 (`MID_MEMORY`: the bundle has
+120 training images a class against the official 500, so a client holds 720 images a task
+instead of 3000; 480 = 2000 x 120/500 keeps the memory below the client's old data, so
+herding selects, as in the paper) and GLFC's transitions read from the stream as in the
+quick variants (the entropy rule is calibrated for the full-width model). Cost on a 2-core
+CPU (`benchmarks/results/round_cost__glfc_mid__cpu2.json`, the first task's rounds): FedAvg
+25.8 s a round (43 minutes a cell), iCaRL + FL 40.4 s (67 minutes), GLFC 258 s (7 hours: its
+proxy server's gradient perturbation and 2000-iteration reconstructions, not the local
+training, take the round), so GLFC's mid cells are a GPU's work.
 
 Class order (scenario.class_order; fedjax_het/data/incremental.py): every full-size variant
 uses "icarl", iCaRL's seed-1993 CIFAR-100 order (incremental.ICARL_CIFAR100_ORDER, from
