@@ -144,9 +144,10 @@ instead of 3000; 480 = 2000 x 120/500 keeps the memory below the client's old da
 herding selects, as in the paper) and GLFC's transitions read from the stream as in the
 quick variants (the entropy rule is calibrated for the full-width model). Cost on a 2-core
 CPU (`benchmarks/results/round_cost__glfc_mid__cpu2.json`, the first task's rounds): FedAvg
-25.8 s a round (43 minutes a cell), iCaRL + FL 40.4 s (67 minutes), GLFC 258 s (7 hours: its
-proxy server's gradient perturbation and 2000-iteration reconstructions, not the local
-training, take the round), so GLFC's mid cells are a GPU's work.
+25.8 s a round (43 minutes a cell), iCaRL + FL 40.4 s (67 minutes), GLFC 258 s (7 hours; the
+same local training costs iCaRL + FL 40 s, the rest is GLFC's own: its distillation from the
+old models and its proxy server's gradient perturbation and 2000-iteration reconstructions,
+not timed apart), so GLFC's mid cells are a GPU's work.
 
 Class order (scenario.class_order; fedjax_het/data/incremental.py): every full-size variant
 uses "icarl", iCaRL's seed-1993 CIFAR-100 order (incremental.ICARL_CIFAR100_ORDER, from
