@@ -299,15 +299,16 @@ def test_validation_errors_name_the_field(field, value, allowed):
 
 def test_experiment_configs_validate():
   module = load_module(pathlib.Path(__file__).parents[1] / "fedjax_het/configs/cifar100.py")
-  assert len(module.VARIANTS) == 5 * len(module.METHODS)
-  for variant in module.VARIANTS:  # every method x {T=10, _tasks5, _tasks10, _tasks20, _quick}
+  assert len(module.VARIANTS) == 6 * len(module.METHODS)
+  # every method x {T=10, _tasks5, _tasks10, _tasks20, _quick, _mid}
+  for variant in module.VARIANTS:
     config = module.get_config(variant)
     validate_config(config)
     assert config.scenario.name == "class_incremental" and config.name == f"cifar100_{variant}"
     # The code's decays for the full-size settings; quick runs (25 epochs a task): constant.
     assert config.local.lr_schedule == ("constant" if variant.endswith("_quick")
                                         else "glfc_code")
-    method, _, tasks = variant.removesuffix("_quick").partition("_tasks")
+    method, _, tasks = variant.removesuffix("_quick").removesuffix("_mid").partition("_tasks")
     assert config.algorithm == ("glfc" if method in module.GLFC_ABLATIONS else method)
     if tasks:
       t = int(tasks)
