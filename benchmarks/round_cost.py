@@ -82,7 +82,8 @@ def measure(config: str, rounds: int) -> dict:
                           text=True) as process:
       for line in process.stdout:
         log.append(line)
-        if len(read_wall_seconds(line)) and int(PROGRESS_LINE.search(line).group(1)) >= rounds:
+        progress = PROGRESS_LINE.search(line)
+        if progress and int(progress.group(1)) >= rounds:
           process.send_signal(signal.SIGTERM)  # the trainer stops with one line, status 130
       process.wait()
     wall = read_wall_seconds("".join(log))

@@ -228,6 +228,7 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
   method = "glfc" if variant in GLFC_ABLATIONS else variant
   c = base_config(method)
   c.name = f"cifar100_{arg}"
+  memory = _memory_section(method)
   if method == "fedavg_cil" or method in SOFTMAX_REPLAY:
     c.local.lr = 0.1  # softmax cross-entropy, not GLFC's class-averaged BCE (docstring)
   else:
@@ -252,28 +253,21 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
     # only 12 epochs per task run at the full rate (glfc_quick after task 0: 22.4 with the
     # schedule, 30.4 without; docstring).
     c.local.lr_schedule = "constant"
+    if memory:
+      c[memory].memory_size = 90  # glfc_quick: 30 per class after the first task (3 a client)
     if method == "glfc":
-      c.glfc.memory_size = 90  # 30 per class after the first task (3 classes per client)
       c.local.lr = 0.5         # lr 2.0 stayed at chance (20.0) after task 0 (docstring)
       c.glfc.transition = "stream"  # the entropy rule never fired here (docstring)
       c.glfc.proxy.reconstruction_steps = 600  # CPU time (docstring)
-    if method == "icarl_fl":
-      c.icarl.memory_size = 90  # as glfc_quick
+    if method in ("icarl_fl", "dde_icarl_fl", "geodl_icarl_fl"):
       c.local.lr = 0.5          # as glfc_quick (the same sigmoid BCE)
-    if method in SOFTMAX_REPLAY:
-      c[method.removesuffix("_fl")].memory_size = 90  # as icarl_fl_quick
-    if method == "dde_icarl_fl":
-      c.dde.memory_size = 90    # as icarl_fl_quick
-      c.local.lr = 0.5          # as icarl_fl_quick (iCaRL's sigmoid BCE)
     if method == "geodl_icarl_fl":
-      c.geodl.memory_size = 90  # as icarl_fl_quick
-      c.local.lr = 0.5          # as icarl_fl_quick (iCaRL's sigmoid BCE)
       c.geodl.weight = 1.0      # 5 kept the new classes from being learned (docstring)
   if scale == "mid":
     c.models.width = MID_WIDTH
     c.local.epochs = MID_EPOCHS
-    if _memory_section(method):
-      c[_memory_section(method)].memory_size = MID_MEMORY
+    if memory:
+      c[memory].memory_size = MID_MEMORY
     if method == "glfc":
       c.glfc.transition = "stream"  # as every other row: the narrow model's entropy (docstring)
   for field, value in GLFC_ABLATIONS.get(variant, ()):

@@ -20,6 +20,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedjax_het.configs import _two_stream
 from fedjax_het.errors import ConfigError
 from fedjax_het.reports import paper_numbers as numbers
 
@@ -565,8 +566,8 @@ TWO_STREAM_LABELS = {"fedavg": "FedAvg", "fedmmd": "FedMMD (MMD)",
                      "fedmmd_trunk": "FedMMD (MMD on the conv trunk)",
                      "fedfusion_conv": "FedFusion+Conv", "fedfusion_multi": "FedFusion+Multi",
                      "fedfusion_single": "FedFusion+Single"}
-#: The FedMMD / FedFusion settings with `_mid` configs (configs/_two_stream.py `MID`).
-TWO_STREAM_MID = (("mnist", "shards"), ("mnist", "permuted"))
+#: The FedMMD / FedFusion settings with `_mid` configs.
+TWO_STREAM_MID = tuple(_two_stream.MID)
 FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
 #: FedFusion+Conv with its 1x1 convolution started as the plain model (this library's option,
 #: `fedfusion.conv_init="identity"`): the diagnosis row of FedFusion Table 2.
