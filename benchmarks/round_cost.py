@@ -14,6 +14,17 @@ records: what a cell pays), the seconds of the round's training program alone
 (`time/round_secs` of metrics.jsonl), the steady round (the median of the rounds after the
 first, wall), the round count of the full config and what that many steady rounds cost, and
 the run's per-round evaluation. It is written after each config.
+
+A config may carry overrides of its fields, `name:field=value[:field=value...]` (each passed
+to the trainer as `--config.field=value`; the record's key is the whole spec), so that one run
+times a config beside its variants, e.g. a cost broken into parts:
+
+    python benchmarks/round_cost.py --rounds=2 --name=glfc_mid_parts \
+        --configs=cifar100_glfc_mid,cifar100_glfc_mid:glfc.proxy.reconstruction_steps=20,\
+cifar100_glfc_mid:glfc.old_model=previous_task_global \
+        --metrics=proxy/gradients,glfc/signals --out ...
+
+`--metrics` names metrics.jsonl keys recorded for every round beside the seconds.
 """
 
 from __future__ import annotations
@@ -36,10 +47,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import timing  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def read_rounds(workdir: pathlib.Path) -> dict:
+def read_rounds(workdir: pathlib.Path, metrics: tuple[str, ...] = ()) -> dict:
   """{"round_secs": {round: s}, "eval": {round: {metric: value}}} from a run's metrics.jsonl
-  (the evaluation: its `eval/...` means)."""
-  round_secs, evals = {}, {}
+  (the evaluation: its `eval/...` means), and with `metrics` "metrics": {round: {key: value}}
+  for those keys."""
+  round_secs, evals, picked = {}, {}, {}
   for line in (workdir / "metrics.jsonl").read_text().splitlines():
     record = json.loads(line)
     r = str(record["round"])
@@ -49,7 +61,25 @@ def read_rounds(workdir: pathlib.Path) -> dict:
              if k.startswith("eval/") and k.endswith("/mean")}
     if means:
       evals[r] = means
-  return {"round_secs": round_secs, "eval": evals}
+    chosen = {k: record[k] for k in metrics if k in record}
+    if chosen:
+      picked[r] = chosen
+  result = {"round_secs": round_secs, "eval": evals}
+  if metrics:
+    result["metrics"] = picked
+  return result
+
+
+def parse_spec(spec: str) -> tuple[str, list[str]]:
+  """"name:field=value:..." -> (name, ["--config.field=value", ...])."""
+  name, *overrides = spec.split(":")
+  flags = []
+  for override in overrides:
+    field, sep, value = override.partition("=")
+    if not sep or not field or not value:
+      raise ValueError(f"--configs: {spec!r}: an override is field=value, got {override!r}")
+    flags.append(f"--config.{field}={value}")
+  return name, flags
 
 
 #: The trainer's progress line without a terminal (`reporting.Progress`): its round and the
@@ -68,15 +98,16 @@ def steady_round(round_secs: dict) -> float | None:
   return round(statistics.median(later), 2) if later else None
 
 
-def measure(config: str, rounds: int) -> dict:
-  """One config's first `rounds` rounds in a fresh trainer process."""
+def measure(spec: str, rounds: int, metrics: tuple[str, ...] = ()) -> dict:
+  """One config's (`parse_spec`) first `rounds` rounds in a fresh trainer process."""
+  config, overrides = parse_spec(spec)
   from fedjax_het import configs  # pylint: disable=import-outside-toplevel
   from fedjax_het.grid import cell_configs  # pylint: disable=import-outside-toplevel
   full_rounds = cell_configs.expected_rounds(configs.get_config(config))
   with tempfile.TemporaryDirectory() as tmp:
     workdir = pathlib.Path(tmp) / "run"
     command = [sys.executable, str(REPO / "experiments" / "train.py"), f"--config={config}",
-               f"--workdir={workdir}"]
+               f"--workdir={workdir}", *overrides]
     log = []
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as process:
@@ -88,11 +119,12 @@ def measure(config: str, rounds: int) -> dict:
       process.wait()
     wall = read_wall_seconds("".join(log))
     if len(wall) < min(rounds, full_rounds):
-      raise RuntimeError(f"{config}: {len(wall)} rounds logged, exit status "
+      raise RuntimeError(f"{spec}: {len(wall)} rounds logged, exit status "
                          f"{process.returncode}:\n{''.join(log[-20:])}")
-    result = {"wall_secs": wall, **read_rounds(workdir)}
+    result = {"wall_secs": wall, **read_rounds(workdir, metrics)}
   steady = steady_round(result["wall_secs"])
-  return {"command": f"python experiments/train.py --config={config} --workdir=<tmp>, "
+  return {"command": f"python experiments/train.py --config={config} "
+                     + "".join(f"{flag} " for flag in overrides) + "--workdir=<tmp>, "
                      f"stopped after round {rounds}",
           "steady_wall_secs": steady, "full_config_rounds": full_rounds,
           "full_config_minutes_at_steady_round": (round(steady * full_rounds / 60, 1)
@@ -102,7 +134,10 @@ def measure(config: str, rounds: int) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--configs", required=True, help="comma-separated config names")
+  parser.add_argument("--configs", required=True,
+                      help="comma-separated config names, each name[:field=value...]")
+  parser.add_argument("--metrics", default="",
+                      help="comma-separated metrics.jsonl keys to record for every round")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--name", required=True, help="the record's name (in --out)")
   parser.add_argument("--out", required=True)
@@ -110,7 +145,8 @@ def main(argv=None) -> int:
   report = {"rounds": args.rounds, "data_dir_set": bool(os.environ.get("FEDJAX_HET_DATA_DIR")),
             "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), "configs": {}}
   for config in args.configs.split(","):
-    report["configs"][config] = measure(config, args.rounds)
+    report["configs"][config] = measure(config, args.rounds,
+                                        tuple(m for m in args.metrics.split(",") if m))
     timing.write_result(args.out, report)
     print(f"{config}: steady round {report['configs'][config]['steady_wall_secs']} s",
           flush=True)

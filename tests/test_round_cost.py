@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests import benchmark_scripts
 
 round_cost = benchmark_scripts.load("round_cost")
@@ -28,3 +30,23 @@ def test_reads_the_wall_seconds_of_each_round_from_the_progress_lines():
          "ETA 0.5 min)\nI1129 02:03:44 1403 reporting.py:263] round 2/4 inter 73.5 intra 73.5 "
          "(95 s/round, ETA 0.3 min)\nsomething else (1.0 s/round)\n")
   assert round_cost.read_wall_seconds(log) == {"1": 9.2, "2": 95.0}
+
+
+def test_records_the_named_metrics_of_every_round(tmp_path):
+  rows = [{"round": 1, "time/round_secs": 3.0, "proxy/gradients": 60, "glfc/signals": 10},
+          {"round": 2, "time/round_secs": 2.0, "proxy/gradients": 0}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  got = round_cost.read_rounds(tmp_path, ("proxy/gradients", "glfc/signals"))
+  assert got["metrics"] == {"1": {"proxy/gradients": 60, "glfc/signals": 10},
+                            "2": {"proxy/gradients": 0}}
+  assert "metrics" not in round_cost.read_rounds(tmp_path)
+
+
+def test_a_config_spec_carries_its_overrides_as_trainer_flags():
+  assert round_cost.parse_spec("cifar100_glfc_mid") == ("cifar100_glfc_mid", [])
+  assert round_cost.parse_spec(
+      "cifar100_glfc_mid:glfc.proxy.reconstruction_steps=20:glfc.old_model=x") == (
+          "cifar100_glfc_mid", ["--config.glfc.proxy.reconstruction_steps=20",
+                                "--config.glfc.old_model=x"])
+  with pytest.raises(ValueError, match="field=value"):
+    round_cost.parse_spec("cifar100_glfc_mid:glfc.proxy.reconstruction_steps")
