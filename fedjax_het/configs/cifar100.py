@@ -143,11 +143,17 @@ an exemplar memory of 480 images per client instead of 2000 (`MID_MEMORY`: the b
 instead of 3000; 480 = 2000 x 120/500 keeps the memory below the client's old data, so
 herding selects, as in the paper) and GLFC's transitions read from the stream as in the
 quick variants (the entropy rule is calibrated for the full-width model). Cost on a 2-core
-CPU (`benchmarks/results/round_cost__glfc_mid__cpu2.json`, the first task's rounds): FedAvg
-25.8 s a round (43 minutes a cell), iCaRL + FL 40.4 s (67 minutes), GLFC 258 s (7 hours; the
-same local training costs iCaRL + FL 40 s, the rest is GLFC's own: its distillation from the
-old models and its proxy server's gradient perturbation and 2000-iteration reconstructions,
-not timed apart), so GLFC's mid cells are a GPU's work.
+CPU, the first task's rounds: FedAvg 25.8 s a round (43 minutes a cell;
+`benchmarks/results/round_cost__glfc_mid__cpu2.json`); in one run
+(`benchmarks/results/round_cost__glfc_mid_parts__cpu2.json`) iCaRL + FL 35.1 s (59 minutes)
+and GLFC 229.8 s (6.4 hours at that round), which breaks down as its clients' training 33.7 s
+(GLFC without the proxy, `glfc.old_model=previous_task_global`), the proxy's other work 12.1 s
+(the clients' perturbed prototypes and gradients, the monitor set; GLFC with 20 reconstruction
+iterations: 45.8 s) and the proxy's reconstructions 184 s (80% of the round: 1980 L-BFGS
+iterations on the 54-60 gradients that 9-10 signalling clients share in these rounds, 1.55 ms
+a gradient an iteration; the pool of 10 clients x 6 class slots is reconstructed whole
+whenever one gradient arrives). The first task distils from no old model, so later tasks cost
+more. So GLFC's mid cells are a GPU's work.
 
 Class order (scenario.class_order; fedjax_het/data/incremental.py): every full-size variant
 uses "icarl", iCaRL's seed-1993 CIFAR-100 order (incremental.ICARL_CIFAR100_ORDER, from
