@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -320,8 +321,11 @@ class Experiment:
     return every > 0 and done % every == 0
 
   def progress_text(self, last: dict[str, Any]) -> str:
-    return " ".join(f"{kind} {last[f'eval/{kind}/mean']:.1f}" for kind in self.accuracy_kinds
-                    if f"eval/{kind}/mean" in last)
+    """The progress line's accuracies: each kind's mean, those without a number left out (the
+    inter-domain mean of a one-domain scenario, e.g. HtFL's, is NaN: no other domain)."""
+    values = ((kind, last.get(f"eval/{kind}/mean")) for kind in self.accuracy_kinds)
+    return " ".join(f"{kind} {float(value):.1f}" for kind, value in values
+                    if value is not None and math.isfinite(float(value)))
 
   def results(self, records: list[dict[str, Any]], done: int) -> tuple[str, dict[str, Any]]:
     """(results.md, results.json's numbers): the mean of the last evaluated rounds, in the

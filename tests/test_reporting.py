@@ -1,10 +1,11 @@
 """Progress output (no training) and the results table layouts."""
 
 import logging
+import types
 
 import pytest
 
-from fedjax_het import reporting
+from fedjax_het import experiment, reporting
 
 
 def test_progress_logs_one_line_per_round_when_not_a_terminal(monkeypatch, caplog):
@@ -67,3 +68,15 @@ def test_results_table_with_many_participants_shows_avg_min_max():
   assert table.splitlines() == ["| fedavg (12 participants) | AVG | min | max |",
                                 "|---|---|---|---|", "| accuracy | 5.50 | 0.00 | 11.00 |"]
   assert numbers["accuracy"]["c11"] == 11.0 and len(numbers["accuracy"]) == 13
+
+
+def test_the_progress_line_leaves_out_an_accuracy_without_a_number():
+  # HtFL's scenario has one domain, so its inter-domain mean is NaN (no other domain to test on).
+  stand_in = types.SimpleNamespace(accuracy_kinds=("inter", "intra"))
+  text = experiment.Experiment.progress_text
+  assert text(stand_in, {"eval/inter/mean": float("nan"), "eval/intra/mean": 45.24}) == (
+      "intra 45.2")
+  assert text(stand_in, {"eval/inter/mean": None, "eval/intra/mean": 45.26}) == "intra 45.3"
+  assert text(stand_in, {"eval/inter/mean": 19.44, "eval/intra/mean": 44.1}) == (
+      "inter 19.4 intra 44.1")
+  assert text(stand_in, {"train/loss": 1.0}) == ""
