@@ -80,3 +80,14 @@ def test_the_progress_line_leaves_out_an_accuracy_without_a_number():
   assert text(stand_in, {"eval/inter/mean": 19.44, "eval/intra/mean": 44.1}) == (
       "inter 19.4 intra 44.1")
   assert text(stand_in, {"train/loss": 1.0}) == ""
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_the_results_table_has_no_row_for_an_accuracy_without_a_number(missing):
+  # metrics.jsonl stores the NaN inter-domain accuracy of a one-domain scenario as null.
+  records = [{"round": r, "eval/inter/a": missing, "eval/inter/b": missing,
+              "eval/intra/a": 40.0 + r, "eval/intra/b": 60.0 + r} for r in (1, 2, 3)]
+  table, numbers = reporting.results_table(records, ["a", "b"], last_rounds=2, method="m")
+  assert "inter" not in numbers and "inter →" not in table
+  assert numbers["intra"] == {"a": 42.5, "b": 62.5, "AVG": 52.5}
+  assert numbers["rounds"] == [2, 3]

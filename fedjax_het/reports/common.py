@@ -305,7 +305,9 @@ def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[s
   With kinds ("inter", "intra") this is the FCCL+ Table VIII/IX layout (domain
   shift); ("accuracy",) is one row of test accuracy (a partitioned dataset).
   With more than `MAX_TABLE_COLUMNS` participants the markdown table shows
-  AVG, min and max over participants (the dict keeps every participant).
+  AVG, min and max over participants (the dict keeps every participant). A kind
+  without a number in any record (None or NaN: the inter-domain accuracy of a
+  one-domain scenario) has no row and no entry.
 
   Returns:
     (markdown table, the same numbers as a dict: {"method", "rounds": the
@@ -320,7 +322,10 @@ def results_table(records: Sequence[Mapping[str, Any]], client_names: Sequence[s
   lines = [f"| {method}{f' ({len(client_names)} participants)' if wide else ''} | "
            + " | ".join(columns) + " |", markdown_rule(len(columns) + 1)]
   for kind in kinds:
-    values = [float(np.mean([r[f"eval/{kind}/{c}"] for r in evaluated])) for c in client_names]
+    raw = [[r.get(f"eval/{kind}/{c}") for r in evaluated] for c in client_names]
+    if all(v is None or not math.isfinite(v) for row in raw for v in row):
+      continue  # no number (HtFL's one-domain scenario has no inter-domain accuracy)
+    values = [float(np.mean(row)) for row in raw]
     average = float(np.mean(values))
     numbers[kind] = dict(zip(client_names, values), AVG=average)
     shown = [average, min(values), max(values)] if wide else [*values, average]
