@@ -5,6 +5,7 @@
       [--methods=<row>,...] [--settings=<setting>,...] [--set field=value ...] \\
       [--results-dir=DIR] [--dry-run]
   python experiments/reproduce.py --table=<id> [--scale=...] --report
+  python experiments/reproduce.py --claims [--results-dir=DIR]
   python experiments/reproduce.py --queue=gpu --scale=paper --deadline-secs=540 --copy-to=$OUT \\
       --results-dir=results
 
@@ -38,7 +39,13 @@ the data provenance and sizes, the scale, the devices, commits and wall time of 
 with the figures beside them; in a directory other than results/, beside_shipped.md sets
 your cells' headline numbers beside the shipped cells' and the paper's. --report rewrites
 those files from what <results> holds, and with --results-dir=results the table's block of
-docs/results.md.
+docs/results.md and the papers' claims (below).
+
+--claims sets each paper's headline comparisons (fedjax_het/reports/claims.py: FCCL+ and
+FCCL against BASE, GLFC against iCaRL + FL, FedMMD and FedFusion+Conv against FedAvg in
+rounds to a target) beside the cells of <results>, seed by seed at every scale that has
+them: with --results-dir=results it rewrites the claims blocks of docs/results.md and
+README.md, for another directory it prints the table.
 
 --deadline-secs=N (the GPU command): each cell trains in its own process; no cell starts
 with less than --min-cell-secs left and the running one stops at N seconds, keeping its
@@ -82,6 +89,7 @@ from fedjax_het.grid import progress
 from fedjax_het.grid import provenance
 from fedjax_het.grid import runner
 from fedjax_het.grid import twins
+from fedjax_het.reports import claims as claims_lib
 from fedjax_het.reports import document
 from fedjax_het.reports import tables as tables_lib
 
@@ -120,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "results/ holds the cells the repository ships)")
   parser.add_argument("--report", action="store_true",
                       help="rewrite the table's block of docs/results.md from the results")
+  parser.add_argument("--claims", action="store_true",
+                      help="the papers' headline claims beside the cells of --results-dir "
+                      "(results/: rewrites the claims blocks of docs/results.md and README.md)")
   parser.add_argument("--doc", default=str(DEFAULT_DOC), help=argparse.SUPPRESS)
+  parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--deadline-secs", type=float, default=None,
                       help="stop at this many seconds (each cell in its own process)")
   parser.add_argument("--min-cell-secs", type=float, default=60.0,
@@ -286,10 +298,36 @@ def write_beside(tables: Sequence[tables_lib.Table], scale: str, results_dir: pa
     echo(f"report: {path}: your cells beside the shipped ones and the paper's")
 
 
+def readme_of(args: argparse.Namespace) -> pathlib.Path:
+  """The README whose claims block --report / --claims rewrite: --readme, by default the one
+  beside the documentation folder of --doc (the repository's README.md for docs/results.md)."""
+  if args.readme:
+    return pathlib.Path(args.readme)
+  return pathlib.Path(args.doc).resolve().parent.parent / "README.md"
+
+
+def write_claims(results_dir: pathlib.Path, documents: Sequence[pathlib.Path],
+                 echo: Callable[[str], None]) -> None:
+  """Rewrites the claims blocks (`claims.BLOCKS`) of each document that has one from the
+  cells of results_dir."""
+  for path in documents:
+    if not path.exists():
+      continue
+    text = new = path.read_text()
+    for name, make in claims_lib.BLOCKS.items():
+      if claims_lib.block(new, name) is not None:
+        new = claims_lib.rewrite(new, name, make(results_dir))
+    if new != text:
+      workdir_lib.write_atomic(path, new)
+      echo(f"claims: {path} rewritten from {results_dir}")
+
+
 def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path,
-           doc: pathlib.Path, echo: Callable[[str], None]) -> None:
+           doc: pathlib.Path, echo: Callable[[str], None],
+           readme: pathlib.Path | None = None) -> None:
   """Rewrites each table's table.md / table.json and, for the shipped results/, its
-  docs/results.md block; for another directory, its beside_shipped.md."""
+  docs/results.md block and the claims blocks of docs/results.md and `readme`; for another
+  directory, its beside_shipped.md."""
   if not shipped(results_dir):
     for table in tables:
       runner.write_outputs(table, scale, results_dir, figures=False)
@@ -304,6 +342,7 @@ def report(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.
     echo(f"report: {doc} block {table.id}:{scale} rewritten from {results_dir / table.id / scale}")
   doc.parent.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_atomic(doc, text)
+  write_claims(results_dir, [doc] + ([readme] if readme is not None else []), echo)
 
 
 def dry_run(cells: Sequence[cells_lib.Cell], results_dir: pathlib.Path, overrides: Sequence[str],
@@ -339,7 +378,14 @@ def run(args: argparse.Namespace, echo: Callable[[str], None]) -> None:
   if args.report:
     if not args.table:
       raise ConfigError("--report needs --table=<id>[,<id>...].")
-    report(_tables(args), args.scale, results_dir, pathlib.Path(args.doc), echo)
+    report(_tables(args), args.scale, results_dir, pathlib.Path(args.doc), echo,
+           readme=readme_of(args))
+    return
+  if args.claims:
+    if shipped(results_dir):
+      write_claims(results_dir, [pathlib.Path(args.doc), readme_of(args)], echo)
+    else:
+      echo(claims_lib.render(results_dir).rstrip())
     return
   cells = _cells(args)
   if args.retrain_unpinned:

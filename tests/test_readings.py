@@ -47,7 +47,7 @@ import re
 
 import pytest
 
-from fedjax_het.reports import class_incremental, common, document, domain_shift, partitioned
+from fedjax_het.reports import common, document
 from fedjax_het.reports import tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -105,34 +105,8 @@ def _rendered(table_id: str, scale: str, results: pathlib.Path) -> tuple[dict, d
 def seed_values(table_id: str, scale: str, setting: str, row: str, kind: str,
                 results: pathlib.Path = RESULTS) -> dict[int, float | None]:
   """{seed: value} of a row's finished cells: what the rendered table shows of KIND."""
-  table = tables.get_table(table_id)
   numbers, cells = _rendered(table_id, scale, results)
-  summary = numbers["settings"][setting]["summary"]
-  if table.family == "domain_shift":
-    # Both kinds, also where the paper's table prints one (each results.json holds both).
-    results_of = {r: {s: c["results"] for s, c in per_seed.items()}
-                  for r, per_seed in cells[setting].items()}
-    values = domain_shift.seed_values(domain_shift.summarize(results_of, base=None))
-  elif table.family == "partitioned":
-    if kind.startswith(("reach:", "round:")):
-      what, _, number = kind.partition(":")
-      out: dict[int, float | None] = {}
-      for seed, cell in cells[setting].get(row, {}).items():
-        if what == "reach":
-          out[seed] = partitioned.first_round_reaching(cell["records"], summary["kind"],
-                                                       float(number))
-        else:
-          curve = dict(zip(*partitioned.accuracy_curve(cell["records"], summary["kind"])))
-          out[seed] = curve.get(int(number))
-      return out
-    values = partitioned.seed_values(summary)
-  else:
-    values = class_incremental.seed_values(summary)
-  if row not in values:
-    return {}
-  if kind not in values[row]:
-    raise ValueError(f"{table_id} {setting} {row}: no {kind!r} (has {sorted(values[row])})")
-  return dict(values[row][kind])
+  return document.seed_values(tables.get_table(table_id), numbers, cells, setting, row, kind)
 
 
 def _std(values: dict[int, float | None]) -> float:

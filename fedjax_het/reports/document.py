@@ -246,6 +246,53 @@ def render(table: tables_lib.Table, scale: str, results_dir: pathlib.Path
   return "\n".join(lines).rstrip() + "\n", numbers
 
 
+def seed_values(table: tables_lib.Table, numbers: Mapping[str, Any],
+                cells: Mapping[str, Mapping[str, Mapping[int, Mapping[str, Any]]]],
+                setting: str, row: str, kind: str) -> dict[int, float | None]:
+  """{seed: value} of a row's finished cells: what the rendered table shows of `kind`.
+
+  Args:
+    table: the table.
+    numbers: `render`'s numbers of the table at one scale.
+    cells: `collect`'s cells of the table at that scale.
+    setting: the setting key.
+    row: the row key.
+    kind: inter / intra (domain shift: the AVG, also where the paper prints one kind only),
+      final (partitioned: the final accuracy), reach:T (partitioned: the first round at or
+      above T%, None for a seed that never reaches it), round:R (partitioned: the accuracy
+      at round R), avg / forgetting (class incremental, percent).
+
+  Returns:
+    {seed: value} in seed order ({} for a row without a finished cell); ValueError for a
+    kind the row's cells do not have.
+  """
+  summary = numbers["settings"][setting]["summary"]
+  if table.family == "domain_shift":
+    results_of = {r: {s: c["results"] for s, c in per_seed.items()}
+                  for r, per_seed in cells[setting].items()}
+    values = domain_shift.seed_values(domain_shift.summarize(results_of, base=None))
+  elif table.family == "partitioned":
+    if kind.startswith(("reach:", "round:")):
+      what, _, number = kind.partition(":")
+      out: dict[int, float | None] = {}
+      for seed, cell in cells[setting].get(row, {}).items():
+        if what == "reach":
+          out[seed] = partitioned.first_round_reaching(cell["records"], summary["kind"],
+                                                       float(number))
+        else:
+          curve = dict(zip(*partitioned.accuracy_curve(cell["records"], summary["kind"])))
+          out[seed] = curve.get(int(number))
+      return out
+    values = partitioned.seed_values(summary)
+  else:
+    values = class_incremental.seed_values(summary)
+  if row not in values:
+    return {}
+  if kind not in values[row]:
+    raise ValueError(f"{table.id} {setting} {row}: no {kind!r} (has {sorted(values[row])})")
+  return dict(values[row][kind])
+
+
 def headline(family: str, results: Mapping[str, Any]) -> dict[str, float]:
   """A cell's headline numbers by name: domain shift "inter AVG" and "intra AVG";
   partitioned "accuracy" (the headline kind's AVG); class incremental "Avg." (percent)."""
