@@ -32,7 +32,10 @@ def test_the_issues_table_ids_are_registered():
 
 def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
   for table in tables.TABLES.values():
-    assert set(table.scales) <= set(tables.SCALES) and {"quick", "paper"} <= set(table.scales)
+    assert set(table.scales) <= set(tables.SCALES)
+    # A paper table has its quick and paper scales; a diagnosis (not the paper's) is mid only.
+    assert {"quick", "paper"} <= set(table.scales) or (
+        table.scales == ("mid",) and table.id.endswith("_width")), table.id
     for scale in table.scales:
       names = set()
       for cell in cells_lib.plan(table, scale, [0, 1]):
@@ -396,8 +399,35 @@ def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
   assert [c.label for c in cells[:3]] == ["fcclplus_office31/mid/fcclplus__seed0",
                                           "fcclplus_office31/mid/solo__seed0",
                                           "fcclplus_office31/mid/fccl__seed0"]
-  assert len(cells) == 2 * 2 * 7 and cells[14].label == "fcclplus_office31/mid/fcclplus__seed1"
-  for cell in cells[:14]:
+  # Each seed: Office31's 7 rows, the width diagnosis' FCCL+ and BASE, Digits' 7 rows.
+  assert len(cells) == 2 * (7 + 2 + 7)
+  assert cells[16].label == "fcclplus_office31/mid/fcclplus__seed1"
+  assert [c.label for c in cells[7:9]] == ["fcclplus_office31_width/mid/fcclplus__seed0",
+                                          "fcclplus_office31_width/mid/solo__seed0"]
+  for i, cell in enumerate(cells[:16]):
     config = cell_configs.cell_config(cell)
     validate_config(config)
-    assert (config.num_rounds, config.models.width) == (40, 0.125)
+    assert (config.num_rounds, config.models.width) == (40, 0.25 if i in (7, 8) else 0.125)
+
+
+def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_quarter():
+  diagnosis, office31 = (tables.get_table("fcclplus_office31_width"),
+                         tables.get_table("fcclplus_office31"))
+  assert diagnosis.scales == ("mid",)
+  [setting], [full] = diagnosis.settings, office31.settings
+  assert [r.key for r in setting.rows] == ["solo", "fcclplus"]
+  for row in setting.rows:
+    plain = next(r for r in full.rows if r.key == row.key)
+    assert row.overrides == plain.overrides + (("models.width", 0.25),)
+    [cell] = cells_lib.plan(diagnosis, "mid", [1], [row.key])
+    config = cell_configs.cell_config(cell)
+    [twin] = cells_lib.plan(office31, "mid", [1], [row.key])
+    plain_config = cell_configs.cell_config(twin)
+    assert config.models.width == 0.25 and plain_config.models.width == 0.125
+    plain_config.models.width = 0.25
+    assert config.to_dict() == plain_config.to_dict()  # nothing else differs
+  # The paper's numbers beside them are Tables VIII/IX's, Δ included.
+  assert setting.paper["inter"]["fcclplus"]["AVG"] == 37.21
+  assert setting.paper_delta == {"inter": {"fcclplus": 9.49}, "intra": {"fcclplus": 0.55}}
+  with pytest.raises(ConfigError, match="allowed scales: mid"):
+    cells_lib.plan(diagnosis, "quick", [0], None)

@@ -283,6 +283,36 @@ def _fcclplus_table8_9(scenario: str) -> Table:
       notes=tuple(notes), scales=SCALES)
 
 
+#: The backbone width of the width diagnosis (`fcclplus_office31_width`): twice the mid scale's.
+DIAGNOSIS_WIDTH = 0.25
+
+
+def _fcclplus_width_diagnosis(scenario: str) -> Table:
+  """BASE and FCCL+ of Tables VIII/IX at mid scale on backbones of width 1/4 instead of 1/8:
+  the diagnosis of whether the narrow backbones hold FCCL+'s gap over BASE under the paper's
+  (the mid scale's Office31 gap is under half the paper's). Mid scale only."""
+  base = _fcclplus_table8_9(scenario)
+  keys = ("solo", "fcclplus")
+  width = (("models.width", DIAGNOSIS_WIDTH),)
+  rows = [dataclasses.replace(r, overrides=r.overrides + width)
+          for r in base.settings[0].rows if r.key in keys]
+  setting = dataclasses.replace(base.settings[0], rows=tuple(rows),
+                                paper={kind: {k: v for k, v in rows_.items() if k in keys}
+                                       for kind, rows_ in base.settings[0].paper.items()},
+                                paper_delta={kind: {k: v for k, v in rows_.items() if k in keys}
+                                             for kind, rows_ in
+                                             base.settings[0].paper_delta.items()})
+  return dataclasses.replace(
+      base, id=f"fcclplus_{scenario}_width",
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, BASE and FCCL+ on width-1/4 "
+            "backbones (diagnosis)",
+      settings=(setting,), scales=("mid",),
+      notes=(f"not the paper's table: the mid-scale cells of fcclplus_{scenario}'s BASE and "
+             f"FCCL+ rows with models.width={DIAGNOSIS_WIDTH} (the mid scale's backbones are "
+             "width 1/8, the paper's full width), the diagnosis of whether backbone width "
+             "holds FCCL+'s gap over BASE under the paper's",))
+
+
 #: FCCL+ Table XV's rows: (key, method, homogeneous flag, overrides).
 _TABLE15_ROWS = (
     ("solo", "solo", "_homogeneous", ()),
@@ -795,6 +825,7 @@ def _glfc_dataset_table(table_id: str, source: str, label: str, config: str, tas
 def _build() -> dict[str, Table]:
   tables = [_fcclplus_table8_9(s) for s in ("digits", "office31", "office_caltech",
                                             "office_home")]
+  tables.append(_fcclplus_width_diagnosis("office31"))
   tables.append(_fcclplus_ablation(
       "fcclplus_table10", "Table X", "FCCL+ Table X: ablation of FCCM, FISL and FNTD",
       numbers.FCCLPLUS_TABLE10, TABLE10_ROWS, ("digits", "office31"), kinds=("inter", "intra"),
@@ -931,6 +962,7 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     # FCCL and the other baselines, Office31 (all data real) before Digits.
     "mid": (("fcclplus_office31", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
                                    "fedmatch")),
+            ("fcclplus_office31_width", ("fcclplus", "solo")),
             ("fcclplus_digits", ("fcclplus", "solo", "fccl", "fedmd", "feddf", "rhfl",
                                  "fedmatch"))),
     # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
