@@ -15,8 +15,9 @@ FCCL+ ablations fcclplus_table10, fcclplus_table13, fcclplus_table14, fcclplus_t
 FCCL+ Table XV (fcclplus_table15, homogeneous), FCCL Tables 1-3 (fccl_tables1_2,
 fccl_table3), FedFusion Tables 1 and 2 (fedfusion_table1, fedfusion_table2), FedMMD's
 rounds in the text (fedmmd_cifar10_binary, fedmmd_mnist_shards), GLFC Table 1 and its
-layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), and the diagnosis
-fcclplus_office31_width (mid scale only: Office31's BASE and FCCL+ on width-1/4 backbones).
+layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), and two diagnoses at mid
+scale only: fcclplus_office31_width (Office31's BASE and FCCL+ on width-1/4 backbones) and
+fcclplus_digits_real (Digits' BASE and FCCL+ with the real MNIST and USPS participants alone).
 The registry is `fedjax_het/reports/tables.py`.
 
 Each cell trains into <results>/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
@@ -53,8 +54,8 @@ with less than --min-cell-secs left and the running one stops at N seconds, keep
 checkpoints (the next invocation resumes it). --queue=gpu runs the prepared priority
 order: fcclplus_office31 FCCL+ and BASE, fcclplus_digits FCCL+ and BASE, FedFusion
 Table 2, GLFC Table 1 (T = 10); --queue=mid --scale=mid the mid-scale FCCL+ Tables
-VIII/IX (FCCL+ and BASE, then FCCL, FedMD, FedDF, RHFL, FedMatch; Office31, then the
-width diagnosis fcclplus_office31_width, then Digits), seed by seed; --copy-to=DIR mirrors every cell's files (and an
+VIII/IX (FCCL+ and BASE of Office31, its width diagnosis, of Digits, its real-domain
+diagnosis; then FCCL, FedMD, FedDF, RHFL, FedMatch of Office31 and of Digits), seed by seed; --copy-to=DIR mirrors every cell's files (and an
 interrupted cell's checkpoints) and the tables into DIR/results/ as they are written.
 Every invocation appends what it ran to results/invocations.jsonl.
 

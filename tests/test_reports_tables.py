@@ -35,7 +35,8 @@ def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
     assert set(table.scales) <= set(tables.SCALES)
     # A paper table has its quick and paper scales; a diagnosis (not the paper's) is mid only.
     assert {"quick", "paper"} <= set(table.scales) or (
-        table.scales == ("mid",) and table.id.endswith("_width")), table.id
+        table.scales == ("mid",) and table.id in ("fcclplus_office31_width",
+                                              "fcclplus_digits_real")), table.id
     for scale in table.scales:
       names = set()
       for cell in cells_lib.plan(table, scale, [0, 1]):
@@ -396,18 +397,23 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
 
 def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
   cells = cells_lib.queue_plan("mid", "mid", [0, 1])
-  assert [c.label for c in cells[:3]] == ["fcclplus_office31/mid/fcclplus__seed0",
-                                          "fcclplus_office31/mid/solo__seed0",
-                                          "fcclplus_office31/mid/fccl__seed0"]
-  # Each seed: Office31's 7 rows, the width diagnosis' FCCL+ and BASE, Digits' 7 rows.
-  assert len(cells) == 2 * (7 + 2 + 7)
-  assert cells[16].label == "fcclplus_office31/mid/fcclplus__seed1"
-  assert [c.label for c in cells[7:9]] == ["fcclplus_office31_width/mid/fcclplus__seed0",
-                                          "fcclplus_office31_width/mid/solo__seed0"]
-  for i, cell in enumerate(cells[:16]):
+  # Each seed: FCCL+ and BASE of Office31, its width diagnosis, of Digits, its real-domain
+  # diagnosis, then the five other rows of Office31 and of Digits.
+  per_seed = [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_office31_width",
+                                               "fcclplus_digits", "fcclplus_digits_real")
+              for r in ("fcclplus", "solo")]
+  per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_digits")
+               for r in ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")]
+  assert [c.label for c in cells[:18]] == per_seed
+  assert len(cells) == 2 * 18 and cells[18].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:18]:
     config = cell_configs.cell_config(cell)
     validate_config(config)
-    assert (config.num_rounds, config.models.width) == (40, 0.25 if i in (7, 8) else 0.125)
+    width = 0.25 if cell.table.id.endswith("_width") else 0.125
+    assert (config.num_rounds, config.models.width) == (40, width)
+    if cell.table.id == "fcclplus_digits_real":
+      assert (tuple(config.scenario.domains), tuple(config.models.architectures)) == (
+          ("mnist", "usps"), ("resnet10", "resnet12"))
 
 
 def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_quarter():
