@@ -1,8 +1,10 @@
 """The convergence study: a method against BASE round by round over seeds, from finished cells.
 
-  python experiments/convergence.py --tables=fcclplus_office31,fcclplus_digits --scale=mid
+  python experiments/convergence.py --scale=mid
 
-reads the finished `solo` and `fcclplus` cells of each table at the scale (trained by
+reads the finished `solo` and `fcclplus` cells of each table at the scale (by default
+FCCL+ Tables VIII/IX on Office31 and Digits and their diagnoses fcclplus_office31_width and
+fcclplus_digits_real, each that has a finished cell; trained by
 `python experiments/reproduce.py --table=<id> --scale=mid --methods=solo,fcclplus
 --seeds=0,1,2 --separate-seeds`), writes results/convergence/<scale>/study.json and
 curves.png (mean ± std bands per round), and rewrites the study's block in docs/results.md
@@ -31,7 +33,7 @@ from fedjax_het.reports import tables as tables_lib
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="experiments/convergence.py", description=__doc__.split(
       "\n")[0])
-  parser.add_argument("--tables", default="fcclplus_office31,fcclplus_digits")
+  parser.add_argument("--tables", default=",".join(convergence.STUDY_TABLES))
   parser.add_argument("--scale", default="mid")
   parser.add_argument("--method", default="fcclplus")
   parser.add_argument("--results-dir", default=str(REPO / "results"))

@@ -437,3 +437,9 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
   assert setting.paper_delta == {"inter": {"fcclplus": 9.49}, "intra": {"fcclplus": 0.55}}
   with pytest.raises(ConfigError, match="allowed scales: mid"):
     cells_lib.plan(diagnosis, "quick", [0], None)
+  # The real-domain diagnosis changes the federation (two participants): the paper's
+  # per-domain numbers stay beside, its four-domain AVGs and Δ do not.
+  [real] = tables.get_table("fcclplus_digits_real").settings
+  assert real.paper["intra"]["fcclplus"] == {"mnist": 90.54, "usps": 86.92,
+                                             "svhn": 87.11, "syn": 97.72}
+  assert real.paper_delta == {}

@@ -271,11 +271,27 @@ def rewrite(text: str, scale: str, content: str) -> str:
   return text.rstrip("\n") + "\n\n" + new + "\n"
 
 
+#: The tables of the study (`experiments/convergence.py`'s default): FCCL+ Tables VIII/IX on
+#: Office31 and Digits, then their mid-scale diagnoses (`tables._diagnoses`).
+STUDY_TABLES = ("fcclplus_office31", "fcclplus_digits", "fcclplus_office31_width",
+                "fcclplus_digits_real")
+
+
+def has_cells(table: tables_lib.Table, scale: str, results_dir: pathlib.Path, *,
+              method: str = "fcclplus", base: str = "solo") -> bool:
+  """Whether a setting of `table` has a finished cell of `method` or `base` at `scale`."""
+  cells = document.collect(table, scale, pathlib.Path(results_dir))
+  return any(per_row.get(row) for per_row in cells.values() for row in (method, base))
+
+
 def render_all(tables: Sequence[tables_lib.Table], scale: str, results_dir: pathlib.Path, *,
                method: str = "fcclplus", base: str = "solo") -> tuple[str, dict[str, Any]]:
-  """The block's markdown and numbers over `tables` (in order)."""
+  """The block's markdown and numbers over the `tables` (in order) that have a finished cell
+  of either row (`has_cells`)."""
   texts, numbers = [], {}
   for table in tables:
+    if not has_cells(table, scale, results_dir, method=method, base=base):
+      continue
     text, numbers[table.id] = render(table, scale, results_dir, method=method, base=base)
     texts.append(text)
   return "\n".join(texts), numbers
