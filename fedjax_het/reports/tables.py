@@ -295,8 +295,8 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
   """BASE and FCCL+ of Tables VIII/IX at mid scale with `fields` set on both rows: a
   diagnosis of a mid-scale disagreement with the paper, not a paper table (mid scale only;
   the paper's numbers of the two rows beside). Without `same_participants` (the fields change
-  the federation) the paper's per-domain numbers stay and its AVGs and Δ go: they average
-  other participants."""
+  the federation) only the paper's per-domain intra numbers stay: its AVGs and Δ average other
+  participants, and its inter numbers score each model on other domains' test sets."""
   base = _fcclplus_table8_9(scenario)
   keys = ("solo", "fcclplus")
   [full] = base.settings
@@ -309,9 +309,8 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
 
   paper = pick(full.paper)
   if not same_participants:
-    paper = {kind: {row: {column: value for column, value in columns.items()
-                          if column != "AVG"} for row, columns in by_row.items()}
-             for kind, by_row in paper.items()}
+    paper = {"intra": {row: {column: value for column, value in columns.items()
+                             if column != "AVG"} for row, columns in paper["intra"].items()}}
   setting = dataclasses.replace(full, rows=tuple(rows), paper=paper,
                                 paper_delta=pick(full.paper_delta) if same_participants else {})
   return dataclasses.replace(
