@@ -96,6 +96,7 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "scenario.client_roles": ("per_task",),
     "glfc.update_all_clients": (False,),
     "glfc.proxy.shuffle_gradients": (False,),
+    "icarl.classifier": ("nme",),    # iCaRL's classifier, that of the recorded runs
     # The class-incremental image side (0: the dataset's, CIFAR-100's 32) and ResNet stem ("auto":
     # the CIFAR stem at 32 px), the values of the recorded CIFAR-100 runs.
     "scenario.image_size": (0, 32),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import models
-from fedjax_het.algorithms import cil_replay
+from fedjax_het.algorithms import cil_replay, icarl_fl
 from fedjax_het.cil import masking
 from fedjax_het.cil import metrics as cil_metrics
 from fedjax_het.cil import stream as cil_stream
@@ -125,6 +125,42 @@ def test_nme_prediction_is_the_nearest_normalised_mean():
   np.testing.assert_array_equal(np.asarray(available), [True, False, True, True, False, False])
   np.testing.assert_array_equal(predicted, expect)
   assert len(set(expect.tolist())) > 1
+
+
+@pytest.mark.parametrize("classifier", ["head", "nme"])
+def test_classifier_from_the_config_reaches_the_evaluation(stream, classifier):
+  # icarl.classifier = "head": top-1 of the global model's logits among the seen classes (GLFC's
+  # and FedAvg's evaluation); "nme": iCaRL's nearest mean of exemplars. NumPy predicts by hand
+  # from the normalised images and a random head.
+  model = TinyLinear(num_classes=stream.num_classes)
+  config = base_config("icarl_fl")
+  config.icarl.classifier = classifier
+  setup = cil_stream.StreamSetup(
+      settings=_settings(), model=model, mean=stream.mean, std=stream.std,
+      max_client_size=stream.max_client_size, client_classes=stream.client_classes,
+      eval_batch_size=16)
+  algorithm = icarl_fl.make(config, setup)
+  data = jax.device_put(cil_stream.stream_arrays(stream))
+  state = rounds.initial_state(algorithm, jax.random.key(0), data)
+  num_seen, rng = 3, np.random.default_rng(0)
+  kernel = rng.normal(size=(model.input_dim, stream.num_classes)).astype(np.float32)
+  bias = rng.normal(size=(stream.num_classes,)).astype(np.float32)
+  state["server"] = {"params": {"head": {"kernel": jnp.asarray(kernel),
+                                         "bias": jnp.asarray(bias)}}}
+  # NME statistics whose nearest mean is always class 1 (a mean only for it).
+  state["class_counts"] = jnp.zeros_like(state["class_counts"]).at[1].set(1)
+  correct, total, predicted = jax.jit(algorithm.evaluate)(
+      state, (stream.test_images, stream.test_labels, jnp.int32(num_seen)))
+  x = np.asarray(normalizer(stream.mean, stream.std)(stream.test_images), np.float64)
+  logits = x.reshape(len(stream.test_labels), -1) @ kernel + bias
+  expect = (np.argmax(logits[:, :num_seen], axis=1) if classifier == "head"
+            else np.ones(len(stream.test_labels), np.int64))
+  labels = stream.test_labels
+  assert classifier == "nme" or len(set(expect.tolist())) == num_seen
+  np.testing.assert_array_equal(predicted, np.bincount(expect, minlength=stream.num_classes))
+  np.testing.assert_array_equal(correct, np.bincount(labels[expect == labels],
+                                                     minlength=stream.num_classes))
+  np.testing.assert_array_equal(total, np.bincount(labels, minlength=stream.num_classes))
 
 
 def test_round_traces_once_across_a_task_change(stream):
@@ -248,6 +284,7 @@ def test_experiment_configs_validate():
     ("icarl.memory_size", 0, "an integer >= 1"),
     ("icarl.memory_size", -3, "an integer >= 1"),
     ("icarl.distinct_exemplars", None, "True or False"),
+    ("icarl.classifier", "ncm", "one of ('nme', 'head')"),
     ("local.lr_schedule", "cosine", "('constant', 'glfc_code')"),
 ])
 def test_bad_fields_name_the_field(field, value, allowed):

@@ -12,7 +12,8 @@ followed, in the same sentence, by a marker
   ROWS     a row key, rows joined by commas, or "*" (every row of the setting but REF).
   REF      the row the claim reads ROWS against: a row key of the setting, "table:row" (that
            row of another table's setting of the same key), rows joined by commas (paired
-           with ROWS in order), "*" (each other row of the setting, one ROW only) or "-"
+           with ROWS in order), "*" (each other row of the setting with a finished cell,
+           one ROW only) or "-"
            (none: the row's own per-seed values).
   KIND     inter / intra (domain shift: the AVG), final (partitioned: the final accuracy),
            avg / forgetting (class incremental, percent), and for partitioned settings
@@ -121,7 +122,9 @@ def _pairs(marker: Marker, results: pathlib.Path) -> list[tuple[str, str]]:
     return [(row, marker.ref) for row in rows_of if row != marker.ref.split(":")[-1]]
   if marker.ref == "*":
     (row,) = marker.rows
-    return [(row, other) for other in rows_of if other != row]
+    return [(row, other) for other in rows_of if other != row and any(
+        v is not None for v in seed_values(marker.table, marker.scale, marker.setting, other,
+                                           marker.kind, results).values())]
   refs = marker.ref.split(",")
   if len(refs) > 1:
     if len(refs) != len(marker.rows):

@@ -41,7 +41,8 @@ from fedjax_het import models
 from fedjax_het import validation as v
 from fedjax_het.algorithms import common
 from fedjax_het.cil import exemplars, masking
-from fedjax_het.cil.stream import batched_class_counts, epoch_learning_rates, task_of_round
+from fedjax_het.cil.stream import (batched_class_counts, epoch_learning_rates, make_class_counts,
+                                   task_of_round)
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm
@@ -477,8 +478,13 @@ def replay_metrics(prefix: str, updated: ClientState,
           f"{prefix}/transitions": jnp.sum(transitions).astype(jnp.int32)}
 
 
+#: The classifiers of `make_icarl_fl`'s evaluation: iCaRL's nearest mean of exemplars, or the
+#: global model's own head.
+CLASSIFIERS = ("nme", "head")
+
+
 def make_icarl_fl(settings: Any, icarl: ReplaySettings, model: Any, mean: Any, std: Any,
-                  max_client_size: int, *, eval_batch_size: int = 500,
+                  max_client_size: int, *, eval_batch_size: int = 500, classifier: str = "nme",
                   local_loss: local.LocalLossFn | None = None,
                   task_aux: Callable[[jax.Array], dict[str, jax.Array]] | None = None,
                   name: str = "icarl_fl", metric_prefix: str = "icarl") -> Algorithm:
@@ -497,7 +503,8 @@ def make_icarl_fl(settings: Any, icarl: ReplaySettings, model: Any, mean: Any, s
   each client receives the aggregated model and sends its class feature sums and counts,
   (C, D) float32 and (C,) int32), "task", "clients". `evaluate(state, (test_images,
   test_labels, num_seen))` gives the NME classifier's per-class (correct, total,
-  predicted) counts.
+  predicted) counts; with `classifier="head"` the global model's own head's
+  (`cil.stream.make_class_counts`, top-1 among the seen classes' logits) instead.
 
   A method built on iCaRL + FL (GeoDL + iCaRL + FL) passes its own `local_loss` (default
   `icarl_local_loss`), `task_aux(task)`: extra per-client aux entries of the round's task
@@ -548,8 +555,14 @@ def make_icarl_fl(settings: Any, icarl: ReplaySettings, model: Any, mean: Any, s
              "clients": cohort.scatter(state["clients"], clients, updated),
              "class_sums": class_sums, "class_counts": class_counts}, metrics)
 
+  if classifier not in CLASSIFIERS:
+    raise ValueError(f"classifier must be one of {CLASSIFIERS}, got {classifier!r}")
+
   def evaluate(state, test):
     images, labels, num_seen = test
+    if classifier == "head":
+      head = make_class_counts(model, mean, std, c, labels.shape[0], eval_batch_size)
+      return head(state["server"], images, labels, num_seen)
     counts = make_nme_counts(model, mean, std, c, labels.shape[0], eval_batch_size)
     return counts(state["server"], state["class_sums"], state["class_counts"], images, labels,
                   num_seen)

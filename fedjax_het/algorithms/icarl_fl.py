@@ -40,7 +40,11 @@ sum_y / count_y are L2-normalised; a test image is assigned, among the seen
 classes that have a mean, to the class whose normalised mean is nearest
 (Euclidean) to its L2-normalised feature [iCaRL Alg. 1]. The result is the
 per-class (correct, total, predicted) counts of `cil.stream.make_class_counts`,
-so the trainer's tables and metrics are unchanged.
+so the trainer's tables and metrics are unchanged. `icarl.classifier = "head"` evaluates
+the same global model with its own sigmoid head instead (top-1 of the logits of the seen
+classes, `cil.stream.make_class_counts`, as GLFC and FedAvg evaluate): not iCaRL's classifier,
+the diagnosis of how much of iCaRL + FL's accuracy is the classifier's rather than the
+training's (GLFC Table 1's quick-scale reading in docs/results.md).
 
 Federated choices and deviations from iCaRL's paper / code:
   * Class means are federated statistics of the last cohort that reported the
@@ -89,7 +93,12 @@ def icarl_section() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       "memory_size": cil_replay.ICARL_MEMORY_SIZE,   # exemplars per client, images
       "distinct_exemplars": True,                    # iCaRL's paper: each image at most once
+      "classifier": "nme",                           # or "head" (module docstring)
   })
+
+
+#: `icarl.classifier`: iCaRL's nearest mean of exemplars, or the model's own head.
+CLASSIFIERS = cil_replay.CLASSIFIERS
 
 
 def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
@@ -99,6 +108,7 @@ def validate_icarl_config(config: ml_collections.ConfigDict) -> None:
            "fedjax_het.config.base_config('icarl_fl'))", None)
   v.check(config, "icarl.memory_size", v.int_at_least(1), "an integer >= 1")
   v.check(config, "icarl.distinct_exemplars", v.is_bool, "True or False")
+  v.check(config, "icarl.classifier", v.choice(CLASSIFIERS), f"one of {CLASSIFIERS}")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -114,4 +124,4 @@ def make(config: ml_collections.ConfigDict, setup: cil_stream.StreamSetup) -> Al
   return cil_replay.make_icarl_fl(
       setup.settings, cil_replay.ReplaySettings.from_section(config.icarl, setup.client_classes),
       setup.model, setup.mean, setup.std, setup.max_client_size,
-      eval_batch_size=setup.eval_batch_size)
+      eval_batch_size=setup.eval_batch_size, classifier=config.icarl.classifier)
