@@ -91,6 +91,34 @@ def test_logit_distillation_matches_numpy(target, scale):
   np.testing.assert_allclose(float(got), want, rtol=1e-4, atol=1e-6 * scale)
 
 
+def test_raw_logit_target_is_unbounded_below_and_the_softmax_target_is_not():
+  # A worked case of why the quick FD configs take fd.target="softmax": with the raw target
+  # t = (-2, 1) the loss -sum_c t_c log p_c is 2 log p_0 - log p_1, which falls without bound
+  # as z_0 -> -inf (log p_0 ~ z_0, log p_1 -> 0); with softmax(t) it is a cross-entropy >= 0.
+  class_logits = jnp.asarray([[-2.0, 1.0], [0.0, 0.0]], jnp.float32)
+  present = jnp.asarray([True, False])
+
+  def loss(z0, target):
+    return float(L.logit_distillation_loss(
+        logits=jnp.asarray([[z0, 0.0]], jnp.float32), labels=jnp.asarray([0]),
+        class_logits=class_logits, present=present, target=target))
+
+  for z0 in (-10.0, -1e3, -1e6):
+    lse = np.logaddexp(z0, 0.0)                                    # log-sum-exp of z
+    np.testing.assert_allclose(loss(z0, "logits"), 2 * z0 - lse, rtol=1e-5)
+    p = np.exp(np.array([-2.0, 1.0]) - np.logaddexp(-2.0, 1.0))   # softmax(t)
+    want = lse - p[0] * z0                       # -sum_c p_c log softmax(z)_c, p summing to 1
+    np.testing.assert_allclose(loss(z0, "softmax"), want, rtol=1e-4)
+    assert loss(z0, "softmax") >= 0.0
+
+
+def test_quick_fd_distils_toward_the_softmax_and_the_paper_scale_toward_raw_logits():
+  from fedjax_het.configs import htfl
+  for group in ("htfe2", "htfe4"):
+    assert htfl.get_config(f"cifar10_practical_{group}_fd_quick").fd.target == "softmax"
+    assert htfl.get_config(f"cifar10_practical_{group}_fd").fd.target == "logits"
+
+
 @pytest.mark.parametrize("scale", [1.0, 1e3])
 def test_fedkd_losses_match_numpy(scale):
   rng = np.random.default_rng(3)

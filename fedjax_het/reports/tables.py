@@ -724,7 +724,9 @@ HTFL_NOTES = (
     "attached and clips gradients at norm 10",
     "the quick scale: width-1/8 backbones, features pooled to 64, a pool of 2000 + 1000 "
     "CIFAR-10 images, 5 rounds; the public-data methods: 1000 public images, 1-epoch "
-    "warm-ups",
+    "warm-ups; FD distils toward the softmax of the global class logits (fd.target=softmax, "
+    "the FD paper's form): HtFLlib's raw-logit target is unbounded below and diverged there "
+    "(fedjax_het/configs/htfl.py)",
 )
 
 
