@@ -105,5 +105,5 @@ def test_the_htfl_block_sets_htfllibs_metric_beside_the_papers(tmp_path):
   assert stat["per_seed"] == {0: 45.0, 1: 40.0} and stat["n"] == 2
   printed = setting.paper["final"]["fedproto"]
   assert f"| FedProto | 2 | 42.50 ± 3.54 (paper {printed:.2f}) |" in text
-  final = text.split("Final accuracy (FedFusion Table 1 layout")[1].split("\n\n")[2]
+  final = text.split("Final accuracy (each run")[1].split("\n\n")[2]
   assert "(paper" not in final  # the last-3 mean has no paper number beside it

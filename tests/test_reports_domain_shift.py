@@ -147,7 +147,14 @@ def test_provenance_line_names_real_and_synthetic_domains_once_over_seeds():
   assert common.short_source("npz:/d/office31.npz[amazon]") == "npz:office31.npz[amazon]"
   assert common.short_source("folder:/d/OfficeHome/Real World") == "folder:Real World"
   assert common.short_source("tfds:svhn_cropped") == "tfds:svhn_cropped"
+  assert common.short_source("npz:/d/cifar10.npz; pooled, split 0.75 / 0.25 into train / test"
+                             ) == "npz:cifar10.npz; pooled, split 0.75 / 0.25 into train / test"
   assert common.all_real({"mnist": ["npz:/d"], "public": ["none"]})
+  # Rows with a public set beside rows without one (the HtFL table): real where used.
+  mixed = common.provenance([{"sources": {"public": "none"}},
+                             {"sources": {"public": "npz:/d/public_cifar100_5000.npz"}}])
+  assert common.provenance_line(mixed) == (
+      "public real (npz:public_cifar100_5000.npz) where a row has one, none elsewhere")
   assert not common.all_real({"public": ["none"]})
   meta = {"train_sizes": {"a": 150, "b": 80}, "test_sizes": {"a": 30, "b": 30},
           "public_size": 5000}

@@ -217,12 +217,14 @@ def source_kind(source: str) -> str:
 
 def short_source(source: str) -> str:
   """A source without the machine's directories: "npz:/d/office31.npz[amazon]" ->
-  "npz:office31.npz[amazon]", "folder:/d/OfficeHome/Art" -> "folder:Art"; a synthetic
+  "npz:office31.npz[amazon]", "folder:/d/OfficeHome/Art" -> "folder:Art" (a note after
+  "; " kept: "npz:/d/cifar10.npz; PFLlib's data: ..." -> "npz:cifar10.npz; PFLlib's ..."); a synthetic
   source's seed (the cell's seed) as "seed=<cell seed>"."""
-  match = re.fullmatch(r"(npz|folder):(.*?)(\[[^\]]*\])?", source)
+  head, sep, note = source.partition("; ")  # a note after the path ("...npz; PFLlib's data")
+  match = re.fullmatch(r"(npz|folder):(.*?)(\[[^\]]*\])?", head)
   if match:
     kind, path, part = match.groups()
-    return f"{kind}:{pathlib.PurePath(path).name}{part or ''}"
+    return f"{kind}:{pathlib.PurePath(path).name}{part or ''}{sep}{note}"
   if source.startswith("synthetic"):
     return re.sub(r"seed=\d+", "seed=<cell seed>", source)
   return source
@@ -253,6 +255,9 @@ def provenance_line(sources: Mapping[str, Sequence[str]]) -> str:
       parts.append(f"{name} real ({shown})")
     elif kinds == {"none"}:
       parts.append(f"{name} none")
+    elif kinds == {"real", "none"}:  # rows with the source and rows without one (no public set)
+      real = "; ".join(v for v in values if source_kind(v) == "real")
+      parts.append(f"{name} real ({real}) where a row has one, none elsewhere")
     else:
       parts.append(f"{name} SYNTHETIC ({shown})")
   return ", ".join(parts)

@@ -48,9 +48,10 @@ run_table = functools.partial(common.results_table, kinds=("accuracy",))
 
 KIND_TEXT = {
     "accuracy": "global test accuracy (eval/accuracy/mean)",
-    "intra": "the mean over the clients of the accuracy on their own test domain "
-             "(eval/intra/mean): the global model on the permuted test splits, each client's "
-             "local model on its own classes' test images (classes5, classes2)",
+    "intra": "the mean over the clients of each client's accuracy on its own test data "
+             "(eval/intra/mean): on permuted MNIST the global model on the client's permuted "
+             "test split; on label-skewed data (CIFAR-10 classes5 / classes2, the HtFL "
+             "scenarios) the client's own model on its own test images",
 }
 
 
@@ -392,7 +393,8 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
            "the run's length (a strict lower bound, no std); reduce / saved: 1 − mean(row) / "
            "mean(FedAvg), \"> x%\" when FedAvg is censored, \"< x%\" when the row is, n/a when "
            "both are (each has a seed that never reached the target).",
-           "", f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})", "",
+           "", (f"Final accuracy (each run: {averaged})" if htfllib else
+                f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})"), "",
            final_table(summary, rows, {} if htfllib else paper, show_diff=show_diff), ""]
   numbers_htfllib = {}
   if htfllib:
