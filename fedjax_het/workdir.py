@@ -97,6 +97,8 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "glfc.update_all_clients": (False,),
     "glfc.proxy.shuffle_gradients": (False,),
     "icarl.classifier": ("nme",),    # iCaRL's classifier, that of the recorded runs
+    "fedproto.classifier": ("prototype",),  # FedProto's / FedTGP's inference, the recorded one
+    "fedtgp.classifier": ("prototype",),
     # The class-incremental image side (0: the dataset's, CIFAR-100's 32) and ResNet stem ("auto":
     # the CIFAR stem at 32 px), the values of the recorded CIFAR-100 runs.
     "scenario.image_size": (0, 32),

@@ -354,6 +354,31 @@ def test_fedproto_evaluates_by_the_nearest_global_prototype():
   assert np.all(np.isfinite(np.asarray(jax.jit(everywhere.evaluate)(state, data.test)["a"])))
 
 
+@pytest.mark.parametrize("method", ["fedproto", "fedtgp"])
+def test_the_head_classifier_evaluates_each_clients_own_logits(method):
+  """`classifier="head"`: each client's argmax of its own head on its own test split, the
+  training unchanged (the same state as the prototype classifier's run)."""
+  make = {"fedproto": fedproto.make_fedproto, "fedtgp": fedtgp.make_fedtgp}[method]
+  setup = _setup()
+  data, images, labels = _data(setup)
+  _, history, _ = _run(make, _config(method), setup, data, 1)
+  algorithm, head_history, _ = _run(make, _config(method, **{f"{method}.classifier": "head"}),
+                                    setup, data, 1)
+  chex.assert_trees_all_equal(history[1], head_history[1])
+  state = head_history[1]
+  accuracy = jax.jit(algorithm.evaluate)(state, data.test)
+  features = _features(state, setup, images)
+  by_prototype = jax.jit(make(_config(method), setup).evaluate)(state, data.test)
+  differs = False
+  for p, (logits, y) in enumerate(zip(_logits(state, setup, features), labels)):
+    group = next(g for g in setup.groups if p in g.clients)
+    slot = group.clients.index(p)
+    want = 100.0 * np.mean(logits.argmax(-1) == y)
+    np.testing.assert_allclose(np.asarray(accuracy[group.name][slot])[p], want, rtol=1e-5)
+    differs |= float(by_prototype[group.name][slot][p]) != want
+  assert differs   # the two classifiers disagree somewhere on this federation
+
+
 def test_fd_round_averages_train_mode_logits_per_class_and_distils():
   setup = _setup()
   data, images, labels = _data(setup)
@@ -514,6 +539,11 @@ def test_bad_config_values_name_the_field():
   c.fedproto.weighting = "median"
   with pytest.raises(ValueError, match=r"fedproto.weighting.*'uniform', 'size'"):
     validate_config(c)
+  for method in ("fedproto", "fedtgp"):
+    c = base_config(method)
+    c[method].classifier = "logits"
+    with pytest.raises(ValueError, match=rf"{method}.classifier.*'prototype', 'head'"):
+      validate_config(c)
   c = base_config("fd")
   c.fd.target = "probabilities"
   with pytest.raises(ValueError, match=r"fd.target.*'logits', 'softmax'"):

@@ -20,6 +20,9 @@ Every round (all K clients take part, HtFLlib's `-jr 1`):
      over the sum of their counts)).
 Inference (HtFLlib's `test_metrics`): the class of the nearest global prototype in mean
 squared distance, not the head; classes without a global prototype are never predicted.
+`fedproto.classifier = "head"` evaluates each client's own head instead (its logits' top-k;
+the head is trained by the CE term): not the paper's inference, a diagnosis of how much of
+FedProto's accuracy is its classifier's; training is unchanged.
 
 Defaults and their sources: λ = 10 (`-lam 10` in HtFLlib's `total.sh` for FedProto; FedTGP
 `run_me.sh` uses 10 for FedTGP's own regulariser, `main.py`'s default is 1), local SGD as
@@ -93,7 +96,7 @@ def make_fedproto(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                                   "classes_with_prototype": jnp.sum(present).astype(jnp.float32)}}
 
   return Algorithm(name="fedproto", init=init, round=round_fn,
-                   evaluate=htfl_common.prototype_evaluate(config, setup))
+                   evaluate=htfl_common.prototype_evaluate(config, setup, "fedproto"))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -102,6 +105,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.fedproto = ml_collections.ConfigDict({
       "lamda": 10.0,            # λ of the prototype regulariser (HtFLlib total.sh: -lam 10)
       "weighting": "uniform",   # server mean over clients: "uniform" (code) or "size" (Eq. 6)
+      "classifier": "prototype",  # inference: "prototype" (paper, code) or "head" (diagnosis)
   })
   return c
 
@@ -114,3 +118,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                    lambda v: validation.finite_number(v) and v >= 0, "a number >= 0")
   validation.check(config, "fedproto.weighting", validation.choice(WEIGHTINGS),
                    f"one of {WEIGHTINGS}")
+  classifiers = htfl_common.PROTOTYPE_CLASSIFIERS
+  validation.check(config, "fedproto.classifier", validation.choice(classifiers),
+                   f"one of {classifiers}")

@@ -21,7 +21,9 @@ Every round (all K clients take part):
      client batch size) on `losses.htfl.tgp_margin_contrastive_loss` with margin δ.
   5. The new global prototypes P̂_c = F(c) for every class go to every client.
 Inference: the class of the nearest global prototype in mean squared distance (HtFLlib's
-`test_metrics`).
+`test_metrics`). `fedtgp.classifier = "head"` evaluates each client's own head instead (its
+logits' top-k; the head is trained by the CE term): not the paper's inference, a diagnosis;
+training is unchanged.
 
 Defaults and their sources: λ = 10, 100 server epochs, τ = 100 (FedTGP `run_me.sh` and
 HtFLlib `total.sh`: `-lam 10 -se 100 -mart 100`), local SGD as `htfl_common.local_config`,
@@ -151,7 +153,7 @@ def make_fedtgp(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                                   "server_loss": last_loss}}
 
   return Algorithm(name="fedtgp", init=init, round=round_fn,
-                   evaluate=htfl_common.prototype_evaluate(config, setup))
+                   evaluate=htfl_common.prototype_evaluate(config, setup, "fedtgp"))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -164,6 +166,7 @@ def default_config() -> ml_collections.ConfigDict:
       "server_lr": 0.0,           # 0: local.lr (the code's server_learning_rate)
       "server_batch_size": 0,     # 0: local.batch_size (the code's server batch)
       "hidden_dim": 0,            # 0: the feature dimension (the code's server_hidden_dim)
+      "classifier": "prototype",  # inference: "prototype" (paper, code) or "head" (diagnosis)
   })
   return c
 
@@ -181,3 +184,5 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
           "a number >= 0 (0: local.lr)")
   for field in ("server_batch_size", "hidden_dim"):
     v.check(config, f"fedtgp.{field}", v.int_at_least(0), "an integer >= 0 (0: the default)")
+  classifiers = htfl_common.PROTOTYPE_CLASSIFIERS
+  v.check(config, "fedtgp.classifier", v.choice(classifiers), f"one of {classifiers}")

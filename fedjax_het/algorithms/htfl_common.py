@@ -21,8 +21,8 @@ LG-FedAvg, FedGH, FedKD).
 * `aggregate_class_means`: the server's unweighted mean over the clients that hold a class
   (HtFLlib's `proto_aggregation`).
 * `make_evaluate`: top-k accuracy of every slot on every test domain with a method's own
-  scores (nearest global prototype for FedProto / FedTGP, `prototype_evaluate`) or with its
-  variables changed (the global head of LG-FedAvg / FedGH).
+  scores (nearest global prototype for FedProto / FedTGP, `prototype_evaluate`, or their
+  clients' own heads with `classifier="head"`) or with its variables changed (the global head of LG-FedAvg / FedGH).
 * The round's skeleton: `local_phase` reads `config.local` once into a `LocalPhase` (epochs,
   the rate of each round, every group's slots and trainer), whose `train` runs one group's
   local training; `init_clients` gives every client its own variables; `train_collecting`
@@ -494,8 +494,20 @@ def prototype_scores(features: jax.Array, logits: jax.Array, extra: Any) -> jax.
   return htfl_losses.nearest_prototype_scores(features, prototypes, present)
 
 
-def prototype_evaluate(config: ml_collections.ConfigDict, setup: Setup):
-  """`make_evaluate` by the nearest of the state's "global_protos" whose "proto_present"."""
+#: The classifiers of FedProto's and FedTGP's evaluation (`fedproto.classifier`,
+#: `fedtgp.classifier`): the nearest global prototype (the papers' and HtFLlib's inference), or
+#: each client's own head, which both methods train with cross-entropy (a diagnosis).
+PROTOTYPE_CLASSIFIERS = ("prototype", "head")
+
+
+def prototype_evaluate(config: ml_collections.ConfigDict, setup: Setup, section: str):
+  """`make_evaluate` by the nearest of the state's "global_protos" whose "proto_present"
+  (`config[section].classifier == "prototype"`), or by each client's own logits ("head")."""
+  classifier = config[section].get("classifier", "prototype")
+  if classifier not in PROTOTYPE_CLASSIFIERS:
+    validation.fail(f"{section}.classifier", f"one of {PROTOTYPE_CLASSIFIERS}", classifier)
+  if classifier == "head":
+    return make_evaluate(config, setup)
   return make_evaluate(config, setup, scores=prototype_scores,
                        shared=lambda state: (state["global_protos"], state["proto_present"]))
 

@@ -703,6 +703,13 @@ HTFL_LABELS = {"lg_fedavg": "LG-FedAvg", "fedgh": "FedGH", "fml": "FML", "fedkd"
                "fd": "FD (FedDistill)", "fedproto": "FedProto", "fedtgp": "FedTGP",
                "fedmd": "FedMD (public)", "fccl": "FCCL (public)", "fcclplus": "FCCL+ (public)",
                "feddf": "FedDF (public)", "rhfl": "RHFL (public)"}
+#: Diagnosis rows (not the papers'): FedProto and FedTGP trained as their rows, evaluated by
+#: each client's own head instead of the nearest global prototype; placed after FedTGP.
+HTFL_HEAD_DIAGNOSES = (
+    Row(key="fedproto_head", label="FedProto, head classifier (not the paper's)",
+        variant="fedproto", overrides=(("fedproto.classifier", "head"),)),
+    Row(key="fedtgp_head", label="FedTGP, head classifier (not the paper's)",
+        variant="fedtgp", overrides=(("fedtgp.classifier", "head"),)))
 HTFL_PROTOCOL = ("20 clients, all in every round, PFLlib's data (train and test pooled, "
                  "partitioned, every client split 75/25), backbones i mod k of the HtFE group "
                  "with features pooled to 512, local SGD lr 0.01 in batches of 10, 1 epoch per "
@@ -722,6 +729,11 @@ HTFL_NOTES = (
     "detached peer, no gradient clipping) with HtFLlib's local SGD and size-weighted "
     "averaging; HtFLlib's FML takes torch's element-mean KLDivLoss, keeps both KL targets "
     "attached and clips gradients at norm 10",
+    "the rows FedProto, head classifier and FedTGP, head classifier are not the papers': "
+    "FedProto and FedTGP trained as their own rows (the same programs, the same numbers), "
+    "each client evaluated by its own head (fedproto.classifier / fedtgp.classifier = head) "
+    "instead of the nearest global prototype, the diagnosis of how much of their accuracy is "
+    "their classifier's",
     "the quick scale: width-1/8 backbones, features pooled to 64, a pool of 2000 + 1000 "
     "CIFAR-10 images, 5 rounds; the public-data methods: 1000 public images, 1-epoch "
     "warm-ups; FD distils toward the softmax of the global class logits (fd.target=softmax, "
@@ -731,8 +743,12 @@ HTFL_NOTES = (
 
 
 def htfl_setting(dataset: str, skew: str, group: str,
-                 methods: Sequence[str] = HTFL_METHODS) -> Setting:
+                 methods: Sequence[str] = HTFL_METHODS,
+                 diagnoses: Sequence[Row] = HTFL_HEAD_DIAGNOSES) -> Setting:
   """One (dataset, skew, HtFE group) of the HtFL tables (fedjax_het/configs/htfl.py).
+
+  `diagnoses` (rows whose variant names the method) follow the FedTGP row when `methods` has
+  one.
 
   The paper column: FedTGP's CIFAR-100 practical number of the group where it prints one,
   else FedKTL Table 1's HtFE8 number of the (skew, dataset), named as such in "where".
@@ -748,10 +764,14 @@ def htfl_setting(dataset: str, skew: str, group: str,
              "paper column is the 8-backbone group's")
     final = {m: numbers.HTFL_FEDKTL_TABLE1[m][(skew, dataset)] for m in methods
              if (skew, dataset) in numbers.HTFL_FEDKTL_TABLE1.get(m, {})}
-  rows = tuple(Row(key=m, label=HTFL_LABELS[m], variant=f"{dataset}_{skew}_{group}_{m}")
-               for m in methods)
+  rows = []
+  for m in methods:
+    rows.append(Row(key=m, label=HTFL_LABELS[m], variant=f"{dataset}_{skew}_{group}_{m}"))
+    if m == "fedtgp":
+      rows += [dataclasses.replace(d, variant=f"{dataset}_{skew}_{group}_{d.variant}")
+               for d in diagnoses]
   return Setting(key=f"{dataset}_{skew}_{group}", label=f"{dataset} {skew}, {group.upper()}",
-                 config="htfl", rows=rows, scenario=f"{dataset}_{skew}",
+                 config="htfl", rows=tuple(rows), scenario=f"{dataset}_{skew}",
                  paper={"where": where, "final": final, "metric": "htfllib",
                         "notes": ("HtFLlib's metric (best round, pooled over the clients' test "
                                   "splits), mean over 3 runs",)})
@@ -1008,8 +1028,9 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_office31", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")),
             ("fcclplus_digits", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch"))),
     # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
-    # every row in HtFE2 and HtFE4, the data-free methods before the public-data ones.
-    "htfl": (("htfl_cifar10_practical", None),),
+    # every method in HtFE2 and HtFE4 (not the head-classifier diagnoses), the data-free
+    # methods before the public-data ones.
+    "htfl": (("htfl_cifar10_practical", HTFL_METHODS + HTFL_PUBLIC_METHODS),),
 }
 
 
