@@ -730,8 +730,8 @@ HTFL_NOTES = (
     "averaging; HtFLlib's FML takes torch's element-mean KLDivLoss, keeps both KL targets "
     "attached and clips gradients at norm 10",
     "the rows FedProto, head classifier and FedTGP, head classifier are not the papers': "
-    "FedProto and FedTGP trained as their own rows (the same programs, the same numbers), "
-    "each client evaluated by its own head (fedproto.classifier / fedtgp.classifier = head) "
+    "FedProto and FedTGP trained as their own rows (on one machine the same per-round "
+    "losses, bit for bit), each client evaluated by its own head (fedproto.classifier / fedtgp.classifier = head) "
     "instead of the nearest global prototype, the diagnosis of how much of their accuracy is "
     "their classifier's",
     "the quick scale: width-1/8 backbones, features pooled to 64, a pool of 2000 + 1000 "
