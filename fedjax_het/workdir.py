@@ -99,6 +99,9 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "icarl.classifier": ("nme",),    # iCaRL's classifier, that of the recorded runs
     "fedproto.classifier": ("prototype",),  # FedProto's / FedTGP's inference, the recorded one
     "fedtgp.classifier": ("prototype",),
+    "fedkd.compression": ("none",),   # FedKD's SVD truncation: the recorded runs sent it whole
+    "fedkd.energy_start": None,       # read only by fedkd.compression="svd"
+    "fedkd.energy_end": None,
     # The class-incremental image side (0: the dataset's, CIFAR-100's 32) and ResNet stem ("auto":
     # the CIFAR stem at 32 px), the values of the recorded CIFAR-100 runs.
     "scenario.image_size": (0, 32),

@@ -479,7 +479,7 @@ def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
     return trained, metrics
 
   monkeypatch.setattr(fedkd.local, "train_clients", recording)
-  algorithm = fedkd.make_fedkd(_config("fedkd"), setup)
+  algorithm = fedkd.make_fedkd(_config("fedkd", **{"fedkd.compression": "none"}), setup)
   state0 = rounds.initial_state(algorithm, jax.random.key(0), data)
   state1, metrics = rounds.make_round_fn(algorithm)(state0, data)   # eager: copies concrete
   stacked = jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *copies)  # 3 clients
@@ -491,6 +491,111 @@ def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
   w_h = np.asarray(state1["groups"]["a"]["w_h"])
   assert not np.allclose(w_h, state0["groups"]["a"]["w_h"]) and not np.allclose(w_h[0], w_h[1])
   assert np.all(np.isfinite(np.asarray(metrics["local"]["a"]["mentee"])))
+
+
+def _code_truncation(w, energy):
+  """HtFLlib's FedKD truncation of one parameter in torch layout, by hand in NumPy float32:
+  (received parameter, floats sent)."""
+  w = np.asarray(w, np.float32)
+  if w.ndim < 2 or w.shape[0] <= 1:
+    return w, w.size
+  u, s, vt = np.linalg.svd(w, full_matrices=False)          # batched over leading axes
+  with np.errstate(over="ignore"):                          # the saturated case: inf
+    per_position = np.square(s).reshape(-1, s.shape[-1]).sum(0)
+  if per_position.sum() == 0:
+    return w, w.size
+  rank = 0
+  for k in range(per_position.size):                        # k = n is never tried
+    if per_position[:k].sum() > energy * per_position.sum():
+      rank = k
+      break
+  received = (u[..., :rank] * s[..., None, :rank]) @ vt[..., :rank, :]
+  matrices = int(np.prod(w.shape[:-2]))
+  return received, matrices * rank * (w.shape[-2] + w.shape[-1] + 1)
+
+
+def _flax_to_torch(x):
+  return np.transpose(x, (3, 2, 0, 1)) if x.ndim == 4 else (x.T if x.ndim == 2 else x)
+
+
+@pytest.mark.parametrize("energy", [0.95, 0.98, 0.5])
+@pytest.mark.parametrize("shape", [(20, 6), (6, 20), (5, 5, 3, 4), (3, 3, 2, 8), (7,), (9, 1)])
+def test_svd_truncation_matches_the_codes_rule(shape, energy):
+  rng = np.random.default_rng(sum(shape))
+  # A decaying spectrum, so that the rank lands inside (not at the code's edge).
+  x = rng.normal(size=shape).astype(np.float32)
+  if len(shape) == 2 and min(shape) > 1:
+    u, _, vt = np.linalg.svd(x, full_matrices=False)
+    x = ((u * (0.5 ** np.arange(min(shape)))) @ vt).astype(np.float32)
+  got, sent = jax.jit(fedkd.svd_truncate)(jnp.asarray(x), jnp.float32(energy))
+  want, want_sent = _code_truncation(_flax_to_torch(x), energy)
+  np.testing.assert_allclose(_flax_to_torch(np.asarray(got)), want, rtol=1e-4, atol=1e-5)
+  assert float(sent) == want_sent
+
+
+def test_svd_truncation_zeroes_a_flat_spectrum_and_keeps_zeros_and_vectors():
+  q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(8, 8)))
+  flat = (3.0 * q[:, :4]).astype(np.float32)          # four equal singular values
+  got, sent = fedkd.svd_truncate(jnp.asarray(flat), jnp.float32(0.95))
+  want, want_sent = _code_truncation(flat.T, 0.95)
+  assert want_sent == 0 and not np.any(want)          # the code's edge: nothing kept
+  assert float(sent) == 0 and not np.any(np.asarray(got))
+  zeros = jnp.zeros((3, 3, 2, 4))
+  got, sent = fedkd.svd_truncate(zeros, jnp.float32(0.95))
+  assert float(sent) == zeros.size and not np.any(np.asarray(got))
+  # Saturated: the squared singular values overflow float32 to inf in both.
+  huge = jnp.asarray(np.random.default_rng(1).normal(size=(6, 4)) * 1e20, jnp.float32)
+  got, sent = fedkd.svd_truncate(huge, jnp.float32(0.95))
+  want, want_sent = _code_truncation(np.asarray(huge).T, 0.95)
+  assert float(sent) == want_sent == 0 and not np.any(np.asarray(got))
+
+
+def test_energy_share_rises_from_t_start_as_the_code_updates_it():
+  np.testing.assert_allclose([float(fedkd.energy_share(r, 100, 0.95, 0.98))
+                              for r in (0, 1, 50, 99)],
+                             [0.95, 0.9503, 0.965, 0.9797], rtol=0, atol=1e-6)
+
+
+def test_fedkd_with_svd_averages_the_truncated_copies_and_truncates_the_mean(monkeypatch):
+  setup = _setup()
+  data, _, _ = _data(setup)
+  copies = []
+  train = fedkd.local.train_clients
+
+  def recording(*args, **kwargs):
+    trained, metrics = train(*args, **kwargs)
+    copies.append(trained["params"]["mentee"])
+    return trained, metrics
+
+  monkeypatch.setattr(fedkd.local, "train_clients", recording)
+  config = _config("fedkd", **{"fedkd.compression": "svd", "fedkd.energy_start": 0.6,
+                               "fedkd.energy_end": 0.9})
+  algorithm = fedkd.make_fedkd(config, setup)
+  state0 = rounds.initial_state(algorithm, jax.random.key(0), data)
+  state1, metrics = rounds.make_round_fn(algorithm)(state0, data)   # eager: copies concrete
+  energy = 0.6                                                      # round 0: T_start
+  stacked = jax.tree_util.tree_map(lambda *x: np.concatenate(x), *copies)   # 3 clients
+  leaves, treedef = jax.tree_util.tree_flatten(stacked)
+  mean, up = [], 0
+  for leaf in leaves:
+    received = []
+    for c in range(3):
+      r, n = _code_truncation(_flax_to_torch(np.asarray(leaf[c])), energy)
+      received.append(r)
+      up += n
+    mean.append(np.mean(received, axis=0))
+  want, down = [], 0
+  for m in mean:
+    r, n = _code_truncation(m, energy)
+    want.append(r)
+    down += 3 * n
+  got = jax.tree_util.tree_leaves(state1["mentee"])
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(_flax_to_torch(np.asarray(g)), w, rtol=1e-4, atol=1e-5)
+  server = metrics["server"]
+  assert float(server["bytes_up"]) == 4 * up and float(server["bytes_down"]) == 4 * down
+  full = sum(x.size for x in jax.tree_util.tree_leaves(state0["mentee"]))
+  assert 0 < up < 3 * full                      # truncated: fewer floats than the whole copies
 
 
 @pytest.mark.parametrize("method", ["fedproto", pytest.param("fd", marks=pytest.mark.slow),
@@ -544,6 +649,14 @@ def test_bad_config_values_name_the_field():
     c[method].classifier = "logits"
     with pytest.raises(ValueError, match=rf"{method}.classifier.*'prototype', 'head'"):
       validate_config(c)
+  c = base_config("fedkd")
+  c.fedkd.compression = "pca"
+  with pytest.raises(ValueError, match=r"fedkd.compression.*'svd', 'none'"):
+    validate_config(c)
+  c = base_config("fedkd")
+  c.fedkd.energy_end = 1.5
+  with pytest.raises(ValueError, match=r"fedkd.energy_end.*\[0, 1\]"):
+    validate_config(c)
   c = base_config("fd")
   c.fd.target = "probabilities"
   with pytest.raises(ValueError, match=r"fd.target.*'logits', 'softmax'"):
@@ -605,7 +718,8 @@ MAKERS = {"fedproto": fedproto.make_fedproto, "fd": fd.make_fd, "fedtgp": fedtgp
 def test_three_rounds_give_the_recorded_state(method):
   setup = _setup()
   data, _, _ = _data(setup)
-  config = _config(method, **({"fedtgp.server_epochs": 2} if method == "fedtgp" else {}))
+  config = _config(method, **({"fedtgp.server_epochs": 2} if method == "fedtgp" else {}),
+                   **({"fedkd.compression": "none"} if method == "fedkd" else {}))
   _, history, _ = _run(MAKERS[method], config, setup, data, 3)
   leaves = [np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(history[-1])
             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]

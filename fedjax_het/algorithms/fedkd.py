@@ -11,19 +11,35 @@ round (all K clients):
      MSE(h, W_h h_g) / (CE + CE_g), nothing detached, as HtFLlib back-propagates both
      losses into every parameter before stepping), each model's gradient clipped to norm 10
      (`torch.nn.utils.clip_grad_norm_`), the mentee at `fedkd.mentee_lr`.
-  2. Server: the mentee's parameters are averaged uniformly over the clients (HtFLlib's
-     `aggregate_parameters`: 1 / #clients) and sent back; BatchNorm running statistics are
-     buffers, not parameters, in the code, so each client's mentee keeps its own.
+  2. Upload: with `fedkd.compression = "svd"` (HtFLlib's default) every client sends its
+     mentee copy SVD-truncated (`svd_truncate`, HtFLlib's `decomposition`) at the round's
+     energy share T_r = T_start + r / R (T_end - T_start) (round r = 0, 1, ..., R rounds;
+     `fedkd.energy_start` 0.95, `fedkd.energy_end` 0.98, `-Ts` / `-Te`); "none" sends it whole.
+  3. Server: the received mentees (reconstructed) are averaged uniformly over the clients
+     (HtFLlib's `aggregate_parameters`: 1 / #clients), truncated again at T_r ("svd") and
+     sent back; BatchNorm running statistics are buffers, not parameters, in the code, so
+     each client's mentee keeps its own.
 Inference: each client's private model.
 
-Defaults and their sources: mentee lr 0.01 (`-mlr 0.01`), local SGD as
+The truncation (HtFLlib's `decomposition` and `recover`, after FedKD's own code): a parameter
+with more than one dimension whose torch layout has more than one row (a Linear's output
+features, a Conv's output channels) is split into matrices, the whole (out, in) matrix of a
+Linear and the (kh, kw) kernel of every (out, in) pair of a Conv, each factored u s v by SVD.
+Over the n singular-value positions j, E_j = the sum of s_j^2 over the matrices; the rank kept
+is t = the smallest k in 0, ..., n - 1 with E_0 + ... + E_{k-1} > T (E_0 + ... + E_{n-1}),
+and 0 when no k qualifies: the code never keeps all n, so a parameter whose last singular
+value holds at least 1 - T of its energy arrives as zeros (a random (10, 512) head, ten
+singular values of about equal size, at T = 0.95, for instance). An all-zero parameter, a
+vector and a parameter of one row travel whole. Received: u[:, :t] s[:t] v[:t] of each matrix.
+The byte counts are the numbers of floats sent: t (m + n' + 1) for each m x n' matrix.
+
+Defaults and their sources: mentee lr 0.01 (`-mlr 0.01`), compression "svd" with
+`-Ts 0.95 -Te 0.98` (`main.py`'s defaults, which `total.sh` keeps), local SGD as
 `htfl_common.local_config`, features pooled to 512.
 
-Not implemented: the SVD compression of the exchanged mentee (HtFLlib's `decomposition`: every
-matrix truncated to the singular values holding an energy share T rising from 0.95 to 0.98
-over the rounds, `-Ts 0.95 -Te 0.98`): the mentee travels uncompressed (the byte counts say
-so). Deviations: each local epoch visits the rows in a fresh random order and keeps the last
-partial batch; HtFLlib evaluates before a round's training, this library after it.
+Deviations: each local epoch visits the rows in a fresh random order and keeps the last
+partial batch; HtFLlib evaluates before a round's training, this library after it; the SVD
+runs in float32 on the device (the code: NumPy's float32 LAPACK on the host).
 
 Reference: C. Wu, F. Wu, L. Lyu, Y. Huang, X. Xie. Communication-efficient federated learning
 via knowledge distillation. Nature Communications 13, 2032 (2022). Code read: TsingZ0/HtFLlib
@@ -31,6 +47,9 @@ system/flcore/clients/clientkd.py, servers/serverkd.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +59,7 @@ import optax
 from fedjax_het import models, validation
 from fedjax_het.algorithms import common, htfl_common
 from fedjax_het.data.augment import normalizer
-from fedjax_het.engine import local
+from fedjax_het.engine import local, optim
 from fedjax_het.engine.api import Algorithm, Setup
 from fedjax_het.engine.clients import ClientGroup, init_group_variables
 from fedjax_het.losses import htfl as htfl_losses
@@ -48,6 +67,62 @@ from fedjax_het.losses import htfl as htfl_losses
 #: HtFLlib's gradient clipping (`clip_grad_norm_(..., 10)` on each model and on W_h).
 CLIP_NORM = 10.0
 PARTS = ("private", "mentee", "w")
+#: `fedkd.compression`: HtFLlib's SVD truncation of the exchanged mentee, or none.
+COMPRESSIONS = ("svd", "none")
+
+
+def energy_share(round_index: jax.Array, num_rounds: int | jax.Array, start: float,
+                 end: float) -> jax.Array:
+  """T_r = start + r / R (end - start): HtFLlib's energy of round r = 0, 1, ... (serverkd's
+  update after round r - 1)."""
+  fraction = optim.divide_as_by_constant(jnp.asarray(round_index, jnp.float32), num_rounds)
+  return start + fraction * (end - start)
+
+
+def _torch_layout(x: jax.Array) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
+  """A flax parameter as the stack of matrices the code factors, and the way back: a Dense
+  kernel (in, out) is one matrix (its transpose's SVD has the same singular values), a Conv
+  kernel (kh, kw, in, out) the (out, in) stack of (kh, kw) matrices."""
+  if x.ndim == 4:
+    return jnp.transpose(x, (3, 2, 0, 1)), lambda y: jnp.transpose(y, (2, 3, 1, 0))
+  return x, lambda y: y
+
+
+def svd_truncate(x: jax.Array, energy: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One parameter as HtFLlib's FedKD sends and receives it (module docstring).
+
+  Args:
+    x: a flax parameter (Dense kernel (in, out), Conv kernel (kh, kw, in, out), or a vector).
+    energy: T, the energy share.
+
+  Returns:
+    (the received parameter, the number of floats sent), both float32.
+  """
+  rows = x.shape[-1] if x.ndim in (2, 4) else 1      # the torch layout's first dimension
+  if rows <= 1:
+    return x, jnp.asarray(x.size, jnp.float32)
+  stack, back = _torch_layout(x)
+  u, sv, vt = jnp.linalg.svd(stack, full_matrices=False)
+  per_position = jnp.sum(jnp.reshape(sv ** 2, (-1, sv.shape[-1])), axis=0)     # E_j, (n,)
+  total = jnp.sum(per_position)
+  before = jnp.cumsum(per_position) - per_position                            # E_0..E_{k-1}
+  qualifies = before > energy * total
+  rank = jnp.where(jnp.any(qualifies), jnp.argmax(qualifies), 0)
+  kept = jnp.where(jnp.arange(sv.shape[-1]) < rank, sv, 0.0)
+  received = back(jnp.matmul(u * kept[..., None, :], vt)).astype(x.dtype)
+  matrices = stack.size // (stack.shape[-2] * stack.shape[-1])
+  sent = (matrices * rank * (stack.shape[-2] + stack.shape[-1] + 1)).astype(jnp.float32)
+  whole = total == 0
+  return (jnp.where(whole, x, received),
+          jnp.where(whole, jnp.asarray(x.size, jnp.float32), sent))
+
+
+def compress_tree(params: Any, energy: jax.Array) -> tuple[Any, jax.Array]:
+  """`svd_truncate` of every leaf: (the received tree, the floats sent in all)."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  pairs = [svd_truncate(leaf, energy) for leaf in leaves]
+  return (jax.tree_util.tree_unflatten(treedef, [p[0] for p in pairs]),
+          sum(p[1] for p in pairs))
 
 
 def make_optimizer(mentee_lr_ratio: float) -> optax.GradientTransformation:
@@ -120,9 +195,17 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
               phase.ids[g.name])}
     return {"groups": groups, "mentee": shared["params"]}
 
+  compression = cfg.get("compression", "none")
+  if compression not in COMPRESSIONS:
+    validation.fail("fedkd.compression", f"one of {COMPRESSIONS}", compression)
+  energy_start = float(cfg.get("energy_start", 0.95))
+  energy_end = float(cfg.get("energy_end", 0.98))
+
   def round_fn(state, data, key, round_index):
     local_key = jax.random.split(key, 4)[3]
-    groups, metrics, copies = {}, {}, {}
+    energy = energy_share(round_index, optim.num_rounds_in_run(setup.num_rounds),
+                          energy_start, energy_end)
+    groups, metrics, copies, sent_up = {}, {}, {}, {}
     for group in setup.groups:
       g, s = state["groups"][group.name], group.num_slots
       joint = {"params": {"private": g["variables"]["params"],
@@ -140,13 +223,23 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
                                             g["mentee_stats"]),
           "w_h": phase.keep_active(group, trained["params"]["w"], g["w_h"])}
       copies[group.name] = trained["params"]["mentee"]
+      if compression == "svd":
+        copies[group.name], floats = jax.vmap(compress_tree, in_axes=(0, None))(
+            copies[group.name], energy)
+        sent_up[group.name] = jnp.sum(jnp.where(phase.active[group.name], floats, 0.0))
     mentee_params = htfl_common.weighted_tree_mean(
         copies, {n: phase.active[n].astype(jnp.float32) for n in copies})
     k = setup.num_participants
+    up = down = jnp.asarray(k * mentee_floats, jnp.float32)
+    server = {}
+    if compression == "svd":
+      mentee_params, floats = compress_tree(mentee_params, energy)
+      up, down = sum(sent_up.values()), k * floats
+      server = {"energy": energy, "mentee_floats_sent": floats}
     return ({**state, "groups": groups, "mentee": mentee_params},
             {"local": metrics,
-             "server": {"bytes_up": htfl_common.float_bytes(k * mentee_floats),
-                        "bytes_down": htfl_common.float_bytes(k * mentee_floats)}})
+             "server": {"bytes_up": htfl_common.float_bytes(up),
+                        "bytes_down": htfl_common.float_bytes(down), **server}})
 
   return Algorithm(name="fedkd", init=init, round=round_fn,
                    evaluate=htfl_common.make_evaluate(config, setup))
@@ -155,7 +248,12 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 def default_config() -> ml_collections.ConfigDict:
   """`local` (HtFLlib's SGD), `htfl` (pooled feature dimension) and `fedkd`."""
   c = htfl_common.default_sections()
-  c.fedkd = ml_collections.ConfigDict({"mentee_lr": 0.01})   # -mlr 0.01
+  c.fedkd = ml_collections.ConfigDict({
+      "mentee_lr": 0.01,        # -mlr 0.01
+      "compression": "svd",     # the exchanged mentee SVD-truncated ("none": sent whole)
+      "energy_start": 0.95,     # T of round 0 (-Ts 0.95)
+      "energy_end": 0.98,       # T approached at round R (-Te 0.98)
+  })
   return c
 
 
@@ -164,3 +262,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   htfl_common.validate_sections(config)
   validation.require_section(config, "fedkd")
   validation.check(config, "fedkd.mentee_lr", validation.positive, "a number > 0")
+  validation.check(config, "fedkd.compression", validation.choice(COMPRESSIONS),
+                   f"one of {COMPRESSIONS}")
+  for field in ("energy_start", "energy_end"):
+    validation.check(config, f"fedkd.{field}",
+                     lambda v: validation.finite_number(v) and 0 <= v <= 1, "a number in [0, 1]")
