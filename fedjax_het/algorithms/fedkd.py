@@ -31,10 +31,10 @@ and 0 when no k qualifies: the code never keeps all n, so a parameter whose last
 value holds at least 1 - T of its energy arrives as zeros (a random (10, 512) head, ten
 singular values of about equal size, at T = 0.95, for instance). An all-zero parameter, a
 vector and a parameter of one row travel whole. Received: u[:, :t] s[:t] v[:t] of each matrix.
-The byte counts are the numbers of floats sent: t (m + n' + 1) for each m x n' matrix.
+The byte counts count the float32 numbers sent: t (m + n' + 1) for each m x n' matrix.
 
 Defaults and their sources: mentee lr 0.01 (`-mlr 0.01`), compression "svd" with
-`-Ts 0.95 -Te 0.98` (`main.py`'s defaults, which `total.sh` keeps), local SGD as
+`-Ts 0.95 -Te 0.98` (HtFLlib's `total.sh` for FedKD, `main.py`'s defaults), local SGD as
 `htfl_common.local_config`, features pooled to 512.
 
 Deviations: each local epoch visits the rows in a fresh random order and keeps the last
