@@ -171,14 +171,16 @@ def _clusters(per_class=12, classes=3, dim=16, seed=0):
 def test_tsne_embedding_keeps_the_classes_apart():
   pytest.importorskip("sklearn")
   features, labels = _clusters()
-  embedding = figures.tsne_embedding(features, seed=0, iterations=250)
+  # 500 iterations: sklearn spends the first 250 in early exaggeration, which alone does not
+  # separate the classes with every sklearn release (1.9 leaves 3 of 36 points astray).
+  embedding = figures.tsne_embedding(features, seed=0, iterations=500)
   assert embedding.shape == (36, 2) and np.isfinite(embedding).all()
   # Every point's nearest neighbour in the embedding is of its own class.
   distance = np.linalg.norm(embedding[:, None] - embedding[None], axis=-1)
   np.fill_diagonal(distance, np.inf)
   assert (labels[distance.argmin(axis=1)] == labels).all()
   np.testing.assert_array_equal(embedding, figures.tsne_embedding(features, seed=0,
-                                                                  iterations=250))
+                                                                  iterations=500))
 
 
 def test_tsne_figure_has_a_panel_per_participant_and_run():
