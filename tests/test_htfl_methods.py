@@ -467,7 +467,9 @@ def test_fedgh_trains_the_global_head_on_the_uploaded_prototypes():
   np.testing.assert_allclose(state["head"]["bias"], want_b, rtol=1e-4, atol=1e-6)
 
 
-def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
+def _fedkd_round_recording_copies(monkeypatch, **fields):
+  """One eager FedKD round of the tiny federation: (state0, state1, metrics, the trained
+  mentee copies of the 3 clients stacked, before any upload)."""
   setup = _setup()
   data, _, _ = _data(setup)
   copies = []
@@ -479,10 +481,16 @@ def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
     return trained, metrics
 
   monkeypatch.setattr(fedkd.local, "train_clients", recording)
-  algorithm = fedkd.make_fedkd(_config("fedkd", **{"fedkd.compression": "none"}), setup)
+  algorithm = fedkd.make_fedkd(_config("fedkd", **fields), setup)
   state0 = rounds.initial_state(algorithm, jax.random.key(0), data)
   state1, metrics = rounds.make_round_fn(algorithm)(state0, data)   # eager: copies concrete
-  stacked = jax.tree_util.tree_map(lambda *x: jnp.concatenate(x), *copies)  # 3 clients
+  stacked = jax.tree_util.tree_map(lambda *x: np.concatenate(x), *copies)   # 3 clients
+  return state0, state1, metrics, stacked
+
+
+def test_fedkd_averages_the_mentee_copies_and_keeps_w_h_local(monkeypatch):
+  state0, state1, metrics, stacked = _fedkd_round_recording_copies(
+      monkeypatch, **{"fedkd.compression": "none"})
   want = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64).mean(0), stacked)
   jax.tree_util.tree_map(lambda got, w: np.testing.assert_allclose(got, w, rtol=1e-5,
                                                                    atol=1e-7),
@@ -557,25 +565,11 @@ def test_energy_share_rises_from_t_start_as_the_code_updates_it():
 
 
 def test_fedkd_with_svd_averages_the_truncated_copies_and_truncates_the_mean(monkeypatch):
-  setup = _setup()
-  data, _, _ = _data(setup)
-  copies = []
-  train = fedkd.local.train_clients
-
-  def recording(*args, **kwargs):
-    trained, metrics = train(*args, **kwargs)
-    copies.append(trained["params"]["mentee"])
-    return trained, metrics
-
-  monkeypatch.setattr(fedkd.local, "train_clients", recording)
-  config = _config("fedkd", **{"fedkd.compression": "svd", "fedkd.energy_start": 0.6,
-                               "fedkd.energy_end": 0.9})
-  algorithm = fedkd.make_fedkd(config, setup)
-  state0 = rounds.initial_state(algorithm, jax.random.key(0), data)
-  state1, metrics = rounds.make_round_fn(algorithm)(state0, data)   # eager: copies concrete
+  state0, state1, metrics, stacked = _fedkd_round_recording_copies(
+      monkeypatch, **{"fedkd.compression": "svd", "fedkd.energy_start": 0.6,
+                      "fedkd.energy_end": 0.9})
   energy = 0.6                                                      # round 0: T_start
-  stacked = jax.tree_util.tree_map(lambda *x: np.concatenate(x), *copies)   # 3 clients
-  leaves, treedef = jax.tree_util.tree_flatten(stacked)
+  leaves = jax.tree_util.tree_leaves(stacked)
   mean, up = [], 0
   for leaf in leaves:
     received = []
@@ -639,32 +633,24 @@ def test_round_is_traced_once(make, method):
       assert np.all(np.isfinite(np.asarray(leaf)))
 
 
+#: (method, field, a bad value, what the message must name).
+BAD_VALUES = (
+    ("fedproto", "fedproto.weighting", "median", r"fedproto.weighting.*'uniform', 'size'"),
+    ("fedproto", "fedproto.classifier", "logits", r"fedproto.classifier.*'prototype', 'head'"),
+    ("fedtgp", "fedtgp.classifier", "logits", r"fedtgp.classifier.*'prototype', 'head'"),
+    ("fedkd", "fedkd.compression", "pca", r"fedkd.compression.*'svd', 'none'"),
+    ("fedkd", "fedkd.energy_end", 1.5, r"fedkd.energy_end.*\[0, 1\]"),
+    ("fd", "fd.target", "probabilities", r"fd.target.*'logits', 'softmax'"),
+    ("fedtgp", "htfl.eval_domains", "some", r"htfl.eval_domains.*'own', 'all'"),
+)
+
+
 def test_bad_config_values_name_the_field():
-  c = base_config("fedproto")
-  c.fedproto.weighting = "median"
-  with pytest.raises(ValueError, match=r"fedproto.weighting.*'uniform', 'size'"):
-    validate_config(c)
-  for method in ("fedproto", "fedtgp"):
+  for method, field, value, message in BAD_VALUES:
     c = base_config(method)
-    c[method].classifier = "logits"
-    with pytest.raises(ValueError, match=rf"{method}.classifier.*'prototype', 'head'"):
+    c.update_from_flattened_dict({field: value})
+    with pytest.raises(ValueError, match=message):
       validate_config(c)
-  c = base_config("fedkd")
-  c.fedkd.compression = "pca"
-  with pytest.raises(ValueError, match=r"fedkd.compression.*'svd', 'none'"):
-    validate_config(c)
-  c = base_config("fedkd")
-  c.fedkd.energy_end = 1.5
-  with pytest.raises(ValueError, match=r"fedkd.energy_end.*\[0, 1\]"):
-    validate_config(c)
-  c = base_config("fd")
-  c.fd.target = "probabilities"
-  with pytest.raises(ValueError, match=r"fd.target.*'logits', 'softmax'"):
-    validate_config(c)
-  c = base_config("fedtgp")
-  c.htfl.eval_domains = "some"
-  with pytest.raises(ValueError, match=r"htfl.eval_domains.*'own', 'all'"):
-    validate_config(c)
   wide = clients.group_clients(["a", "b"], [TinyMLP(num_classes=3), TinyWide(num_classes=3)])
   setup = api.Setup(groups=wide, num_participants=2, num_classes=3, num_rounds=1,
                     max_sizes={"a": 6, "b": 6}, private_mean=STATS[0], private_std=STATS[1],
