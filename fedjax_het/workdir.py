@@ -99,6 +99,8 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "icarl.classifier": ("nme",),    # iCaRL's classifier, that of the recorded runs
     "fedproto.classifier": ("prototype",),  # FedProto's / FedTGP's inference, the recorded one
     "fedtgp.classifier": ("prototype",),
+    "lg_fedavg.classifier": ("global",),  # LG-FedAvg's / FedGH's inference, the recorded one
+    "fedgh.classifier": ("global",),
     "fedkd.compression": ("none",),   # FedKD's SVD truncation: the recorded runs sent it whole
     "fedkd.energy_start": None,       # read only by fedkd.compression="svd"
     "fedkd.energy_end": None,

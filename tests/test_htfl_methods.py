@@ -379,6 +379,33 @@ def test_the_head_classifier_evaluates_each_clients_own_logits(method):
   assert differs   # the two classifiers disagree somewhere on this federation
 
 
+@pytest.mark.parametrize("method", ["lg_fedavg", "fedgh"])
+def test_the_local_head_evaluates_each_clients_trained_head(method):
+  """`classifier="local"`: each client's argmax with its own head after local training (the
+  global head otherwise), the training unchanged."""
+  make = {"lg_fedavg": lg_fedavg.make_lg_fedavg, "fedgh": lg_fedavg.make_fedgh}[method]
+  setup = _setup()
+  data, images, labels = _data(setup)
+  fields = {"local.lr": 0.5}          # heads far enough apart to predict differently
+  algorithm, history, _ = _run(make, _config(method, **fields,
+                                             **{f"{method}.classifier": "local"}),
+                               setup, data, 2)
+  _, plain_history, _ = _run(make, _config(method, **fields), setup, data, 2)
+  chex.assert_trees_all_equal(history[-1], plain_history[-1])
+  state = history[-1]
+  accuracy = jax.jit(algorithm.evaluate)(state, data.test)
+  by_global = jax.jit(make(_config(method, **fields), setup).evaluate)(state, data.test)
+  differs = False
+  for p, (logits, y) in enumerate(zip(_logits(state, setup, _features(state, setup, images)),
+                                      labels)):
+    group = next(g for g in setup.groups if p in g.clients)
+    slot = group.clients.index(p)
+    want = 100.0 * np.mean(logits.argmax(-1) == y)
+    np.testing.assert_allclose(np.asarray(accuracy[group.name][slot])[p], want, rtol=1e-5)
+    differs |= float(by_global[group.name][slot][p]) != want
+  assert differs   # the global and the local heads disagree somewhere here
+
+
 def test_fd_round_averages_train_mode_logits_per_class_and_distils():
   setup = _setup()
   data, images, labels = _data(setup)
@@ -638,6 +665,8 @@ BAD_VALUES = (
     ("fedproto", "fedproto.weighting", "median", r"fedproto.weighting.*'uniform', 'size'"),
     ("fedproto", "fedproto.classifier", "logits", r"fedproto.classifier.*'prototype', 'head'"),
     ("fedtgp", "fedtgp.classifier", "logits", r"fedtgp.classifier.*'prototype', 'head'"),
+    ("lg_fedavg", "lg_fedavg.classifier", "mine", r"lg_fedavg.classifier.*'global', 'local'"),
+    ("fedgh", "fedgh.classifier", "mine", r"fedgh.classifier.*'global', 'local'"),
     ("fedkd", "fedkd.compression", "pca", r"fedkd.compression.*'svd', 'none'"),
     ("fedkd", "fedkd.energy_end", 1.5, r"fedkd.energy_end.*\[0, 1\]"),
     ("fd", "fd.target", "probabilities", r"fd.target.*'logits', 'softmax'"),

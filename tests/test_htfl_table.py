@@ -14,7 +14,8 @@ def test_the_table_lists_every_method_for_htfe2_and_htfe4():
   assert table.family == "partitioned"
   assert [s.key for s in table.settings] == ["cifar10_practical_htfe2", "cifar10_practical_htfe4"]
   cells = cells_lib.plan(table, "quick", [0, 1, 2])
-  methods = tables.HTFL_METHODS + ("fedproto_head", "fedtgp_head") + tables.HTFL_PUBLIC_METHODS
+  methods = (tables.HTFL_METHODS + ("fedproto_head", "fedtgp_head", "lg_fedavg_local",
+                                     "fedgh_local") + tables.HTFL_PUBLIC_METHODS)
   assert len(cells) == 3 * 2 * len(methods)
   config = cell_configs.cell_config(cells[0])
   validate_config(config)
@@ -54,7 +55,8 @@ def test_the_htfl_queue_holds_every_paper_cell_of_the_table():
   assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)
   # Every cell of the table but the head-classifier diagnoses (not the papers' rows).
   assert {c.label for c in cells} == {c.label for c in cells_lib.plan(table, "paper", [0, 1, 2])
-                                      if not c.row.key.endswith("_head")}
+                                      if c.row not in tables.HTFL_HEAD_DIAGNOSES
+                                      and not c.row.key.endswith(("_head", "_local"))}
   assert cells[0].label == "htfl_cifar10_practical/paper/cifar10_practical_htfe2__lg_fedavg__seed0"
   # Seed by seed; in each seed the data-free rows come before the public-data rows.
   per_seed = 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)
@@ -67,21 +69,26 @@ def test_the_htfl_queue_holds_every_paper_cell_of_the_table():
   assert (config.num_rounds, config.models.width, config.htfl.feature_dim) == (2000, 1.0, 512)
 
 
-@pytest.mark.parametrize("method", ["fedproto", "fedtgp"])
-def test_the_head_diagnosis_rows_differ_from_their_methods_in_the_classifier_alone(method):
+@pytest.mark.parametrize("method,row,values", [
+    ("fedproto", "fedproto_head", ("prototype", "head")),
+    ("fedtgp", "fedtgp_head", ("prototype", "head")),
+    ("lg_fedavg", "lg_fedavg_local", ("global", "local")),
+    ("fedgh", "fedgh_local", ("global", "local"))])
+def test_the_diagnosis_rows_differ_from_their_methods_in_the_classifier_alone(method, row,
+                                                                              values):
   table = tables.get_table("htfl_cifar10_practical")
   for scale in ("quick", "paper"):
     cells = {(c.setting.key, c.row.key): c for c in cells_lib.plan(table, scale, [0])}
     for setting in table.settings:
       plain = cell_configs.cell_config(cells[(setting.key, method)])
-      head = cell_configs.cell_config(cells[(setting.key, f"{method}_head")])
-      validate_config(head)
-      assert (plain[method].classifier, head[method].classifier) == ("prototype", "head")
-      head[method].classifier = "prototype"
-      head.name = plain.name
-      assert head.to_dict() == plain.to_dict()
-  # No paper prints a head-classifier number: the paper column stays empty for the rows.
-  assert all(f"{method}_head" not in s.paper["final"] for s in table.settings)
+      diagnosis = cell_configs.cell_config(cells[(setting.key, row)])
+      validate_config(diagnosis)
+      assert (plain[method].classifier, diagnosis[method].classifier) == values
+      diagnosis[method].classifier = values[0]
+      diagnosis.name = plain.name
+      assert diagnosis.to_dict() == plain.to_dict()
+  # No paper prints a number for the diagnoses: the paper column stays empty for the rows.
+  assert all(row not in s.paper["final"] for s in table.settings)
 
 
 def test_the_cifar100_groups_take_fedtgps_own_numbers():

@@ -19,7 +19,10 @@ HtFLlib's `BaseHeadSplit`, so every backbone's head has one shape), start from p
        `fedgh.server_lr` in shuffled batches of `local.batch_size` (HtFLlib's `train_head`,
        the client batch size).
 Inference: every client's feature extractor with the global head g (its head after step 1
-of the next round, which is what HtFLlib evaluates).
+of the next round, which is what HtFLlib evaluates). `lg_fedavg.classifier` /
+`fedgh.classifier = "local"` evaluates each client's own head after its local training
+instead (the head it uploads or, in FedGH, the one the prototypes left behind): not the
+papers' inference, a diagnosis of how much the global head costs; training is unchanged.
 
 Defaults and their sources: FedGH server lr 0.01 and 1 server epoch (HtFLlib `total.sh`:
 `-slr 0.01 -se 1`); local SGD as `htfl_common.local_config`; features pooled to 512.
@@ -46,6 +49,11 @@ import ml_collections
 from fedjax_het import losses, validation
 from fedjax_het.algorithms import common, htfl_common
 from fedjax_het.engine.api import Algorithm, Setup
+
+
+#: `lg_fedavg.classifier` / `fedgh.classifier`: the global head (the papers' and HtFLlib's
+#: inference) or each client's own head after its local training (a diagnosis).
+CLASSIFIERS = ("global", "local")
 
 
 def with_head(variables, head, num_slots):
@@ -115,10 +123,17 @@ def make_global_head_method(name: str, config: ml_collections.ConfigDict, setup:
     return {**state, "groups": groups, "head": head}, {"local": metrics,
                                                        "server": server_metrics}
 
-  evaluate = htfl_common.make_evaluate(
-      config, setup, variables=lambda state, group: with_head(
-          state["groups"][group]["variables"], state["head"],
-          next(g.num_slots for g in setup.groups if g.name == group)))
+  section = "lg_fedavg" if server == "average" else "fedgh"
+  classifier = config.get(section, {}).get("classifier", "global")
+  if classifier not in CLASSIFIERS:
+    validation.fail(f"{section}.classifier", f"one of {CLASSIFIERS}", classifier)
+  if classifier == "local":   # the clients' trained variables, their own heads included
+    evaluate = htfl_common.make_evaluate(config, setup)
+  else:
+    evaluate = htfl_common.make_evaluate(
+        config, setup, variables=lambda state, group: with_head(
+            state["groups"][group]["variables"], state["head"],
+            next(g.num_slots for g in setup.groups if g.name == group)))
   return Algorithm(name=name, init=init, round=round_fn, evaluate=evaluate)
 
 
@@ -133,13 +148,21 @@ def make_fedgh(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """LG-FedAvg's sections: `local` (HtFLlib's SGD) and `htfl` (pooled feature dimension)."""
-  return htfl_common.default_sections()
+  """LG-FedAvg's sections: `local` (HtFLlib's SGD), `htfl` (pooled feature dimension) and
+  `lg_fedavg` (the inference's head)."""
+  c = htfl_common.default_sections()
+  c.lg_fedavg = ml_collections.ConfigDict({
+      "classifier": "global",   # inference: "global" head (paper, code) or "local" (diagnosis)
+  })
+  return c
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks LG-FedAvg's `config.htfl` and `config.local`."""
+  """Checks LG-FedAvg's `config.lg_fedavg`, `config.htfl` and `config.local`."""
   htfl_common.validate_sections(config)
+  validation.require_section(config, "lg_fedavg")
+  validation.check(config, "lg_fedavg.classifier", validation.choice(CLASSIFIERS),
+                   f"one of {CLASSIFIERS}")
 
 
 def fedgh_default_config() -> ml_collections.ConfigDict:
@@ -149,6 +172,7 @@ def fedgh_default_config() -> ml_collections.ConfigDict:
       "server_epochs": 1,        # epochs of head training per round (total.sh: -se 1)
       "server_lr": 0.01,         # SGD rate of the head training (-slr 0.01)
       "server_batch_size": 0,    # 0: local.batch_size (the code's server batch)
+      "classifier": "global",    # inference: "global" head (paper, code) or "local" (diagnosis)
   })
   return c
 
@@ -162,3 +186,4 @@ def fedgh_validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fedgh.server_lr", v.positive, "a number > 0")
   v.check(config, "fedgh.server_batch_size", v.int_at_least(0),
           "an integer >= 0 (0: local.batch_size)")
+  v.check(config, "fedgh.classifier", v.choice(CLASSIFIERS), f"one of {CLASSIFIERS}")

@@ -704,12 +704,17 @@ HTFL_LABELS = {"lg_fedavg": "LG-FedAvg", "fedgh": "FedGH", "fml": "FML", "fedkd"
                "fedmd": "FedMD (public)", "fccl": "FCCL (public)", "fcclplus": "FCCL+ (public)",
                "feddf": "FedDF (public)", "rhfl": "RHFL (public)"}
 #: Diagnosis rows (not the papers'): FedProto and FedTGP trained as their rows, evaluated by
-#: each client's own head instead of the nearest global prototype; placed after FedTGP.
+#: each client's own head instead of the nearest global prototype, and LG-FedAvg and FedGH
+#: evaluated by each client's own trained head instead of the global head; after FedTGP.
 HTFL_HEAD_DIAGNOSES = (
     Row(key="fedproto_head", label="FedProto, head classifier (not the paper's)",
         variant="fedproto", overrides=(("fedproto.classifier", "head"),)),
     Row(key="fedtgp_head", label="FedTGP, head classifier (not the paper's)",
-        variant="fedtgp", overrides=(("fedtgp.classifier", "head"),)))
+        variant="fedtgp", overrides=(("fedtgp.classifier", "head"),)),
+    Row(key="lg_fedavg_local", label="LG-FedAvg, local head (not the paper's)",
+        variant="lg_fedavg", overrides=(("lg_fedavg.classifier", "local"),)),
+    Row(key="fedgh_local", label="FedGH, local head (not the paper's)",
+        variant="fedgh", overrides=(("fedgh.classifier", "local"),)))
 HTFL_PROTOCOL = ("20 clients, all in every round, PFLlib's data (train and test pooled, "
                  "partitioned, every client split 75/25), backbones i mod k of the HtFE group "
                  "with features pooled to 512, local SGD lr 0.01 in batches of 10, 1 epoch per "
@@ -733,7 +738,9 @@ HTFL_NOTES = (
     "FedProto and FedTGP trained as their own rows (on one machine the same per-round "
     "losses, bit for bit), each client evaluated by its own head (fedproto.classifier / fedtgp.classifier = head) "
     "instead of the nearest global prototype, the diagnosis of how much of their accuracy is "
-    "their classifier's",
+    "their classifier's; the rows LG-FedAvg, local head and FedGH, local head likewise "
+    "evaluate each client's own head after its local training instead of the global head "
+    "(lg_fedavg.classifier / fedgh.classifier = local)",
     "the quick scale: width-1/8 backbones, features pooled to 64, a pool of 2000 + 1000 "
     "CIFAR-10 images, 5 rounds; the public-data methods: 1000 public images, 1-epoch "
     "warm-ups; FD distils toward the softmax of the global class logits (fd.target=softmax, "
