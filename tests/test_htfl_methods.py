@@ -354,6 +354,22 @@ def test_fedproto_evaluates_by_the_nearest_global_prototype():
   assert np.all(np.isfinite(np.asarray(jax.jit(everywhere.evaluate)(state, data.test)["a"])))
 
 
+def _assert_own_head_accuracy(algorithm, other, state, setup, data, images, labels):
+  """`algorithm.evaluate` gives each client's argmax of its own head (NumPy, float64) on its
+  own test split, and `other` (the method's own classifier) differs somewhere."""
+  accuracy = jax.jit(algorithm.evaluate)(state, data.test)
+  by_other = jax.jit(other.evaluate)(state, data.test)
+  differs = False
+  for p, (logits, y) in enumerate(zip(_logits(state, setup, _features(state, setup, images)),
+                                      labels)):
+    group = next(g for g in setup.groups if p in g.clients)
+    slot = group.clients.index(p)
+    want = 100.0 * np.mean(logits.argmax(-1) == y)
+    np.testing.assert_allclose(np.asarray(accuracy[group.name][slot])[p], want, rtol=1e-5)
+    differs |= float(by_other[group.name][slot][p]) != want
+  assert differs   # the two classifiers disagree somewhere on this federation
+
+
 @pytest.mark.parametrize("method", ["fedproto", "fedtgp"])
 def test_the_head_classifier_evaluates_each_clients_own_logits(method):
   """`classifier="head"`: each client's argmax of its own head on its own test split, the
@@ -365,18 +381,8 @@ def test_the_head_classifier_evaluates_each_clients_own_logits(method):
   algorithm, head_history, _ = _run(make, _config(method, **{f"{method}.classifier": "head"}),
                                     setup, data, 1)
   chex.assert_trees_all_equal(history[1], head_history[1])
-  state = head_history[1]
-  accuracy = jax.jit(algorithm.evaluate)(state, data.test)
-  features = _features(state, setup, images)
-  by_prototype = jax.jit(make(_config(method), setup).evaluate)(state, data.test)
-  differs = False
-  for p, (logits, y) in enumerate(zip(_logits(state, setup, features), labels)):
-    group = next(g for g in setup.groups if p in g.clients)
-    slot = group.clients.index(p)
-    want = 100.0 * np.mean(logits.argmax(-1) == y)
-    np.testing.assert_allclose(np.asarray(accuracy[group.name][slot])[p], want, rtol=1e-5)
-    differs |= float(by_prototype[group.name][slot][p]) != want
-  assert differs   # the two classifiers disagree somewhere on this federation
+  _assert_own_head_accuracy(algorithm, make(_config(method), setup), head_history[1], setup,
+                            data, images, labels)
 
 
 @pytest.mark.parametrize("method", ["lg_fedavg", "fedgh"])
@@ -392,18 +398,8 @@ def test_the_local_head_evaluates_each_clients_trained_head(method):
                                setup, data, 2)
   _, plain_history, _ = _run(make, _config(method, **fields), setup, data, 2)
   chex.assert_trees_all_equal(history[-1], plain_history[-1])
-  state = history[-1]
-  accuracy = jax.jit(algorithm.evaluate)(state, data.test)
-  by_global = jax.jit(make(_config(method, **fields), setup).evaluate)(state, data.test)
-  differs = False
-  for p, (logits, y) in enumerate(zip(_logits(state, setup, _features(state, setup, images)),
-                                      labels)):
-    group = next(g for g in setup.groups if p in g.clients)
-    slot = group.clients.index(p)
-    want = 100.0 * np.mean(logits.argmax(-1) == y)
-    np.testing.assert_allclose(np.asarray(accuracy[group.name][slot])[p], want, rtol=1e-5)
-    differs |= float(by_global[group.name][slot][p]) != want
-  assert differs   # the global and the local heads disagree somewhere here
+  _assert_own_head_accuracy(algorithm, make(_config(method, **fields), setup), history[-1],
+                            setup, data, images, labels)
 
 
 def test_fd_round_averages_train_mode_logits_per_class_and_distils():

@@ -53,10 +53,10 @@ def test_the_htfl_queue_holds_every_paper_cell_of_the_table():
   cells = cells_lib.queue_plan("htfl", "paper", [0, 1, 2])
   table = tables.get_table("htfl_cifar10_practical")
   assert len(cells) == 3 * 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)
-  # Every cell of the table but the head-classifier diagnoses (not the papers' rows).
+  # Every cell of the table but the diagnosis rows (not the papers' rows).
+  diagnoses = {d.key for d in tables.HTFL_HEAD_DIAGNOSES}
   assert {c.label for c in cells} == {c.label for c in cells_lib.plan(table, "paper", [0, 1, 2])
-                                      if c.row not in tables.HTFL_HEAD_DIAGNOSES
-                                      and not c.row.key.endswith(("_head", "_local"))}
+                                      if c.row.key not in diagnoses}
   assert cells[0].label == "htfl_cifar10_practical/paper/cifar10_practical_htfe2__lg_fedavg__seed0"
   # Seed by seed; in each seed the data-free rows come before the public-data rows.
   per_seed = 2 * len(tables.HTFL_METHODS + tables.HTFL_PUBLIC_METHODS)

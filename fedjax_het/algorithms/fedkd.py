@@ -69,6 +69,8 @@ CLIP_NORM = 10.0
 PARTS = ("private", "mentee", "w")
 #: `fedkd.compression`: HtFLlib's SVD truncation of the exchanged mentee, or none.
 COMPRESSIONS = ("svd", "none")
+#: HtFLlib's energy shares T_start and T_end (`-Ts 0.95 -Te 0.98`).
+ENERGY_START, ENERGY_END = 0.95, 0.98
 
 
 def energy_share(round_index: jax.Array, num_rounds: int | jax.Array, start: float,
@@ -198,8 +200,8 @@ def make_fedkd(config: ml_collections.ConfigDict, setup: Setup) -> Algorithm:
   compression = cfg.get("compression", "none")
   if compression not in COMPRESSIONS:
     validation.fail("fedkd.compression", f"one of {COMPRESSIONS}", compression)
-  energy_start = float(cfg.get("energy_start", 0.95))
-  energy_end = float(cfg.get("energy_end", 0.98))
+  energy_start = float(cfg.get("energy_start", ENERGY_START))
+  energy_end = float(cfg.get("energy_end", ENERGY_END))
 
   def round_fn(state, data, key, round_index):
     local_key = jax.random.split(key, 4)[3]
@@ -251,8 +253,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.fedkd = ml_collections.ConfigDict({
       "mentee_lr": 0.01,        # -mlr 0.01
       "compression": "svd",     # the exchanged mentee SVD-truncated ("none": sent whole)
-      "energy_start": 0.95,     # T of round 0 (-Ts 0.95)
-      "energy_end": 0.98,       # T approached at round R (-Te 0.98)
+      "energy_start": ENERGY_START,   # T of round 0 (-Ts 0.95)
+      "energy_end": ENERGY_END,       # T approached at round R (-Te 0.98)
   })
   return c
 
