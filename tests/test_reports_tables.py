@@ -36,6 +36,7 @@ def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
     # A paper table has its quick and paper scales; a diagnosis (not the paper's) is mid only.
     assert {"quick", "paper"} <= set(table.scales) or (
         table.scales == ("mid",) and table.id in ("fcclplus_office31_width",
+                                              "fcclplus_office31_base_width",
                                               "fcclplus_digits_real")), table.id
     for scale in table.scales:
       names = set()
@@ -397,18 +398,23 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
 
 def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
   cells = cells_lib.queue_plan("mid", "mid", [0, 1])
-  # Each seed: FCCL+ and BASE of Office31, its width diagnosis, of Digits, its real-domain
+  # Each seed: FCCL+ and BASE of Office31, its width diagnoses, of Digits, its real-domain
   # diagnosis, then the five other rows of Office31 and of Digits.
-  per_seed = [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_office31_width",
-                                               "fcclplus_digits", "fcclplus_digits_real")
+  per_seed = [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_office31_width")
               for r in ("fcclplus", "solo")]
+  per_seed += [f"fcclplus_office31_base_width/mid/solo_{w}__seed0"
+               for w in ("w8", "w4", "w2", "w1")]
+  per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_digits", "fcclplus_digits_real")
+               for r in ("fcclplus", "solo")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_digits")
                for r in ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")]
-  assert [c.label for c in cells[:18]] == per_seed
-  assert len(cells) == 2 * 18 and cells[18].label == "fcclplus_office31/mid/fcclplus__seed1"
-  for cell in cells[:18]:
+  assert [c.label for c in cells[:22]] == per_seed
+  assert len(cells) == 2 * 22 and cells[22].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:22]:
     config = cell_configs.cell_config(cell)
     validate_config(config)
+    if cell.table.id == "fcclplus_office31_base_width":
+      continue  # its own test below
     width = 0.25 if cell.table.id.endswith("_width") else 0.125
     assert (config.num_rounds, config.models.width) == (40, width)
     if cell.table.id == "fcclplus_digits_real":
@@ -445,3 +451,38 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
       "solo": {"mnist": 70.2, "usps": 74.19, "svhn": 74.57, "syn": 73.6},
       "fcclplus": {"mnist": 90.54, "usps": 86.92, "svhn": 87.11, "syn": 97.72}}}
   assert real.paper_delta == {}
+
+
+def test_the_base_width_diagnosis_is_the_mid_base_for_the_papers_fifty_epochs_at_four_widths():
+  diagnosis, office31 = (tables.get_table("fcclplus_office31_base_width"),
+                         tables.get_table("fcclplus_office31"))
+  assert diagnosis.scales == ("mid",) and diagnosis.base == "solo_w8"
+  [setting], [full] = diagnosis.settings, office31.settings
+  assert [(r.key, r.label) for r in setting.rows] == [
+      ("solo_w8", "BASE, width 1/8"), ("solo_w4", "BASE, width 1/4"),
+      ("solo_w2", "BASE, width 1/2"), ("solo_w1", "BASE, full width")]
+  [twin] = cells_lib.plan(office31, "mid", [2], ["solo"])
+  plain = cell_configs.cell_config(twin).to_dict()
+  for row, width in zip(setting.rows, (0.125, 0.25, 0.5, 1.0)):
+    [cell] = cells_lib.plan(diagnosis, "mid", [2], [row.key])
+    config = cell_configs.cell_config(cell)
+    validate_config(config)
+    # 5 evaluated rounds of 10 epochs at a constant rate: the paper's 50 private epochs; the
+    # final number is the one after the last round.
+    assert (config.models.width, config.num_rounds, config.local.epochs) == (width, 5, 10)
+    assert (config.local.lr_decay, config.eval.last_rounds) == (0.0, 1)
+    mine = config.to_dict()
+    changed = {(section, field) for section in mine for field in (
+        mine[section] if isinstance(mine[section], dict) else [None])
+        if (mine[section][field] if field else mine[section]) != (
+            plain[section][field] if field else plain[section])}
+    assert changed == {("models", "width"), ("num_rounds", None), ("local", "epochs"),
+                       ("local", "lr_decay"), ("eval", "last_rounds")} - (
+                           {("models", "width")} if width == 0.125 else set())
+  # Every row sets the paper's BASE (full width) beside it; the paper prints no Δ here.
+  for row in setting.rows:
+    assert setting.paper["inter"][row.key] == full.paper["inter"]["solo"]
+    assert setting.paper["intra"][row.key]["AVG"] == 77.04
+  assert setting.paper["inter"]["solo_w1"]["AVG"] == 27.72 and setting.paper_delta == {}
+  with pytest.raises(ConfigError, match="allowed scales: mid"):
+    cells_lib.plan(diagnosis, "quick", [0], None)

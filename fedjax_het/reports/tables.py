@@ -285,6 +285,12 @@ def _fcclplus_table8_9(scenario: str) -> Table:
 
 #: The backbone width of the width diagnosis (`fcclplus_office31_width`): twice the mid scale's.
 DIAGNOSIS_WIDTH = 0.25
+#: The backbone widths of the BASE width diagnosis (`fcclplus_office31_base_width`): (row key
+#: suffix, width), the mid scale's first, the paper's full width last.
+BASE_WIDTHS = (("w8", 0.125), ("w4", 0.25), ("w2", 0.5), ("w1", 1.0))
+#: The paper's BASE (50 private epochs, FCCL+ Sec. 4.1) as that diagnosis runs it: evaluated
+#: rounds x local epochs.
+BASE_ROUNDS, BASE_EPOCHS = 5, 10
 #: The real Digits domains of the bundle, their Table VI backbones (`fcclplus_digits_real`).
 REAL_DIGITS = (("mnist", "resnet10"), ("usps", "resnet12"))
 
@@ -322,12 +328,55 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
              f"FCCL+ rows with {', '.join(f'{k}={v}' for k, v in fields)}; {note}",))
 
 
+def _width_label(width: float) -> str:
+  return "full width" if width == 1 else f"width 1/{round(1 / width)}"
+
+
+def _fcclplus_base_width(scenario: str) -> Table:
+  """BASE of Tables VIII/IX as the paper defines it, 50 private epochs of each participant
+  alone, on the backbones at each of `BASE_WIDTHS`: a diagnosis of the mid scale's BASE, whose
+  inter-domain AVG stays under the paper's at width 1/8 while its intra matches (mid scale
+  only; the paper's BASE numbers beside every row; Δ against the width-1/8 row).
+
+  The rows run the mid BASE's config (the code protocol's batches and data) with
+  `BASE_ROUNDS` evaluated rounds of `BASE_EPOCHS` local epochs at a constant learning rate (the
+  paper gives BASE no schedule; the mid BASE's first 50 epochs run at 1 and 0.9775 of the
+  rate) and `eval.last_rounds=1`: the final number is the one after epoch 50."""
+  base = _fcclplus_table8_9(scenario)
+  [full] = base.settings
+  [solo] = [r for r in full.rows if r.key == "solo"]
+  budget = (("num_rounds", BASE_ROUNDS), ("local.epochs", BASE_EPOCHS),
+            ("local.lr_decay", 0.0), ("eval.last_rounds", 1))
+  rows = tuple(dataclasses.replace(
+      solo, key=f"solo_{suffix}", label=f"BASE, {_width_label(width)}",
+      overrides=solo.overrides + (("models.width", width),) + budget)
+      for suffix, width in BASE_WIDTHS)
+  paper = {kind: {r.key: dict(by_row["solo"]) for r in rows}
+           for kind, by_row in full.paper.items() if "solo" in by_row}
+  setting = dataclasses.replace(full, rows=rows, paper=paper, paper_delta={})
+  return dataclasses.replace(
+      base, id=f"fcclplus_{scenario}_base_width",
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, BASE after the paper's "
+            f"{BASE_ROUNDS * BASE_EPOCHS} private epochs at {len(BASE_WIDTHS)} backbone widths "
+            "(diagnosis)",
+      settings=(setting,), scales=("mid",), base=rows[0].key,
+      notes=(f"not the paper's table: BASE (each participant alone) of fcclplus_{scenario}'s "
+             f"mid cells for {BASE_ROUNDS * BASE_EPOCHS} private epochs (the paper's BASE; "
+             f"{BASE_ROUNDS} rounds of {BASE_EPOCHS} local epochs at a constant rate, the "
+             "number after the last) with models.width = "
+             f"{', '.join(str(w) for _, w in BASE_WIDTHS)}; the paper column is its BASE "
+             "row, at full width, beside every row; Δ vs BASE is against the width-1/8 row: "
+             "does the backbone width hold the mid BASE's inter-domain accuracy under the "
+             "paper's?",))
+
+
 def _diagnoses() -> list[Table]:
   return [
       _fcclplus_diagnosis(
           "office31", "width", "on width-1/4 backbones", (("models.width", DIAGNOSIS_WIDTH),),
           "the mid scale's backbones are width 1/8, the paper's full width: does backbone "
           "width hold FCCL+'s gap over BASE (under half the paper's at mid scale) down?"),
+      _fcclplus_base_width("office31"),
       _fcclplus_diagnosis(
           "digits", "real", "on the real domains alone (MNIST and USPS)",
           (("scenario.domains", tuple(d for d, _ in REAL_DIGITS)),
@@ -1030,6 +1079,7 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     # Digits.
     "mid": (("fcclplus_office31", ("fcclplus", "solo")),
             ("fcclplus_office31_width", ("fcclplus", "solo")),
+            ("fcclplus_office31_base_width", None),
             ("fcclplus_digits", ("fcclplus", "solo")),
             ("fcclplus_digits_real", ("fcclplus", "solo")),
             ("fcclplus_office31", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")),
