@@ -15,11 +15,12 @@ FCCL+ ablations fcclplus_table10, fcclplus_table13, fcclplus_table14, fcclplus_t
 FCCL+ Table XV (fcclplus_table15, homogeneous), FCCL Tables 1-3 (fccl_tables1_2,
 fccl_table3), FedFusion Tables 1 and 2 (fedfusion_table1, fedfusion_table2), FedMMD's
 rounds in the text (fedmmd_cifar10_binary, fedmmd_mnist_shards), GLFC Table 1 and its
-layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), and three diagnoses at mid
+layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), three diagnoses at mid
 scale only: fcclplus_office31_width (Office31's BASE and FCCL+ on width-1/4 backbones),
 fcclplus_office31_base_width (Office31's BASE for the paper's 50 private epochs at widths 1/8,
 1/4, 1/2 and 1) and fcclplus_digits_real (Digits' BASE and FCCL+ with the real MNIST and USPS
-participants alone).
+participants alone), and one at quick scale only: fcclplus_digits_fccl_teachers (Digits' FCCL
+with its local teachers in eval mode, the FCCL code's, and in train mode).
 The registry is `fedjax_het/reports/tables.py`.
 
 Each cell trains into <results>/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with

@@ -33,11 +33,12 @@ def test_the_issues_table_ids_are_registered():
 def test_every_cell_builds_a_valid_config_at_each_of_its_tables_scales():
   for table in tables.TABLES.values():
     assert set(table.scales) <= set(tables.SCALES)
-    # A paper table has its quick and paper scales; a diagnosis (not the paper's) is mid only.
+    # A paper table has its quick and paper scales; a diagnosis (not the paper's) one scale.
     assert {"quick", "paper"} <= set(table.scales) or (
         table.scales == ("mid",) and table.id in ("fcclplus_office31_width",
                                               "fcclplus_office31_base_width",
-                                              "fcclplus_digits_real")), table.id
+                                              "fcclplus_digits_real")) or (
+        table.scales == ("quick",) and table.id == "fcclplus_digits_fccl_teachers"), table.id
     for scale in table.scales:
       names = set()
       for cell in cells_lib.plan(table, scale, [0, 1]):
@@ -486,3 +487,26 @@ def test_the_base_width_diagnosis_is_the_mid_base_for_the_papers_fifty_epochs_at
   assert setting.paper["inter"]["solo_w1"]["AVG"] == 27.72 and setting.paper_delta == {}
   with pytest.raises(ConfigError, match="allowed scales: mid"):
     cells_lib.plan(diagnosis, "quick", [0], None)
+
+
+def test_the_fccl_teacher_diagnosis_is_digits_fccl_with_its_teachers_in_either_mode():
+  diagnosis, digits = (tables.get_table("fcclplus_digits_fccl_teachers"),
+                       tables.get_table("fcclplus_digits"))
+  assert diagnosis.scales == ("quick",) and diagnosis.base == "fccl"
+  [setting], [full] = diagnosis.settings, digits.settings
+  assert [r.key for r in setting.rows] == ["fccl", "fccl_train_teachers"]
+  [fccl] = [r for r in full.rows if r.key == "fccl"]
+  assert setting.rows[0] == fccl  # the table's own FCCL cells are twins of fcclplus_digits'
+  [twin] = cells_lib.plan(digits, "quick", [1], ["fccl"])
+  plain = cell_configs.cell_config(twin)
+  assert plain.fccl.teacher_train_mode is False  # the FCCL code's eval-mode teachers
+  [cell] = cells_lib.plan(diagnosis, "quick", [1], ["fccl_train_teachers"])
+  config = cell_configs.cell_config(cell)
+  validate_config(config)
+  assert config.fccl.teacher_train_mode is True
+  plain.fccl.teacher_train_mode = True
+  assert config.to_dict() == plain.to_dict()  # nothing else differs
+  assert setting.paper["inter"] == {"fccl": full.paper["inter"]["fccl"]}
+  assert setting.paper_delta == {}
+  with pytest.raises(ConfigError, match="allowed scales: quick"):
+    cells_lib.plan(diagnosis, "mid", [0], None)

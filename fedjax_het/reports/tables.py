@@ -370,6 +370,33 @@ def _fcclplus_base_width(scenario: str) -> Table:
              "paper's?",))
 
 
+def _fccl_teachers(scenario: str) -> Table:
+  """The FCCL row of Tables VIII/IX beside FCCL with its two local teachers (the previous
+  round's model and the pretrained one, FCCL Eq. 4-7) run in train mode (`fccl.teacher_train_mode`,
+  batch statistics, as the FCCL+ code runs its FNTD teacher) instead of the FCCL code's eval
+  mode (running statistics): a diagnosis of FCCL below BASE at quick scale while Table X's FCCM
+  row, the same objective in the FCCL+ module with train-mode teachers, is not (quick only;
+  Δ against the FCCL row; the paper's FCCL numbers beside the FCCL row)."""
+  base = _fcclplus_table8_9(scenario)
+  [full] = base.settings
+  [fccl] = [r for r in full.rows if r.key == "fccl"]
+  train = dataclasses.replace(
+      fccl, key="fccl_train_teachers", label="FCCL, teachers in train mode (not the paper's)",
+      overrides=fccl.overrides + (("fccl.teacher_train_mode", True),))
+  paper = {kind: {"fccl": dict(by_row["fccl"])} for kind, by_row in full.paper.items()
+           if "fccl" in by_row}
+  setting = dataclasses.replace(full, rows=(fccl, train), paper=paper, paper_delta={})
+  return dataclasses.replace(
+      base, id=f"fcclplus_{scenario}_fccl_teachers",
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, FCCL with its local "
+            "teachers in eval or train mode (diagnosis)",
+      settings=(setting,), scales=("quick",), base="fccl",
+      notes=(f"not the paper's table: the FCCL row of fcclplus_{scenario} (teachers in eval "
+             "mode, the FCCL code's) and the same config with fccl.teacher_train_mode=True; "
+             "Δ vs BASE is against the FCCL row: do the teachers' running BatchNorm "
+             "statistics hold FCCL under BASE at quick scale?",))
+
+
 def _diagnoses() -> list[Table]:
   return [
       _fcclplus_diagnosis(
@@ -377,6 +404,7 @@ def _diagnoses() -> list[Table]:
           "the mid scale's backbones are width 1/8, the paper's full width: does backbone "
           "width hold FCCL+'s gap over BASE (under half the paper's at mid scale) down?"),
       _fcclplus_base_width("office31"),
+      _fccl_teachers("digits"),
       _fcclplus_diagnosis(
           "digits", "real", "on the real domains alone (MNIST and USPS)",
           (("scenario.domains", tuple(d for d, _ in REAL_DIGITS)),
