@@ -497,6 +497,7 @@ def test_the_fccl_teacher_diagnosis_is_digits_fccl_with_its_teachers_in_either_m
   assert [r.key for r in setting.rows] == ["fccl", "fccl_train_teachers"]
   [fccl] = [r for r in full.rows if r.key == "fccl"]
   assert setting.rows[0] == fccl  # the table's own FCCL cells are twins of fcclplus_digits'
+  assert setting.rows[1].source == ""  # no paper prints this row
   [twin] = cells_lib.plan(digits, "quick", [1], ["fccl"])
   plain = cell_configs.cell_config(twin)
   assert plain.fccl.teacher_train_mode is False  # the FCCL code's eval-mode teachers

@@ -382,7 +382,7 @@ def _fccl_teachers(scenario: str) -> Table:
   [fccl] = [r for r in full.rows if r.key == "fccl"]
   train = dataclasses.replace(
       fccl, key="fccl_train_teachers", label="FCCL, teachers in train mode (not the paper's)",
-      overrides=fccl.overrides + (("fccl.teacher_train_mode", True),))
+      overrides=fccl.overrides + (("fccl.teacher_train_mode", True),), source="")
   paper = {kind: {"fccl": dict(by_row["fccl"])} for kind, by_row in full.paper.items()
            if "fccl" in by_row}
   setting = dataclasses.replace(full, rows=(fccl, train), paper=paper, paper_delta={})
