@@ -80,6 +80,7 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "models.dropout_rate": (0.0,),
     "fccl.pretrain_batch_size": (0,),  # 0: local.batch_size, the batch of the recorded runs
     "fccl.average_placement": ("after_local",),  # the placement of the recorded runs
+    "fccl.init_keys": ("split",),  # the initial and pretraining keys of the recorded runs
     "scenario.class_order": ("seeded",),
     # GLFC's ablation switches and loss weights, at the values of the full method.
     "glfc.use_gradient_compensation": (True,),

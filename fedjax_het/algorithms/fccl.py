@@ -45,6 +45,13 @@ Adam 1e-3 without weight decay, 40 constant-rate pretraining epochs in batches
 of 256) is the `_cvpr` variant of `fedjax_het/configs/digits.py` / `office.py`.
 `fccl.fccm_eps` is the epsilon on FCCM's column variances (default 1e-6, the
 library's guard against a constant column; the authors' code has none: 0).
+`fccl.init_keys` says which keys draw the initial weights and the SOLO
+pretraining's batches from the run's key: "split" (default) the two halves of
+`jax.random.split(key)`; "run" the key itself and `fold_in(key, 1)`, as
+`fcclplus.py` does (its dual-distillation variant pretrains the same way), so
+that a seed's FCCL starts from the same weights as its BASE and FCCL+ (a
+paired comparison with common random numbers; neither is the authors' code,
+which seeds PyTorch's global generator).
 
 Reference: W. Huang, M. Ye, B. Du. Learn from Others and Be Yourself in
 Heterogeneous Federated Learning. CVPR 2022.
@@ -68,6 +75,8 @@ from fedjax_het.engine.optim import apply_updates, make_optimizer, round_decay_s
 from fedjax_het.errors import ConfigError
 
 OWN_SLOTS = ("previous", "current")
+#: Which keys draw the initial weights and the pretraining batches (`fccl.init_keys`).
+INIT_KEYS = ("split", "run")
 #: Where the homogeneous variant averages the models (`fccl.average_placement`).
 AVERAGE_PLACEMENTS = ("after_local", "between_phases")
 
@@ -90,6 +99,7 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   lam = float(cfg.off_diagonal_weight)
   fccm_eps = float(cfg.fccm_eps)
   own_slot = common.check_choice("fccl.own_slot", cfg.own_slot, OWN_SLOTS)
+  init_keys = common.check_choice("fccl.init_keys", cfg.init_keys, INIT_KEYS)
   tau = float(cfg.distill_temperature)
   weight = float(cfg.local_distill_weight)
   teacher_train_mode = bool(cfg.teacher_train_mode)
@@ -111,7 +121,10 @@ def make_phases(config: ml_collections.ConfigDict, setup: Setup) -> Phases:
   active = {g.name: jnp.asarray(slot_active(g)) for g in setup.groups}
 
   def init(key, data):
-    init_key, pretrain_key = jax.random.split(key)
+    if init_keys == "split":
+      init_key, pretrain_key = jax.random.split(key)
+    else:  # fcclplus.py's: the weights of BASE and FCCL+, FCCL+'s pretraining batches
+      init_key, pretrain_key = key, jax.random.fold_in(key, 1)
     variables = {g.name: init_group_variables(g, init_key, shared=False,
                                               num_participants=setup.num_participants)
                  for g in setup.groups}
@@ -259,6 +272,7 @@ def default_config() -> ml_collections.ConfigDict:
           "off_diagonal_weight": losses.FCCM_OFF_DIAGONAL_WEIGHT,  # lambda_Col, Eq. 2
           "fccm_eps": losses.FCCM_EPS,   # on FCCM's column variances; the code's: 0
           "own_slot": "previous",
+          "init_keys": "split",
           "distill_temperature": 1.0,                              # tau, Eq. 4-5
           "local_distill_weight": 1.0,                             # lambda_Loc, Eq. 7
           "teacher_train_mode": False,
@@ -281,6 +295,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "fccl.off_diagonal_weight", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fccl.fccm_eps", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fccl.own_slot", v.choice(OWN_SLOTS), f"one of {OWN_SLOTS}")
+  v.check(config, "fccl.init_keys", v.choice(INIT_KEYS), f"one of {INIT_KEYS}")
   v.check(config, "fccl.distill_temperature", v.positive, "a number > 0")
   v.check(config, "fccl.local_distill_weight", lambda x: x >= 0, "a number >= 0")
   v.check(config, "fccl.pretrain_epochs", v.int_at_least(0), "an integer >= 0")

@@ -397,6 +397,35 @@ def _fccl_teachers(scenario: str) -> Table:
              "statistics hold FCCL under BASE at quick scale?",))
 
 
+def _fccl_keys(scenario: str) -> Table:
+  """BASE and FCCL of Tables VIII/IX beside FCCL drawing its initial weights and pretraining
+  batches as fcclplus.py does (`fccl.init_keys="run"`: the run's key and fold_in(key, 1)
+  instead of the halves of its split), so that each seed's FCCL starts from its BASE's
+  weights: a diagnosis of FCCL below BASE on every seed at quick scale while Table X's FCCM
+  row (the same objective in the FCCL+ module, which draws its keys that way) is not (quick
+  only; Δ against BASE; the paper's BASE and FCCL numbers beside their rows)."""
+  base = _fcclplus_table8_9(scenario)
+  [full] = base.settings
+  [solo] = [r for r in full.rows if r.key == "solo"]
+  [fccl] = [r for r in full.rows if r.key == "fccl"]
+  run_keys = dataclasses.replace(
+      fccl, key="fccl_run_keys", label="FCCL, FCCL+'s initial keys (not the paper's)",
+      overrides=fccl.overrides + (("fccl.init_keys", "run"),), source="")
+  paper = {kind: {key: dict(by_row[key]) for key in ("solo", "fccl") if key in by_row}
+           for kind, by_row in full.paper.items()}
+  setting = dataclasses.replace(full, rows=(solo, fccl, run_keys), paper=paper, paper_delta={})
+  return dataclasses.replace(
+      base, id=f"fcclplus_{scenario}_fccl_keys",
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, FCCL starting from its "
+            "BASE's initial weights (diagnosis)",
+      settings=(setting,), scales=("quick",), base="solo",
+      notes=(f"not the paper's table: BASE and FCCL of fcclplus_{scenario} and the FCCL "
+             "config with fccl.init_keys='run' (initial weights from the run's key, as BASE's "
+             "and FCCL+'s, and SOLO pretraining batches from fold_in(key, 1), as FCCL+'s "
+             "dual variant): is FCCL under BASE at quick scale because of its own random "
+             "draws?",))
+
+
 def _diagnoses() -> list[Table]:
   return [
       _fcclplus_diagnosis(
@@ -405,6 +434,7 @@ def _diagnoses() -> list[Table]:
           "width hold FCCL+'s gap over BASE (under half the paper's at mid scale) down?"),
       _fcclplus_base_width("office31"),
       _fccl_teachers("digits"),
+      _fccl_keys("digits"),
       _fcclplus_diagnosis(
           "digits", "real", "on the real domains alone (MNIST and USPS)",
           (("scenario.domains", tuple(d for d, _ in REAL_DIGITS)),
