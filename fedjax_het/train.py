@@ -384,9 +384,9 @@ def _train_locked(run: Run, configs: list[ml_collections.ConfigDict],
 def wait_interruptibly(tree: Any) -> None:
   """`jax.block_until_ready(tree)` that a stop signal cuts short: the wait runs in a daemon
   thread while this (the main) thread waits on an event, which Python interrupts to run a
-  signal handler (a round of a mid or paper-scale config takes minutes on a CPU; in
-  `block_until_ready` itself a stop would wait for the round to end). An error of the
-  computation is raised here."""
+  signal handler (a round of a mid or paper-scale config takes minutes on a CPU; whether
+  `block_until_ready` itself returns to Python for a signal depends on the jaxlib release,
+  this wait does on every one). An error of the computation is raised here."""
   finished, failure = threading.Event(), []
 
   def wait() -> None:
