@@ -370,6 +370,27 @@ def _fcclplus_base_width(scenario: str) -> Table:
              "paper's?",))
 
 
+def _fccl_variant(scenario: str, *, suffix: str, beside: tuple[str, ...], key: str,
+                  label: str, field: str, value: Any, title: str, question: str) -> Table:
+  """Rows `beside` of Tables VIII/IX (their cells are twins of fcclplus_<scenario>'s, the
+  paper's numbers beside them) and the FCCL row with `field` = `value` (row `key`, no paper
+  source); quick only; Δ against the first row."""
+  base = _fcclplus_table8_9(scenario)
+  [full] = base.settings
+  rows = {r.key: r for r in full.rows}
+  variant = dataclasses.replace(rows["fccl"], key=key, label=label, source="",
+                                overrides=rows["fccl"].overrides + ((field, value),))
+  paper = {kind: {k: dict(by_row[k]) for k in beside if k in by_row}
+           for kind, by_row in full.paper.items()}
+  setting = dataclasses.replace(full, rows=(*(rows[k] for k in beside), variant), paper=paper,
+                                paper_delta={})
+  return dataclasses.replace(
+      base, id=f"fcclplus_{scenario}_{suffix}",
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, {title} (diagnosis)",
+      settings=(setting,), scales=("quick",), base=beside[0],
+      notes=(f"not the paper's table: {question}",))
+
+
 def _fccl_teachers(scenario: str) -> Table:
   """The FCCL row of Tables VIII/IX beside FCCL with its two local teachers (the previous
   round's model and the pretrained one, FCCL Eq. 4-7) run in train mode (`fccl.teacher_train_mode`,
@@ -377,24 +398,15 @@ def _fccl_teachers(scenario: str) -> Table:
   mode (running statistics): a diagnosis of FCCL below BASE at quick scale while Table X's FCCM
   row, the same objective in the FCCL+ module with train-mode teachers, is not (quick only;
   Δ against the FCCL row; the paper's FCCL numbers beside the FCCL row)."""
-  base = _fcclplus_table8_9(scenario)
-  [full] = base.settings
-  [fccl] = [r for r in full.rows if r.key == "fccl"]
-  train = dataclasses.replace(
-      fccl, key="fccl_train_teachers", label="FCCL, teachers in train mode (not the paper's)",
-      overrides=fccl.overrides + (("fccl.teacher_train_mode", True),), source="")
-  paper = {kind: {"fccl": dict(by_row["fccl"])} for kind, by_row in full.paper.items()
-           if "fccl" in by_row}
-  setting = dataclasses.replace(full, rows=(fccl, train), paper=paper, paper_delta={})
-  return dataclasses.replace(
-      base, id=f"fcclplus_{scenario}_fccl_teachers",
-      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, FCCL with its local "
-            "teachers in eval or train mode (diagnosis)",
-      settings=(setting,), scales=("quick",), base="fccl",
-      notes=(f"not the paper's table: the FCCL row of fcclplus_{scenario} (teachers in eval "
-             "mode, the FCCL code's) and the same config with fccl.teacher_train_mode=True; "
-             "Δ vs BASE is against the FCCL row: do the teachers' running BatchNorm "
-             "statistics hold FCCL under BASE at quick scale?",))
+  return _fccl_variant(
+      scenario, suffix="fccl_teachers", beside=("fccl",), key="fccl_train_teachers",
+      label="FCCL, teachers in train mode (not the paper's)",
+      field="fccl.teacher_train_mode", value=True,
+      title="FCCL with its local teachers in eval or train mode",
+      question=f"the FCCL row of fcclplus_{scenario} (teachers in eval mode, the FCCL code's) "
+               "and the same config with fccl.teacher_train_mode=True; Δ vs BASE is against "
+               "the FCCL row: do the teachers' running BatchNorm statistics hold FCCL under "
+               "BASE at quick scale?")
 
 
 def _fccl_keys(scenario: str) -> Table:
@@ -404,26 +416,14 @@ def _fccl_keys(scenario: str) -> Table:
   weights: a diagnosis of FCCL below BASE on every seed at quick scale while Table X's FCCM
   row (the same objective in the FCCL+ module, which draws its keys that way) is not (quick
   only; Δ against BASE; the paper's BASE and FCCL numbers beside their rows)."""
-  base = _fcclplus_table8_9(scenario)
-  [full] = base.settings
-  [solo] = [r for r in full.rows if r.key == "solo"]
-  [fccl] = [r for r in full.rows if r.key == "fccl"]
-  run_keys = dataclasses.replace(
-      fccl, key="fccl_run_keys", label="FCCL, FCCL+'s initial keys (not the paper's)",
-      overrides=fccl.overrides + (("fccl.init_keys", "run"),), source="")
-  paper = {kind: {key: dict(by_row[key]) for key in ("solo", "fccl") if key in by_row}
-           for kind, by_row in full.paper.items()}
-  setting = dataclasses.replace(full, rows=(solo, fccl, run_keys), paper=paper, paper_delta={})
-  return dataclasses.replace(
-      base, id=f"fcclplus_{scenario}_fccl_keys",
-      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, FCCL starting from its "
-            "BASE's initial weights (diagnosis)",
-      settings=(setting,), scales=("quick",), base="solo",
-      notes=(f"not the paper's table: BASE and FCCL of fcclplus_{scenario} and the FCCL "
-             "config with fccl.init_keys='run' (initial weights from the run's key, as BASE's "
-             "and FCCL+'s, and SOLO pretraining batches from fold_in(key, 1), as FCCL+'s "
-             "dual variant): is FCCL under BASE at quick scale because of its own random "
-             "draws?",))
+  return _fccl_variant(
+      scenario, suffix="fccl_keys", beside=("solo", "fccl"), key="fccl_run_keys",
+      label="FCCL, FCCL+'s initial keys (not the paper's)", field="fccl.init_keys",
+      value="run", title="FCCL starting from its BASE's initial weights",
+      question=f"BASE and FCCL of fcclplus_{scenario} and the FCCL config with "
+               "fccl.init_keys='run' (initial weights from the run's key, as BASE's and "
+               "FCCL+'s, and SOLO pretraining batches from fold_in(key, 1), as FCCL+'s dual "
+               "variant): is FCCL under BASE at quick scale because of its own random draws?")
 
 
 def _diagnoses() -> list[Table]:
