@@ -280,33 +280,33 @@ def test_the_readings_have_markers():
   assert len(MARKER.findall(DOC.read_text())) >= 50
 
 
-FALSE_OFFICE31 = ("FCCL is the highest inter mean (24.47 ± 0.71) but below BASE on seed 1; "
+FALSE_OFFICE31 = ("FCCL has the highest inter mean (24.36 ± 0.51) but is below BASE on seed 1; "
                   "every other difference changes sign between seeds.")
 
 
 def test_the_false_office31_sentence_fails_unmarked_and_marked():
-  # Unmarked, as it stood: the phrases have no marker.
+  # Unmarked: the phrases have no marker.
   assert set(unmarked_phrases(FALSE_OFFICE31)) == {"on seed ", "changes sign"}
   assert check_text(FALSE_OFFICE31)
-  # Marked, the claim about FCCL's intra difference is false: it is below BASE on all three.
+  # Marked, the claim about RHFL's intra difference is false: it is below BASE on all three.
   marked = FALSE_OFFICE31.replace(
       "changes sign between seeds",
-      "changes sign between seeds<!-- seeds: fcclplus_office31 office31 fccl solo intra "
+      "changes sign between seeds<!-- seeds: fcclplus_office31 office31 rhfl solo intra "
       "changes -->")
   problems = check_text(marked)
-  assert any("'changes' does not hold" in p and "-5.79, -0.42, -1.48" in p for p in problems)
-  assert not check_text("FCCL is below BASE intra on every seed (-5.79, -0.42, -1.48)<!-- "
-                        "seeds: fcclplus_office31 office31 fccl solo intra below "
-                        "-5.79,-0.42,-1.48 -->.")
+  assert any("'changes' does not hold" in p and "-14.69, -11.10, -14.67" in p for p in problems)
+  assert not check_text("RHFL is below BASE intra on every seed (-14.69, -11.10, -14.67)<!-- "
+                        "seeds: fcclplus_office31 office31 rhfl solo intra below "
+                        "-14.69,-11.10,-14.67 -->.")
 
 
 def test_a_copy_of_the_document_with_the_false_claim_fails(tmp_path):
   text = DOC.read_text()
-  true_claim = "fcclplus_office31 office31 fccl solo intra below -5.79,-0.42,-1.48"
+  true_claim = "fcclplus_office31 office31 rhfl solo intra below -14.69,-11.10,-14.67"
   assert true_claim in text
   copy = tmp_path / "results.md"
-  copy.write_text(text.replace(true_claim, "fcclplus_office31 office31 fccl solo intra changes "
-                                           "-5.79,-0.42,-1.48"))
+  copy.write_text(text.replace(true_claim, "fcclplus_office31 office31 rhfl solo intra changes "
+                                           "-14.69,-11.10,-14.67"))
   assert any("'changes' does not hold" in p for p in check_text(copy.read_text()))
   # The sentence as an unmarked reading: its phrases have no marker.
   copy.write_text(text + "\n" + FALSE_OFFICE31 + "\n")
@@ -314,14 +314,14 @@ def test_a_copy_of_the_document_with_the_false_claim_fails(tmp_path):
 
 
 def test_wrong_values_and_unprinted_values_are_caught():
-  good = ("FedMatch is above BASE inter on every seed (+2.12, +1.15, +1.92)<!-- seeds: "
-          "fcclplus_office31 office31 fedmatch solo inter above +2.12,+1.15,+1.92 -->.")
+  good = ("RHFL is below BASE intra on every seed (-14.69, -11.10, -14.67)<!-- seeds: "
+          "fcclplus_office31 office31 rhfl solo intra below -14.69,-11.10,-14.67 -->.")
   assert not check_text(good)
-  assert any("printed +2.12, +1.15, +1.29" in p
-             for p in check_text(good.replace("+1.92", "+1.29")))
+  assert any("printed -14.69, -11.10, -14.76" in p
+             for p in check_text(good.replace("-14.67", "-14.76")))
   assert any("does not print" in p
-             for p in check_text(good.replace("(+2.12, +1.15, +1.92)", "(+2.12, +1.15)")))
-  assert any("'below' does not hold" in p for p in check_text(good.replace(" above +", " below +")))
+             for p in check_text(good.replace("(-14.69, -11.10, -14.67)", "(-14.69, -11.10)")))
+  assert any("'above' does not hold" in p for p in check_text(good.replace(" below -", " above -")))
 
 
 def test_sentences_split_at_full_stops_and_bullets_not_at_decimals_or_abbreviations():
