@@ -19,8 +19,10 @@ layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), three diagnoses
 scale only: fcclplus_office31_width (Office31's BASE and FCCL+ on width-1/4 backbones),
 fcclplus_office31_base_width (Office31's BASE for the paper's 50 private epochs at widths 1/8,
 1/4, 1/2 and 1) and fcclplus_digits_real (Digits' BASE and FCCL+ with the real MNIST and USPS
-participants alone), and one at quick scale only: fcclplus_digits_fccl_teachers (Digits' FCCL
-with its local teachers in eval mode, the FCCL code's, and in train mode).
+participants alone), and two at quick scale only: fcclplus_digits_fccl_teachers (Digits' FCCL
+with its local teachers in eval mode, the FCCL code's, and in train mode) and
+fcclplus_digits_fccl_keys (Digits' BASE and FCCL beside FCCL started from its BASE's initial
+weights, fccl.init_keys=run).
 The registry is `fedjax_het/reports/tables.py`.
 
 Each cell trains into <results>/<table>/<scale>/<cell>/ (cell = <row>__seed<s>, with
