@@ -14,12 +14,12 @@ import pytest
 from fedjax_het import workdir
 from fedjax_het.algorithms import fccl, fcclplus, solo
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients
+from fedjax_het.engine import api
 from fedjax_het.errors import ConfigError
 from fedjax_het.grid import cell_configs
 from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import tables
-from tests.tiny_federation import STATS, grouped_data, tiny_setup
+from tests.tiny_federation import grouped_data, tiny_setup
 from tests.tiny_models import TinyBatchNorm
 
 KEY = jax.random.key(7)
@@ -44,11 +44,7 @@ def _equal(a, b):
 @pytest.fixture(scope="module", name="federation")
 def _federation():
   """Two architectures (a heterogeneous federation, as Digits: no shared initial model)."""
-  groups = clients.group_clients(["a", "b"], [TinyBatchNorm()] * 2)
-  setup = api.Setup(groups=groups, num_participants=2, num_classes=3, num_rounds=4,
-                    max_sizes={g.name: 6 for g in groups}, private_mean=STATS[0],
-                    private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
-                    max_test_size=4)
+  setup = tiny_setup(2, model=TinyBatchNorm(), archs=["a", "b"])
   return setup, api.FederatedArrays(grouped_data(setup)[0], None, None)
 
 

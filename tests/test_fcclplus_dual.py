@@ -11,20 +11,14 @@ import pytest
 
 from fedjax_het.algorithms import fcclplus, private_training
 from fedjax_het.config import base_config, validate_config
-from fedjax_het.engine import api, clients
-from tests.tiny_federation import grouped_data
-from tests.tiny_models import TinyLinear
+from fedjax_het.engine import api
+from tests.tiny_federation import grouped_data, tiny_setup
 
-STATS = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 LR = 0.2
 
 
 def _setup(archs):
-  groups = clients.group_clients(archs, [TinyLinear()] * len(archs))
-  return api.Setup(groups=groups, num_participants=len(archs), num_classes=3, num_rounds=4,
-                   max_sizes={g.name: 6 for g in groups}, private_mean=STATS[0],
-                   private_std=STATS[1], public_mean=STATS[0], public_std=STATS[1],
-                   max_test_size=4)
+  return tiny_setup(len(archs), archs=archs)
 
 
 def _config(distillation="dual", **fcclplus_fields):

@@ -17,13 +17,16 @@ SIZES = (6, 4, 5)
 LR = 0.5
 
 
-def tiny_setup(k, model=None, num_rounds=4):
-  """k participants of one architecture (default TinyLinear)."""
+def tiny_setup(k, model=None, num_rounds=4, archs=None):
+  """k participants of one architecture (default TinyLinear), or one participant per name
+  in `archs` (the same model under each name: a group per distinct name)."""
   model = model or TinyLinear()
-  groups = clients.group_clients(["a"] * k, [model] * k)
-  return api.Setup(groups=groups, num_participants=k, num_classes=3, num_rounds=num_rounds,
-                   max_sizes={"a": 6}, private_mean=STATS[0], private_std=STATS[1],
-                   public_mean=STATS[0], public_std=STATS[1], max_test_size=4)
+  archs = list(archs) if archs is not None else ["a"] * k
+  groups = clients.group_clients(archs, [model] * len(archs))
+  return api.Setup(groups=groups, num_participants=len(archs), num_classes=3,
+                   num_rounds=num_rounds, max_sizes={g.name: 6 for g in groups},
+                   private_mean=STATS[0], private_std=STATS[1], public_mean=STATS[0],
+                   public_std=STATS[1], max_test_size=4)
 
 
 def tiny_config(method="fedavg", **fields):
