@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import workdir
 from fedjax_het.algorithms import fccl
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.errors import ConfigError
@@ -29,7 +28,8 @@ from fedjax_het.train import train_and_evaluate
 from tests.test_train import tiny_config
 from tests.tiny_federation import tiny_data, tiny_setup
 from tests.tiny_models import TinyBatchNorm
-from tests.tiny_runs import local_sgd, public_batches
+from tests.tiny_runs import (lines_against_a_record_without, local_sgd,
+                              public_batches)
 
 
 def _config(average=True, placement=None):
@@ -127,15 +127,10 @@ def test_average_placement_is_validated_in_one_line():
 
 def test_records_without_the_placement_resume_as_after_local():
   config = _config()
-  flat = workdir.flatten_config(config)
-  old = {k: v for k, v in flat.items() if k != "fccl.average_placement"}
-  data = {"fingerprint": "x", "sources": {}}
-  assert workdir.differences({"config": old, "data": data}, {"config": flat, "data": data},
-                             ()) == []
-  flat["fccl.average_placement"] = "between_phases"
-  assert workdir.differences({"config": old, "data": data}, {"config": flat, "data": data},
-                             ()) == ["config.fccl.average_placement: '<absent>' -> "
-                                     "'between_phases'"]
+  assert lines_against_a_record_without(config, "fccl.average_placement") == []
+  config.fccl.average_placement = "between_phases"
+  assert lines_against_a_record_without(config, "fccl.average_placement") == [
+      "config.fccl.average_placement: '<absent>' -> 'between_phases'"]
 
 
 def test_each_table_row_averages_where_its_paper_does():

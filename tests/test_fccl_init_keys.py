@@ -11,7 +11,6 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_het import workdir
 from fedjax_het.algorithms import fccl, fcclplus, solo
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import api
@@ -21,6 +20,7 @@ from fedjax_het.grid import cells as cells_lib
 from fedjax_het.reports import tables
 from tests.tiny_federation import grouped_data, tiny_setup
 from tests.tiny_models import TinyBatchNorm
+from tests.tiny_runs import lines_against_a_record_without
 
 KEY = jax.random.key(7)
 
@@ -95,14 +95,9 @@ def test_init_keys_is_validated_in_one_line():
 
 
 def test_records_without_init_keys_resume_as_split():
-  flat = workdir.flatten_config(_fccl_config("split"))
-  old = {k: v for k, v in flat.items() if k != "fccl.init_keys"}
-  data = {"fingerprint": "x", "sources": {}}
-  assert workdir.differences({"config": old, "data": data}, {"config": flat, "data": data},
-                             ()) == []
-  flat["fccl.init_keys"] = "run"
-  assert workdir.differences({"config": old, "data": data}, {"config": flat, "data": data},
-                             ()) == ["config.fccl.init_keys: '<absent>' -> 'run'"]
+  assert lines_against_a_record_without(_fccl_config("split"), "fccl.init_keys") == []
+  assert lines_against_a_record_without(_fccl_config("run"), "fccl.init_keys") == [
+      "config.fccl.init_keys: '<absent>' -> 'run'"]
 
 
 def test_the_keys_diagnosis_is_digits_base_and_fccl_beside_fccl_with_run_keys():

@@ -5,7 +5,9 @@ participants with identity normalisation (`tiny_public_setup`) and configs of pl
 constant rates (`tiny_public_config`, `public_sgd`, `local_sgd`). Class-incremental
 baselines (iCaRL, DDE, PODNet, BiC, GeoDL, SS-IL + FL): their replay settings
 (`tiny_replay`), the jitted rounds across the task change of `test_cil_train.tiny_stream`
-(`rounds_across_a_task_change`) and the evaluation on its test set (`evaluate_seen`).
+(`rounds_across_a_task_change`) and the evaluation on its test set (`evaluate_seen`). A
+config field added after runs were recorded: what resuming such a record reports
+(`lines_against_a_record_without`).
 """
 
 import chex
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_het import workdir
 from fedjax_het.algorithms import cil_replay
 from fedjax_het.cil import stream as cil_stream
 from fedjax_het.config import base_config
@@ -153,3 +156,13 @@ def evaluate_seen(algorithm, state, stream, num_seen=4):
   return jax.jit(algorithm.evaluate)(
       state, (jnp.asarray(stream.test_images), jnp.asarray(stream.test_labels),
               jnp.int32(num_seen)))
+
+
+def lines_against_a_record_without(config, field):
+  """`workdir.differences` of resuming, with `config`, a run recorded before `field` existed
+  (its record: `config`'s other fields, the same data)."""
+  current = workdir.flatten_config(config)
+  recorded = {k: v for k, v in current.items() if k != field}
+  data = {"fingerprint": "x", "sources": {}}
+  return workdir.differences({"config": recorded, "data": data},
+                             {"config": current, "data": data}, ())
