@@ -118,8 +118,9 @@ def test_configs_use_icarls_order_at_paper_scale_only():
 
 def test_mid_variants_are_the_paper_setting_with_the_stated_cuts():
   """cifar100 `<method>_mid` (GLFC Table 1's mid scale): the paper variant's config but for
-  the width, the local epochs, the exemplar memory and GLFC's transitions (module docstring);
-  glfc_table1 alone of the GLFC tables has the scale."""
+  the width, the local epochs, the exemplar memory, GLFC's transitions and how its proxy
+  computes the reconstructions (module docstring); glfc_table1 alone of the GLFC tables has the
+  scale."""
   for method in cifar100.METHODS:
     paper = cifar100.get_config(method).to_dict()
     mid = cifar100.get_config(f"{method}_mid").to_dict()
@@ -133,6 +134,11 @@ def test_mid_variants_are_the_paper_setting_with_the_stated_cuts():
     if "glfc" in mid:
       assert (mid["glfc"]["transition"], paper["glfc"]["transition"]) == ("stream", "entropy")
       mid["glfc"]["transition"] = "entropy"
+      proxy = mid["glfc"]["proxy"]
+      assert (proxy["reconstruction_chunk"], proxy["encoder_conv_impl"]) == (6, "im2col")
+      assert (paper["glfc"]["proxy"]["reconstruction_chunk"],
+              paper["glfc"]["proxy"]["encoder_conv_impl"]) == (0, "xla")
+      proxy["reconstruction_chunk"], proxy["encoder_conv_impl"] = 0, "xla"
     assert mid == paper, method
   with pytest.raises(ValueError, match="<method>_mid"):
     cifar100.get_config("glfc_tasks5_mid")

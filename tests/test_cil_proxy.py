@@ -22,6 +22,10 @@ from tests.tiny_models import TinyLinear
 
 C = 4
 FAST = proxy_lib.ProxySettings(reconstruction_steps=6, monitor_images=3, perturbation_steps=2)
+#: FAST with the mid configs' computation: the used slots only, 2 at a time, im2col encoder.
+FAST_CHUNKED = proxy_lib.ProxySettings(reconstruction_steps=6, monitor_images=3,
+                                       perturbation_steps=2, reconstruction_chunk=2,
+                                       encoder_conv_impl="im2col")
 
 
 def _variables(seed, model=None):
@@ -193,21 +197,28 @@ def stream():
   return tiny_stream()
 
 
-def _glfc_with_proxy(stream, transition="stream"):
+def _glfc_with_proxy(stream, transition="stream", proxy=FAST):
   return glfc_lib.GLFCSettings(memory_size=8, transition=transition, threshold=1.2,
                                distinct=False, max_per_class=8,
                                max_client_classes=int(stream.client_classes.sum(-1).max()),
-                               old_model="proxy", proxy=FAST)
+                               old_model="proxy", proxy=proxy)
 
 
 def _settings(**overrides):
   return tiny_settings(**{"batch_size": 16, **overrides})
 
 
-@pytest.mark.parametrize("sequential", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, sequential):
+@pytest.mark.parametrize("sequential,proxy", [
+    (False, FAST), (False, FAST_CHUNKED), pytest.param(True, FAST, marks=pytest.mark.slow)])
+def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, sequential,
+                                                                       proxy, monkeypatch):
+  made = []
+  make_encoder = proxy_lib.make_encoder
+  monkeypatch.setattr(proxy_lib, "make_encoder",
+                      lambda *args: made.append(args) or make_encoder(*args))
   model = TinyLinear(num_classes=stream.num_classes)
-  algorithm = glfc_lib.make_glfc(_settings(sequential=sequential), _glfc_with_proxy(stream),
+  algorithm = glfc_lib.make_glfc(_settings(sequential=sequential),
+                                 _glfc_with_proxy(stream, proxy=proxy),
                                  model, stream.mean, stream.std, stream.max_client_size,
                                  eval_batch_size=16)
   run = jax.jit(chex.assert_max_traces(
@@ -215,6 +226,7 @@ def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, se
   data = jax.device_put(cil_stream.stream_arrays(stream))
   state = rounds.initial_state(algorithm, jax.random.key(0), data)
   assert "old_model" not in state and "proxy" in state
+  assert [args[2] for args in made] == [proxy.encoder_conv_impl]  # the encoder it computes with
   chex.clear_trace_counter()
   held = stream.client_classes.sum(-1)
   for r in range(4):  # rounds 0, 1 (task 0), 2, 3 (task 1)
@@ -262,6 +274,8 @@ def test_glfc_config_with_proxy_trains_end_to_end(tmp_path):
     ("glfc.proxy.noise_gamma", -0.1, "a number >= 0"),
     ("glfc.proxy.perturbation_loss", "mse", "one of ('bce', 'ce')"),
     ("glfc.proxy.rebuild", "sometimes", "one of ('any_gradients', 'new_classes')"),
+    ("glfc.proxy.reconstruction_chunk", -1, "an integer >= 0 (0: the whole pool)"),
+    ("glfc.proxy.encoder_conv_impl", "fft", "one of ('xla', 'im2col'"),
 ])
 def test_bad_proxy_fields_are_refused(field, value, allowed):
   config = tiny_cil_config("glfc")
@@ -297,3 +311,113 @@ def test_new_classes_rule_rebuilds_only_from_unseen_classes():
   np.testing.assert_array_equal(state3.monitor_valid, np.repeat([False, False, True], 3))
   chex.assert_trees_all_equal(state3.previous, state2.current)
   np.testing.assert_array_equal(state3.known, [True, True, False, True])
+
+
+# ----------------------------------------------------------------------------
+# How the reconstructions are computed: the used slots only, the encoder's convolutions.
+# ----------------------------------------------------------------------------
+
+
+def _five_slot_pool():
+  encoder = proxy_lib.make_encoder(C)
+  variables = models.init_variables(encoder, jax.random.key(0), input_shape=(1, 32, 32, 3))
+  images = np.random.default_rng(4).uniform(0, 1, (5, 32, 32, 3)).astype(np.float32)
+  labels = jnp.asarray([1, 0, 3, 2, 1], jnp.int32)
+  return encoder, variables, _pool(encoder, variables, images, labels), labels
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_reconstruct_used_is_the_pools_reconstruction_of_the_used_slots(chunk):
+  encoder, variables, pool, labels = _five_slot_pool()
+  use = jnp.asarray([False, True, False, True, True])
+  options = dict(steps=6, keep_last=3, learning_rate=1.0, linesearch="none")
+  whole, whole_losses = jax.jit(lambda: gi.reconstruct_batch(
+      encoder, variables, pool, labels, jax.random.key(1), **options))()
+  used, used_losses = jax.jit(lambda: gi.reconstruct_used(
+      encoder, variables, pool, labels, use, jax.random.key(1), chunk=chunk, **options))()
+  assert used.shape == whole.shape and used_losses.shape == whole_losses.shape
+  # Each used slot draws the pool's dummy for that slot: the same reconstruction up to the
+  # rounding of a differently batched program.
+  np.testing.assert_allclose(used[np.asarray(use)], whole[np.asarray(use)], atol=1e-3)
+  np.testing.assert_allclose(used_losses[np.asarray(use)], whole_losses[np.asarray(use)],
+                             rtol=1e-3)
+  # ceil(3 / chunk) groups of the used slots first (pool order 1, 3, 4, then 0, 2): a slot
+  # after the last group stays zero; one inside it may hold a reconstruction.
+  groups = -(-3 // chunk)
+  reached = [1, 3, 4, 0, 2][:groups * chunk]
+  for slot in (0, 2):
+    if slot not in reached:
+      assert not np.any(np.asarray(used[slot])) and not np.any(np.asarray(used_losses[slot]))
+    else:
+      np.testing.assert_allclose(used[slot], whole[slot], atol=1e-3)
+
+
+def test_reconstruct_used_with_nothing_used_reconstructs_nothing():
+  encoder, variables, pool, labels = _five_slot_pool()
+  images, losses = gi.reconstruct_used(encoder, variables, pool, labels, jnp.zeros((5,), bool),
+                                       jax.random.key(1), chunk=2, steps=4, keep_last=1,
+                                       learning_rate=1.0, linesearch="none")
+  assert not np.any(np.asarray(images)) and not np.any(np.asarray(losses))
+  with pytest.raises(ValueError, match="`chunk` must be an integer >= 1"):
+    gi.reconstruct_used(encoder, variables, pool, labels, jnp.ones((5,), bool),
+                        jax.random.key(1), chunk=0, steps=4)
+
+
+def test_im2col_encoder_matches_the_stock_encoder_in_the_gradient_matching_loss():
+  """The reconstruction differentiates the encoder's parameter gradient with respect to the
+  image (second order): the im2col convolutions' hand-written backward must be differentiable
+  to the stock convolutions' values."""
+  stock, im2col = proxy_lib.make_encoder(C), proxy_lib.make_encoder(C, conv_impl="im2col")
+  variables = models.init_variables(stock, jax.random.key(0), input_shape=(1, 32, 32, 3))
+  rng = np.random.default_rng(5)
+  target = gi.prototype_gradient(stock, variables,
+                                 jnp.asarray(rng.uniform(0, 1, (32, 32, 3)), jnp.float32), 2)
+  x = jnp.asarray(rng.normal(size=(32, 32, 3)), jnp.float32)
+
+  def loss(encoder, x):
+    from fedjax_het import losses  # noqa: PLC0415
+    return losses.gradient_matching_loss(
+        gradients=gi.prototype_gradient(encoder, variables, x, 2), target_gradients=target)
+
+  value, grad = jax.value_and_grad(lambda x: loss(stock, x))(x)
+  value2, grad2 = jax.value_and_grad(lambda x: loss(im2col, x))(x)
+  assert float(value) > 1.0  # far from the target: a loss and gradient worth comparing
+  np.testing.assert_allclose(value2, value, rtol=1e-5)
+  np.testing.assert_allclose(grad2, grad, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(grad))))
+
+
+def test_server_update_with_chunks_and_im2col_builds_the_same_monitor_set():
+  model = TinyLinear(num_classes=C)
+  images = np.random.default_rng(6).uniform(0, 1, (4, 32, 32, 3)).astype(np.float32)
+  labels = np.array([1, 0, 3, 2], np.int32)
+  valid = jnp.asarray([True, False, True, True])
+  out = {}
+  for name, settings in (("pool", FAST), ("chunks", FAST_CHUNKED)):
+    encoder, state = _state(pool=4, settings=settings)
+    pool = _pool(encoder, state.encoder, images, labels)
+    out[name] = jax.jit(lambda s: proxy_lib.server_update(
+        s, _variables(7), gradients=pool, gradient_valid=valid, true_labels=jnp.asarray(labels),
+        key=jax.random.key(1), class_mask=masking.seen_class_mask(4, C), encoder=encoder,
+        forward=_forward(model), proxy=settings))(state)
+  (pool_state, pool_metrics), (chunk_state, chunk_metrics) = out["pool"], out["chunks"]
+  np.testing.assert_array_equal(chunk_state.monitor_valid, pool_state.monitor_valid)
+  np.testing.assert_array_equal(chunk_state.monitor_labels, pool_state.monitor_labels)
+  used = np.asarray(pool_state.monitor_valid)
+  np.testing.assert_allclose(np.asarray(chunk_state.monitor_images, np.int32)[used],
+                             np.asarray(pool_state.monitor_images, np.int32)[used], atol=1)
+  for key in ("proxy/gradients", "proxy/rebuilt_from", "proxy/labels_correct",
+              "proxy/selected"):
+    assert int(chunk_metrics[key]) == int(pool_metrics[key]), key
+  np.testing.assert_allclose(chunk_metrics["proxy/reconstruction_loss"],
+                             pool_metrics["proxy/reconstruction_loss"], rtol=1e-4)
+
+
+def test_proxy_settings_read_the_computation_fields():
+  config = tiny_cil_config("glfc")
+  assert proxy_lib.ProxySettings.from_config(config).reconstruction_chunk == 0
+  assert proxy_lib.ProxySettings.from_config(config).encoder_conv_impl == "xla"
+  config.glfc.proxy.reconstruction_chunk = 6
+  config.glfc.proxy.encoder_conv_impl = "im2col"
+  validate_config(config)
+  settings = proxy_lib.ProxySettings.from_config(config)
+  assert (settings.reconstruction_chunk, settings.encoder_conv_impl) == (6, "im2col")

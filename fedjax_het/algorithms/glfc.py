@@ -339,7 +339,8 @@ def make_glfc(settings: Any, glfc: GLFCSettings, model: Any, mean: Any, std: Any
 
   use_proxy = glfc.old_model == "proxy"
   slots = glfc.max_client_classes
-  encoder = proxy_lib.make_encoder(c, image_size) if use_proxy else None
+  encoder = (proxy_lib.make_encoder(c, image_size, glfc.proxy.encoder_conv_impl) if use_proxy
+             else None)
 
   def init(key, data):
     num_clients = data.client_joined.shape[1]

@@ -393,6 +393,68 @@ def reconstruct_batch(encoder: nn.Module, encoder_variables: dict[str, Any],
       target_gradients, labels, keys)
 
 
+def reconstruct_used(encoder: nn.Module, encoder_variables: dict[str, Any],
+                     target_gradients: Params, labels: jax.Array, use: jax.Array,
+                     key: jax.Array, *, chunk: int, **kwargs: Any
+                     ) -> tuple[jax.Array, jax.Array]:
+  """`reconstruct_batch` over the slots of a pool that `use` marks, `chunk` slots at a time.
+
+  The used slots are taken in pool order, `chunk` at a time, each group vmapped, in a loop of
+  ceil(sum(use) / chunk) iterations: the cost follows the number of used gradients, where
+  `reconstruct_batch` always reconstructs the whole pool (on a 2-core CPU, where a slot costs
+  about the same alone or batched, 6 used slots of a pool of 60 cost a tenth of the whole pool:
+  `benchmarks/results/proxy_reconstruction__glfc_mid_pool__cpu2.json`).
+  Slot i draws its dummy from the same key as in `reconstruct_batch` (the i-th of
+  `jax.random.split(key, N)`), so a used slot's reconstruction is `reconstruct_batch`'s up to
+  the float rounding of a differently batched program.
+
+  Args:
+    encoder, encoder_variables: the gradient encoder.
+    target_gradients: gradient trees stacked on a leading axis N.
+    labels: (N,) labels; use: (N,) bool, the slots to reconstruct.
+    key: split into N dummy-image keys.
+    chunk: slots per vmapped group (static, >= 1).
+    **kwargs: static `reconstruct` options (steps, keep_last, image_shape, ...).
+
+  Returns:
+    (images (N, keep_last, H, W, C), losses (N, steps)); zeros at the slots not used (and,
+    in the last group, at most chunk - 1 unused slots may hold a reconstruction instead).
+  """
+  labels = jnp.asarray(labels, jnp.int32)
+  use = jnp.asarray(use, bool)
+  if labels.ndim != 1 or use.shape != labels.shape:
+    raise ValueError(f"reconstruct_used: `labels` and `use` must have the same shape (N,), "
+                     f"got {labels.shape} and {use.shape}.")
+  chunk = int(chunk)
+  if chunk < 1:
+    raise ValueError(f"reconstruct_used: `chunk` must be an integer >= 1, got {chunk}.")
+  n = labels.shape[0]
+  keys = jax.random.split(key, n)
+  groups = -(-n // chunk)
+  # Used slots first, in pool order; padded with n (out of range: gathered clipped, dropped
+  # on the scatter back).
+  order = jnp.concatenate([jnp.argsort(~use, stable=True).astype(jnp.int32),
+                           jnp.full((groups * chunk - n,), n, jnp.int32)])
+  one = lambda g, y, k: reconstruct(encoder, encoder_variables, g, y, k, **kwargs)  # noqa: E731
+  shapes = jax.eval_shape(jax.vmap(one), jax.tree_util.tree_map(lambda x: x[:1],
+                                                                  target_gradients),
+                          labels[:1], keys[:1])
+  images = jnp.zeros((n,) + shapes[0].shape[1:], shapes[0].dtype)
+  losses = jnp.zeros((n,) + shapes[1].shape[1:], shapes[1].dtype)
+
+  def group(i, carry):
+    images, losses = carry
+    slots = jax.lax.dynamic_slice(order, (i * chunk,), (chunk,))
+    take = lambda x: jnp.take(x, slots, axis=0, mode="clip")  # noqa: E731
+    got_images, got_losses = jax.vmap(one)(jax.tree_util.tree_map(take, target_gradients),
+                                           take(labels), take(keys))
+    return (images.at[slots].set(got_images, mode="drop"),
+            losses.at[slots].set(got_losses, mode="drop"))
+
+  used_groups = -(-jnp.sum(use).astype(jnp.int32) // chunk)
+  return jax.lax.fori_loop(0, used_groups, group, (images, losses))
+
+
 def to_uint8(images: jax.Array) -> jax.Array:
   """[0, 1] float images -> uint8 round(255 x), clipped to [0, 255].
 

@@ -55,6 +55,17 @@ default is therefore False (the recorded and pinned runs; the authors' code
 does not shuffle: `ProxyServer.reconstruction` walks `pool_grad` label by label
 in arrival order); True is the paper's privacy protocol.
 
+How the reconstructions are computed (the same function either way, to float32 rounding):
+`glfc.proxy.reconstruction_chunk` = 0 (default, the recorded runs) reconstructs every slot of
+the pool in one vmapped program, the empty slots too, so a round costs the whole pool whenever
+one gradient arrives; k > 0 reconstructs the slots in use only, k at a time
+(`gradient_inversion.reconstruct_used`), so the cost follows the gradients received (each slot
+keeps its dummy draw; the slots not in use hold zeros, masked out of the monitor set either
+way). `glfc.proxy.encoder_conv_impl` ("xla" default; see `models.CONV_IMPLS`) computes the
+encoder's convolutions, whose second-order gradient every iteration takes; on a CPU "im2col"
+avoids XLA:CPU's slow vmapped convolution gradients. The mid configs use k = 6 and "im2col"
+(`benchmarks/proxy_reconstruction.py` measures both against the whole pool).
+
 State (`ProxyState`): the encoder's variables (fixed; drawn once from the run
 key with the encoder's U(-0.5, 0.5) init), the two best models with their
 existence flags, the best accuracy, and the monitor set (fixed size: pool
@@ -139,6 +150,8 @@ def proxy_section() -> ml_collections.ConfigDict:
       "perturbation_loss": "bce",                        # "bce" (code) or "ce" (paper's D_CE)
       "rebuild": "any_gradients",                        # or "new_classes" (paper's text)
       "shuffle_gradients": False,                        # True: shuffle the pool (paper)
+      "reconstruction_chunk": 0,                         # 0: the whole pool; k: used, k a time
+      "encoder_conv_impl": "xla",                        # the encoder's convolutions
   })
 
 
@@ -165,6 +178,12 @@ def validate_proxy_config(config: ml_collections.ConfigDict) -> None:
   v.check(config, "glfc.proxy.rebuild", v.choice(REBUILDS), f"one of {REBUILDS}")
   if "shuffle_gradients" in config.glfc.proxy:
     v.check(config, "glfc.proxy.shuffle_gradients", v.is_bool, "True or False")
+  if "reconstruction_chunk" in config.glfc.proxy:
+    v.check(config, "glfc.proxy.reconstruction_chunk", v.int_at_least(0),
+            "an integer >= 0 (0: the whole pool)")
+  if "encoder_conv_impl" in config.glfc.proxy:
+    v.check(config, "glfc.proxy.encoder_conv_impl", v.choice(models.CONV_IMPLS),
+            f"one of {models.CONV_IMPLS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +199,8 @@ class ProxySettings:
   perturbation_loss: str = "bce"
   rebuild: str = "any_gradients"
   shuffle_gradients: bool = False
+  reconstruction_chunk: int = 0
+  encoder_conv_impl: str = "xla"
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ProxySettings":
@@ -190,7 +211,9 @@ class ProxySettings:
                perturbation_steps=int(p.perturbation_steps),
                perturbation_lr=float(p.perturbation_lr), noise_gamma=float(p.noise_gamma),
                perturbation_loss=p.perturbation_loss, rebuild=p.rebuild,
-               shuffle_gradients=bool(p.get("shuffle_gradients", False)))
+               shuffle_gradients=bool(p.get("shuffle_gradients", False)),
+               reconstruction_chunk=int(p.get("reconstruction_chunk", 0)),
+               encoder_conv_impl=p.get("encoder_conv_impl", "xla"))
 
 
 class ProxyState(NamedTuple):
@@ -207,9 +230,11 @@ class ProxyState(NamedTuple):
   known: jax.Array           # (C,) bool: classes reconstructed so far (inferred labels)
 
 
-def make_encoder(num_classes: int, image_size: int = 32) -> Any:
-  """The gradient encoder Gamma: GLFC's LeNet with one output per class, for the stream's side."""
-  return models.get_model(ENCODER, num_classes, image_size=int(image_size))
+def make_encoder(num_classes: int, image_size: int = 32, conv_impl: str = "xla") -> Any:
+  """The gradient encoder Gamma: GLFC's LeNet with one output per class, for the stream's side
+  (`conv_impl`: how its convolutions are computed, `glfc.proxy.encoder_conv_impl`)."""
+  return models.get_model(ENCODER, num_classes, image_size=int(image_size),
+                          conv_impl=conv_impl)
 
 
 def init_proxy_state(key: jax.Array, encoder: Any, model_variables: Any, pool_size: int,
@@ -359,10 +384,15 @@ def server_update(proxy_state: ProxyState, new_global: Any, *, gradients: Any,
       jax.nn.one_hot(labels, num_classes, dtype=bool) & gradient_valid[:, None], axis=0)
 
   def rebuild(state):
-    images, losses = gi.reconstruct_batch(
-        encoder, state.encoder, gradients, labels, key, steps=proxy.reconstruction_steps,
-        keep_last=r, learning_rate=proxy.reconstruction_lr, linesearch=proxy.linesearch,
-        image_shape=tuple(state.monitor_images.shape[1:]))
+    options = dict(steps=proxy.reconstruction_steps, keep_last=r,
+                   learning_rate=proxy.reconstruction_lr, linesearch=proxy.linesearch,
+                   image_shape=tuple(state.monitor_images.shape[1:]))
+    if proxy.reconstruction_chunk:  # the used gradients only, k at a time
+      images, losses = gi.reconstruct_used(encoder, state.encoder, gradients, labels, use, key,
+                                           chunk=proxy.reconstruction_chunk, **options)
+    else:  # every slot of the pool, one vmapped program
+      images, losses = gi.reconstruct_batch(encoder, state.encoder, gradients, labels, key,
+                                            **options)
     monitor = gi.to_uint8(images).reshape((-1,) + images.shape[2:])
     final = jnp.sum(jnp.where(use, losses[:, -1], 0.0)) / jnp.maximum(num, 1)
     return state._replace(

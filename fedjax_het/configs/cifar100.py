@@ -151,9 +151,17 @@ and GLFC 229.8 s (6.4 hours at that round), which breaks down as its clients' tr
 (the clients' perturbed prototypes and gradients, the monitor set; GLFC with 20 reconstruction
 iterations: 45.8 s) and the proxy's reconstructions 184 s (80% of the round: 1980 L-BFGS
 iterations on the 54-60 gradients that 9-10 signalling clients share in these rounds, 1.55 ms
-a gradient an iteration; the pool of 10 clients x 6 class slots is reconstructed whole
-whenever one gradient arrives). The first task distils from no old model, so later tasks cost
-more. So GLFC's mid cells are a GPU's work.
+a gradient an iteration), measured with the pool of 10 clients x 6 class slots reconstructed
+whole whenever one gradient arrives and stock convolutions in the encoder
+(`glfc.proxy.reconstruction_chunk=0`, `glfc.proxy.encoder_conv_impl="xla"`, the defaults).
+The mid configs reconstruct the slots in use only, one client's 6 at a time, with im2col
+convolutions in the encoder (`MID_RECONSTRUCTION_CHUNK`, `MID_ENCODER_CONV_IMPL`): on the mid
+pool at 2000 iterations 6 s for one signalling client's 6 gradients, 29 s for three clients'
+and 81 s for ten clients' 60, where the whole pool with stock convolutions costs 130-153 s
+whatever it holds (`benchmarks/results/proxy_reconstruction__glfc_mid_pool__cpu2.json`, 100
+iterations timed). A client signals in the first round it trains in each task, so a task's
+later rounds have fewer signalling clients than its first. The first task distils from no old
+model, so later tasks cost more.
 
 Class order (scenario.class_order; fedjax_het/data/incremental.py): every full-size variant
 uses "icarl", iCaRL's seed-1993 CIFAR-100 order (incremental.ICARL_CIFAR100_ORDER, from
@@ -205,6 +213,9 @@ VARIANTS = tuple(name for method in METHODS
 #: The mid scale (`_mid`, GLFC Table 1's T = 10): backbone width, local epochs per round and
 #: exemplar memory per client (module docstring, "Mid variants").
 MID_WIDTH, MID_EPOCHS, MID_MEMORY = 0.125, 2, 480
+#: GLFC's proxy at mid scale: its reconstructions of the used gradients only, one signalling
+#: client's slots (6) at a time, with im2col convolutions in the encoder (module docstring).
+MID_RECONSTRUCTION_CHUNK, MID_ENCODER_CONV_IMPL = 6, "im2col"
 
 
 def _parse(arg: str) -> tuple[str, int | None, str]:
@@ -276,6 +287,8 @@ def get_config(arg: str = "fedavg_cil") -> ml_collections.ConfigDict:
       c[memory].memory_size = MID_MEMORY
     if method == "glfc":
       c.glfc.transition = "stream"  # as every other row: the narrow model's entropy (docstring)
+      c.glfc.proxy.reconstruction_chunk = MID_RECONSTRUCTION_CHUNK  # CPU time (docstring)
+      c.glfc.proxy.encoder_conv_impl = MID_ENCODER_CONV_IMPL
   for field, value in GLFC_ABLATIONS.get(variant, ()):
     c.glfc[field] = value
   return c
