@@ -156,8 +156,8 @@ whole whenever one gradient arrives and stock convolutions in the encoder
 (`glfc.proxy.reconstruction_chunk=0`, `glfc.proxy.encoder_conv_impl="xla"`, the defaults).
 The mid configs reconstruct the slots in use only, one client's 6 at a time, with im2col
 convolutions in the encoder (`MID_RECONSTRUCTION_CHUNK`, `MID_ENCODER_CONV_IMPL`): on the mid
-pool at 2000 iterations 6 s for one signalling client's 6 gradients, 29 s for three clients'
-and 81 s for ten clients' 60, where the whole pool with stock convolutions costs 130-153 s
+pool at 2000 iterations 7 s for one signalling client's 6 gradients, 20 s for three clients'
+and 65 s for ten clients' 60, where the whole pool with stock convolutions costs 131-134 s
 whatever it holds (`benchmarks/results/proxy_reconstruction__glfc_mid_pool__cpu2.json`, 100
 iterations timed). A client signals in the first round it trains in each task, so a task's
 later rounds have fewer signalling clients than its first. The first task distils from no old
