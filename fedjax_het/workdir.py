@@ -97,10 +97,10 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "scenario.client_roles": ("per_task",),
     "glfc.update_all_clients": (False,),
     "glfc.proxy.shuffle_gradients": (False,),
-  # How the proxy computes its reconstructions, at the recorded runs' (the whole pool, stock
-  # convolutions in the encoder).
-  "glfc.proxy.reconstruction_chunk": (0,),
-  "glfc.proxy.encoder_conv_impl": ("xla",),
+    # How the proxy computes its reconstructions, at the recorded runs' (the whole pool, stock
+    # convolutions in the encoder).
+    "glfc.proxy.reconstruction_chunk": (0,),
+    "glfc.proxy.encoder_conv_impl": ("xla",),
     "icarl.classifier": ("nme",),    # iCaRL's classifier, that of the recorded runs
     "fedproto.classifier": ("prototype",),  # FedProto's / FedTGP's inference, the recorded one
     "fedtgp.classifier": ("prototype",),

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_het import models
+from fedjax_het import losses, models
 from fedjax_het.cil import gradient_inversion as gi
 from fedjax_het.algorithms import cil_replay
 from fedjax_het.algorithms import glfc as glfc_lib
@@ -354,10 +354,11 @@ def test_reconstruct_used_is_the_pools_reconstruction_of_the_used_slots(chunk):
 
 def test_reconstruct_used_with_nothing_used_reconstructs_nothing():
   encoder, variables, pool, labels = _five_slot_pool()
-  images, losses = gi.reconstruct_used(encoder, variables, pool, labels, jnp.zeros((5,), bool),
-                                       jax.random.key(1), chunk=2, steps=4, keep_last=1,
-                                       learning_rate=1.0, linesearch="none")
-  assert not np.any(np.asarray(images)) and not np.any(np.asarray(losses))
+  images, histories = gi.reconstruct_used(encoder, variables, pool, labels,
+                                          jnp.zeros((5,), bool), jax.random.key(1), chunk=2,
+                                          steps=4, keep_last=1, learning_rate=1.0,
+                                          linesearch="none")
+  assert not np.any(np.asarray(images)) and not np.any(np.asarray(histories))
   with pytest.raises(ValueError, match="`chunk` must be an integer >= 1"):
     gi.reconstruct_used(encoder, variables, pool, labels, jnp.ones((5,), bool),
                         jax.random.key(1), chunk=0, steps=4)
@@ -375,7 +376,6 @@ def test_im2col_encoder_matches_the_stock_encoder_in_the_gradient_matching_loss(
   x = jnp.asarray(rng.normal(size=(32, 32, 3)), jnp.float32)
 
   def loss(encoder, x):
-    from fedjax_het import losses  # noqa: PLC0415
     return losses.gradient_matching_loss(
         gradients=gi.prototype_gradient(encoder, variables, x, 2), target_gradients=target)
 
