@@ -386,3 +386,19 @@ def test_fedfusion_table2s_identity_start_row_is_the_conv_row_but_for_conv_init(
     assert (conv.fedfusion.conv_init, identity.fedfusion.conv_init) == ("torch", "identity")
     identity.fedfusion.conv_init = "torch"
     assert identity.to_dict() == conv.to_dict()
+
+
+def test_fedfusion_table2s_local_model_rows_are_their_rows_but_for_the_evaluation():
+  """The local-model diagnosis rows of FedFusion Table 2 train FedAvg's and Conv's configs at
+  every scale with only fedavg.evaluate changed (global -> local)."""
+  table = tables.get_table("fedfusion_table2")
+  for scale in table.scales:
+    plain = ["fedavg", "fedfusion_conv"]
+    configs = [cell_configs.cell_config(cell) for cell in cells_lib.plan(
+        table, scale, [0], plain + ["fedavg_local", "fedfusion_conv_local"])]
+    by_row = dict(zip(plain + ["fedavg_local", "fedfusion_conv_local"], configs))
+    for row in plain:
+      base, local = by_row[row], by_row[f"{row}_local"]
+      assert (base.fedavg.evaluate, local.fedavg.evaluate) == ("global", "local")
+      local.fedavg.evaluate = "global"
+      assert local.to_dict() == base.to_dict()
