@@ -402,3 +402,27 @@ def test_fedfusion_table2s_local_model_rows_are_their_rows_but_for_the_evaluatio
       assert (base.fedavg.evaluate, local.fedavg.evaluate) == ("global", "local")
       local.fedavg.evaluate = "global"
       assert local.to_dict() == base.to_dict()
+
+
+def test_committed_local_model_cells_train_as_their_rows():
+  """The local-model rows of FedFusion Table 2 change only what is scored: every committed
+  seed's training metrics (losses, bytes, cohort) equal its row's, round by round, to the bit
+  (the readings say so)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parents[1] / "results" / "fedfusion_table2"
+
+  def train_metrics(cell_dir):
+    rows = [json.loads(line) for line in (cell_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k.startswith("train/")} for r in rows]
+
+  pairs = [(scale, row, seed) for scale in ("quick", "mid") for row in ("fedavg", "fedfusion_conv")
+           for seed in range(3)
+           if (root / scale / f"{row}_local__seed{seed}" / "results.json").exists()
+           and (root / scale / f"{row}__seed{seed}" / "results.json").exists()]
+  if not pairs:
+    pytest.skip("no committed local-model cell beside its row's")
+  for scale, row, seed in pairs:
+    plain = train_metrics(root / scale / f"{row}__seed{seed}")
+    local = train_metrics(root / scale / f"{row}_local__seed{seed}")
+    assert plain and local == plain, (scale, row, seed)
