@@ -1,5 +1,8 @@
 """FedMMD and FedFusion on tiny clients: hand-computed local steps, frozen streams, server EMA."""
 
+import json
+import pathlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -408,8 +411,6 @@ def test_committed_local_model_cells_train_as_their_rows():
   """The local-model rows of FedFusion Table 2 change only what is scored: every committed
   seed's training metrics (losses, bytes, cohort) equal its row's, round by round, to the bit
   (the readings say so)."""
-  import json  # pylint: disable=g-import-not-at-top
-  import pathlib  # pylint: disable=g-import-not-at-top
   root = pathlib.Path(__file__).resolve().parents[1] / "results" / "fedfusion_table2"
 
   def train_metrics(cell_dir):
