@@ -54,8 +54,13 @@ give are the authors' FedFusion code's, and say so):
   * permuted (MNIST, FedFusion Fig. 5c, Table 2): "user-specific non-IID":
     an IID split over 2 clients, each client's images (training and test)
     with its own fixed pixel permutation; each client's permuted test split
-    is one test domain and the reported accuracy is their mean. Batch 64 and
-    E = 5 (the code's defaults; the paper gives neither).
+    is one test domain and the reported accuracy is the global model's, their
+    mean. Batch 64 and E = 5 (the code's defaults; the paper gives neither).
+    The authors' MNIST script gives its two clients the even and the odd
+    digits, augments (RandomResizedCrop(28), horizontal flip) before permuting,
+    and logs each client's model after its local training on its own test
+    split; `fedavg.evaluate="local"` scores that way (FedFusion Table 2's
+    local-model rows; docs/methods.md).
 
 Optimiser: SGD with momentum 0.9 and weight decay 5e-4 (the FedFusion code;
 the papers only say "SGD"), learning rate decayed exponentially per round
