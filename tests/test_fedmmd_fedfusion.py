@@ -1,6 +1,5 @@
 """FedMMD and FedFusion on tiny clients: hand-computed local steps, frozen streams, server EMA."""
 
-import json
 import pathlib
 
 import flax.linen as nn
@@ -18,9 +17,13 @@ from fedjax_het.engine import optim
 from fedjax_het.grid import cell_configs
 from fedjax_het.grid import cells as cells_lib
 from fedjax_het.models.base import Classifier, MLPTail
+from fedjax_het.reports import common as reports_common
 from fedjax_het.reports import tables
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyMLP
+
+#: The rows FedFusion Table 2 scores again with local models (tables.FEDFUSION_LOCAL_ROWS).
+LOCAL_MODEL_ROWS = tuple(r.key.removesuffix("_local") for r in tables.FEDFUSION_LOCAL_ROWS)
 
 
 class TinyTrunk(nn.Module):
@@ -396,12 +399,9 @@ def test_fedfusion_table2s_local_model_rows_are_their_rows_but_for_the_evaluatio
   every scale with only fedavg.evaluate changed (global -> local)."""
   table = tables.get_table("fedfusion_table2")
   for scale in table.scales:
-    plain = ["fedavg", "fedfusion_conv"]
-    configs = [cell_configs.cell_config(cell) for cell in cells_lib.plan(
-        table, scale, [0], plain + ["fedavg_local", "fedfusion_conv_local"])]
-    by_row = dict(zip(plain + ["fedavg_local", "fedfusion_conv_local"], configs))
-    for row in plain:
-      base, local = by_row[row], by_row[f"{row}_local"]
+    for row in LOCAL_MODEL_ROWS:
+      base, local = (cell_configs.cell_config(cell) for cell in cells_lib.plan(
+          table, scale, [0], [row, f"{row}_local"]))
       assert (base.fedavg.evaluate, local.fedavg.evaluate) == ("global", "local")
       local.fedavg.evaluate = "global"
       assert local.to_dict() == base.to_dict()
@@ -414,10 +414,10 @@ def test_committed_local_model_cells_train_as_their_rows():
   root = pathlib.Path(__file__).resolve().parents[1] / "results" / "fedfusion_table2"
 
   def train_metrics(cell_dir):
-    rows = [json.loads(line) for line in (cell_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k.startswith("train/")} for r in rows]
+    return [{k: v for k, v in r.items() if k.startswith("train/")}
+            for r in reports_common.read_records(cell_dir / "metrics.jsonl")]
 
-  pairs = [(scale, row, seed) for scale in ("quick", "mid") for row in ("fedavg", "fedfusion_conv")
+  pairs = [(scale, row, seed) for scale in ("quick", "mid") for row in LOCAL_MODEL_ROWS
            for seed in range(3)
            if (root / scale / f"{row}_local__seed{seed}" / "results.json").exists()
            and (root / scale / f"{row}__seed{seed}" / "results.json").exists()]

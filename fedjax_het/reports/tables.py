@@ -733,24 +733,6 @@ TWO_STREAM_LABELS = {"fedavg": "FedAvg", "fedmmd": "FedMMD (MMD)",
 #: The FedMMD / FedFusion settings with `_mid` configs.
 TWO_STREAM_MID = tuple(_two_stream.MID)
 FEDFUSION_METHODS = ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
-#: FedFusion+Conv with its 1x1 convolution started as the plain model (this library's option,
-#: `fedfusion.conv_init="identity"`): the diagnosis row of FedFusion Table 2.
-FEDFUSION_CONV_IDENTITY_ROW = Row(
-    key="fedfusion_conv_identity", label="FedFusion+Conv, identity start (not the paper's)",
-    variant="fedfusion_permuted_conv", quick_variant="fedfusion_permuted_conv_quick",
-    overrides=(("fedfusion.conv_init", "identity"),))
-#: FedAvg and FedFusion+Conv scored as the authors' FedFusion code logs its accuracy (the mean
-#: over the round's clients of each one's model after its local training, on its own test
-#: split; `fedavg.evaluate="local"`) instead of the global model's: the diagnosis rows of
-#: whether Table 2's gap lives in the metric (the identity row asks the same of Conv's start).
-FEDFUSION_LOCAL_ROWS = (
-    Row(key="fedavg_local", label="FedAvg, local models (not the paper's)",
-        variant="fedavg_permuted", quick_variant="fedavg_permuted_quick",
-        overrides=(("fedavg.evaluate", "local"),)),
-    Row(key="fedfusion_conv_local", label="FedFusion+Conv, local models (not the paper's)",
-        variant="fedfusion_permuted_conv", quick_variant="fedfusion_permuted_conv_quick",
-        overrides=(("fedavg.evaluate", "local"),)))
-FEDFUSION_EXTRA_ROWS = (FEDFUSION_CONV_IDENTITY_ROW,) + FEDFUSION_LOCAL_ROWS
 FEDMMD_METHODS = ("fedavg", "fedmmd", "fedmmd_l2")
 #: The FedMMD rounds tables' rows: FEDMMD_METHODS, FedAvg and FedMMD without dropout, and
 #: FedMMD with its MMD on the conv trunk's feature map (with dropout).
@@ -776,6 +758,30 @@ def two_stream_variant(method: str, setting: str, *, quick: bool = False) -> str
   """"fedfusion_conv", "permuted" -> "fedfusion_permuted_conv[_quick]" (the config arg)."""
   base, _, variant = method.partition("_")
   return "_".join(x for x in (base, setting, variant, "quick" if quick else "") if x)
+
+
+def permuted_diagnosis_row(method: str, key: str, label: str,
+                           overrides: tuple[tuple[str, Any], ...]) -> Row:
+  """A diagnosis row of FedFusion Table 2: `method`'s permuted-MNIST config with `overrides`."""
+  return Row(key=key, label=label, variant=two_stream_variant(method, "permuted"),
+             quick_variant=two_stream_variant(method, "permuted", quick=True),
+             overrides=overrides)
+
+
+#: FedFusion+Conv with its 1x1 convolution started as the plain model (this library's option,
+#: `fedfusion.conv_init="identity"`): the diagnosis row of FedFusion Table 2.
+FEDFUSION_CONV_IDENTITY_ROW = permuted_diagnosis_row(
+    "fedfusion_conv", "fedfusion_conv_identity",
+    "FedFusion+Conv, identity start (not the paper's)", (("fedfusion.conv_init", "identity"),))
+#: FedAvg and FedFusion+Conv scored as the authors' FedFusion code logs its accuracy (the mean
+#: over the round's clients of each one's model after its local training, on its own test
+#: split; `fedavg.evaluate="local"`) instead of the global model's: the diagnosis rows of
+#: whether Table 2's gap lives in the metric (the identity row asks the same of Conv's start).
+FEDFUSION_LOCAL_ROWS = tuple(
+    permuted_diagnosis_row(m, f"{m}_local", f"{TWO_STREAM_LABELS[m]}, local models (not the "
+                           "paper's)", (("fedavg.evaluate", "local"),))
+    for m in ("fedavg", "fedfusion_conv"))
+FEDFUSION_EXTRA_ROWS = (FEDFUSION_CONV_IDENTITY_ROW,) + FEDFUSION_LOCAL_ROWS
 
 
 def two_stream_setting(dataset: str, setting: str, methods: Sequence[str], *,
