@@ -35,6 +35,7 @@ import ml_collections
 
 from fedjax_het import algorithms, validation
 from fedjax_het.cil import stream as cil_stream
+from fedjax_het.data.partitioned import PARTITIONS
 from fedjax_het.data.scenarios import OFFICE_TESTS, PUBLIC_NORMALIZATIONS
 from fedjax_het.runtime import programs, trace_cache, xla_cpu, xla_gpu
 from fedjax_het.errors import ConfigError
@@ -42,7 +43,6 @@ from fedjax_het.validation import check, choice, fail, int_at_least, positive
 
 CONV_IMPLS = ("auto", "xla", "im2col", "custom_vjp", "gemm_taps")
 SCENARIOS = ("digits", "office_caltech", "office31", "office_home", "partitioned")
-PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted")
 PUBLIC_SETS = ("cifar100", "fmnist", "tinyimagenet", "synthetic")
 OFFICE_SCENARIOS = ("office_caltech", "office31", "office_home")
 ON_NONFINITE = ("stop", "warn")

@@ -72,7 +72,8 @@ def _fake_bundle(directory, n_train=60, n_test=30, domains=("mnist",)):
 @pytest.mark.parametrize("partition", data.PARTITIONS)
 def test_clients_are_disjoint_and_cover_the_pool(partition):
   labels = _pool().labels
-  k = 5 if partition.startswith("class_split") else 8  # class_split*: k divides the 10 classes
+  # The class splits: k divides the 10 classes.
+  k = 5 if partition.startswith("class_split") or partition == "permuted_classes" else 8
   parts = data.partition_indices(labels, k, partition, rng=np.random.default_rng(0))
   joined = np.concatenate(parts)
   assert len(parts) == k and len(joined) == N_TRAIN
@@ -80,7 +81,7 @@ def test_clients_are_disjoint_and_cover_the_pool(partition):
 
   s = _build(partition, num_clients=k)
   pool = _pool()
-  images = [_unpermute(t.images, i) if partition == "permuted" else t.images
+  images = [_unpermute(t.images, i) if partition in data.PERMUTED_PARTITIONS else t.images
             for i, t in enumerate(s.train)]
   assert _rows(np.concatenate(images)) == _rows(pool.images)
   assert sorted(np.concatenate([t.labels for t in s.train])) == sorted(pool.labels)
@@ -197,6 +198,34 @@ def test_permuted_clients_have_their_own_pixels_and_test_sets():
   assert "seed=1" in other.sources["mnist"]
 
 
+def test_permuted_classes_is_the_fedfusion_codes_even_odd_split_with_permuted_pixels():
+  """Two clients: the even and the odd digits (thu-media/FedFusion mnist_main.py), each its
+  own pixel permutation on training and test images; the test images of its own classes."""
+  np.testing.assert_array_equal(data.interleaved_class_groups(np.arange(10), 2),
+                                [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]])
+  np.testing.assert_array_equal(data.interleaved_class_groups(np.arange(6) % 6, 3),
+                                [[0, 3], [1, 4], [2, 5]])
+  with pytest.raises(ValueError, match="num_clients.*divide the 10 classes"):
+    data.interleaved_class_groups(np.arange(10), 3)
+  s = _build("permuted_classes", num_clients=2)
+  pool, test = _pool(), _pool(N_TEST, "test")
+  assert s.domains == ("mnist_perm0", "mnist_perm1")
+  for i, parity in enumerate((0, 1)):
+    split = s.train[i]
+    # Every pool image of the client's classes, once, under the client's permutation.
+    assert set(np.unique(split.labels) % 2) == {parity}
+    mine = pool.labels % 2 == parity
+    assert _rows(_unpermute(split.images, i)) == _rows(pool.images[mine])
+    own = s.test[f"mnist_perm{i}"]
+    assert _rows(_unpermute(own.images, i)) == _rows(test.images[test.labels % 2 == parity])
+    assert set(own.labels % 2) == {parity}
+  a = _unpermute(s.train[0].images[:1], 0)
+  assert not np.array_equal(data.permuted_pixels(a, 0, seed=0), data.permuted_pixels(a, 1, seed=0))
+  assert "classes dealt in turn" in s.sources["mnist"]
+  with pytest.raises(ValueError, match="permuted_test.*must be 'split'"):
+    _build("permuted_classes", num_clients=2, permuted_test="full")
+
+
 def test_one_thousand_clients():
   s = _build("iid", num_clients=1000, train_size=2000, test_size=50)
   assert s.num_clients == 1000 and len(s.train) == 1000 and list(s.test) == ["mnist"]
@@ -223,7 +252,8 @@ def test_class_split_is_fedmmds_binary_split_with_two_clients():
 
 def test_same_seed_gives_an_identical_scenario():
   for partition in data.PARTITIONS:
-    kwargs = {"num_clients": 2} if partition.startswith("class_split") else {}
+    by_class = partition.startswith("class_split") or partition == "permuted_classes"
+    kwargs = {"num_clients": 2} if by_class else {}
     a, b = _build(partition, seed=3, **kwargs), _build(partition, seed=3, **kwargs)
     assert a.domains == b.domains and a.sources == b.sources
     for x, y in zip(a.train, b.train):
@@ -371,7 +401,8 @@ def test_real_bundle(real_dir):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dataset="imagenet"), r"`dataset` must be one of \('mnist', 'cifar10'"),
     (dict(partition="foo"), r"`partition` must be one of \('iid', 'dirichlet', 'shards', "
-                            r"'class_split', 'class_split_own', 'permuted'\), got 'foo'\."),
+                            r"'class_split', 'class_split_own', 'permuted', "
+                            r"'permuted_classes'\), got 'foo'\."),
     (dict(num_clients=0), r"`num_clients` must be an integer >= 1, got 0"),
     (dict(num_clients=2.5), r"`num_clients` must be an integer >= 1, got 2.5"),
     (dict(num_clients=True), r"`num_clients` must be an integer >= 1"),

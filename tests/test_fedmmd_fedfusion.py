@@ -407,6 +407,24 @@ def test_fedfusion_table2s_local_model_rows_are_their_rows_but_for_the_evaluatio
       assert local.to_dict() == base.to_dict()
 
 
+def test_fedfusion_table2s_code_data_rows_are_their_rows_on_the_even_odd_split():
+  """The code's-data diagnosis rows of FedFusion Table 2 train FedAvg's and Conv's configs at
+  every scale with only the partition (permuted -> permuted_classes) and the evaluation
+  (global -> local) changed, each read against the FedAvg row of the same data."""
+  table = tables.get_table("fedfusion_table2")
+  rows = {r.key: r for r in table.settings[0].rows}
+  for scale in table.scales:
+    for row in ("fedavg", "fedfusion_conv"):
+      base, code = (cell_configs.cell_config(cell) for cell in cells_lib.plan(
+          table, scale, [0], [row, f"{row}_code_data"]))
+      assert (base.scenario.partition, code.scenario.partition) == ("permuted",
+                                                                    "permuted_classes")
+      assert code.fedavg.evaluate == "local"
+      code.scenario.partition, code.fedavg.evaluate = "permuted", "global"
+      assert code.to_dict() == base.to_dict()
+  assert rows["fedfusion_conv_code_data"].reference == "fedavg_code_data"
+
+
 def test_committed_local_model_cells_train_as_their_rows():
   """The local-model rows of FedFusion Table 2 change only what is scored: every committed
   seed's training metrics (losses, bytes, cohort) equal its row's, round by round, to the bit

@@ -155,8 +155,10 @@ def test_final_accuracy_seed_by_seed_against_fedavg():
            "fedfusion_multi": {0: _run(10, final=89.0), 2: _run(10, final=91.0)},
            "fedfusion_conv": {0: _run(10, final=89.0), 1: _run(10, final=93.0)}}
   text, numbers = pt.render_setting(table, setting, cells, show_diff=False)
-  assert ("Final accuracy seed by seed against FedAvg (each seed draws the same data for every "
-          "method)") in text
+  assert ("Final accuracy seed by seed against FedAvg; FedFusion+Conv, local models against "
+          "FedAvg, local models; FedFusion+Conv, the code's even / odd digits, local models "
+          "against FedAvg, the code's even / odd digits, local models (each seed draws the "
+          "same data for a row and its reference)") in text
   assert "| method | seeds | final accuracy Δ per seed | verdict |" in text
   assert "| FedFusion+Single | 0, 1, 2 | +1.00, +1.50, +0.25 | above FedAvg on every seed |" \
       in text
@@ -170,6 +172,37 @@ def test_final_accuracy_seed_by_seed_against_fedavg():
                                                  "fedfusion_conv")] == [
       "above", "below_or_equal", "changes"]
   assert rows["fedfusion_conv_identity"]["final"]["verdict"] == "too_few"  # a row without cells
+
+
+def test_a_diagnosis_row_is_read_against_its_own_reference_row():
+  """FedFusion+Conv's local models against FedAvg's local models, not the global FedAvg:
+  reduction 1 - 15/10 by hand, differences conv_local - fedavg_local per seed."""
+  table = tables.get_table("fedfusion_table2")
+  setting = table.settings[0]
+  assert {r.key: r.reference for r in setting.rows if r.reference} == {
+      "fedfusion_conv_local": "fedavg_local", "fedfusion_conv_code_data": "fedavg_code_data"}
+  cells = {"fedavg": {0: _run(5, final=90.0), 1: _run(5, final=92.0)},
+           "fedavg_local": {0: _run(10, final=93.0), 1: _run(10, final=94.0)},
+           "fedfusion_conv_local": {0: _run(15, final=91.0), 1: _run(15, final=93.5)}}
+  text, numbers = pt.render_setting(table, setting, cells, show_diff=False)
+  summary = numbers["summary"]
+  assert summary["references"]["fedfusion_conv_local"] == "fedavg_local"
+  assert summary["references"]["fedavg_local"] == "fedavg"
+  assert summary["references"]["fedfusion_conv_code_data"] == "fedavg_code_data"  # no cells
+  assert summary["rounds_reduction"]["fedfusion_conv_local"]["94"]["percent"] == \
+      pytest.approx(-50.0)  # 1 - 15 / 10
+  assert summary["rounds_reduction"]["fedavg_local"]["94"]["percent"] == pytest.approx(-100.0)
+  rows = numbers["seed_by_seed"]["rows"]
+  assert rows["fedfusion_conv_local"]["final"]["per_seed"] == {0: -2.0, 1: -0.5}
+  assert rows["fedavg_local"]["final"]["per_seed"] == {0: 3.0, 1: 2.0}
+  assert numbers["seed_by_seed"]["references"]["fedfusion_conv_code_data"] == "fedavg_code_data"
+  assert ("| FedFusion+Conv, local models (not the paper's) | 0, 1 | -2.00, -0.50 | "
+          "below FedAvg, local models on every seed |") in text
+  assert ("| FedAvg, local models (not the paper's) | 0, 1 | +3.00, +2.00 | "
+          "above FedAvg on every seed |") in text
+  assert "| FedFusion+Conv, local models (not the paper's) | 2 | 15.0 ± 0.0 | -50.0% |" in text
+  assert "FedFusion+Conv, local models against FedAvg, local models" in text
+  assert "FedFusion+Conv, local models: against FedAvg, local models" in text
 
 
 def test_figure_has_a_line_per_row_and_the_targets():

@@ -328,7 +328,8 @@ def test_one_architecture_name_applies_to_every_participant():
 @pytest.mark.parametrize("field,value,message", [
     ("scenario.partition", "pathological", "config.scenario.partition must be one of ('iid', "
                                           "'dirichlet', 'shards', 'class_split', "
-                                          "'class_split_own', 'permuted')"),
+                                          "'class_split_own', 'permuted', "
+                                          "'permuted_classes')"),
     ("scenario.num_clients", 0, "config.scenario.num_clients must be an integer >= 1"),
     ("eval.targets", (50.0, 120.0), "config.eval.targets must be a sequence of accuracies in "
                                     "(0, 100]"),

@@ -31,9 +31,11 @@ binary class split, permuted pixels, GLFC class-incremental task streams.
 Partitioned scenarios (`partitioned.build_partitioned_scenario`): one whole
 dataset (mnist, cifar10, usps, cifar100, svhn, fashion_mnist) split over many
 clients for FedAvg-style experiments: "iid", "dirichlet" (Hsu et al. 2019),
-"shards" (McMahan et al. 2017) or "permuted" (one pixel permutation, and so
-one domain, per client); with the same opt-in, logged and recorded synthetic
-fallback as `build_scenario`.
+"shards" (McMahan et al. 2017), "class_split", "class_split_own", "permuted"
+(one pixel permutation, and so one domain, per client) or "permuted_classes"
+(the FedFusion code's: permuted pixels and the classes dealt to the clients in
+turn); with the same opt-in, logged and recorded synthetic fallback as
+`build_scenario`.
 
 Augmentation (`augment`, pure JAX): random crop, resized crop, flip, colour
 jitter, greyscale, rotation, FCCL+ weak/strong pipelines, normalisation.
@@ -59,11 +61,11 @@ from fedjax_het.data.npz import (BUNDLE, TINYIMAGENET_RESOLUTIONS, LabelledImage
                                  load_public, load_tinyimagenet)
 from fedjax_het.data.partition import (Task, binary_class_split, class_incremental_tasks,
                                        client_permutation, dirichlet_partition, iid_partition,
-                                       label_histogram, make_permutations, permuted_pixels,
-                                       shard_partition)
+                                       interleaved_class_groups, label_histogram,
+                                       make_permutations, permuted_pixels, shard_partition)
 from fedjax_het.data.partitioned import (DATASET_STATS, PARTITION_DATASETS, PARTITIONS,
-                                         PERMUTED_TEST_MODES, build_partitioned_scenario,
-                                         partition_indices)
+                                         PERMUTED_PARTITIONS, PERMUTED_TEST_MODES,
+                                         build_partitioned_scenario, partition_indices)
 from fedjax_het.data.scenarios import (OFFICE_TESTS, SCENARIOS, Scenario, build_scenario,
                                        load_dataset, stratified_subsample)
 from fedjax_het.data.synthetic import (DEFAULT_SYNTHETIC_TEST_SIZE, DEFAULT_SYNTHETIC_TRAIN_SIZES,
@@ -75,13 +77,14 @@ __all__ = [
     "BUNDLE", "CACHE_DIR_ENV", "CIFAR100_MEAN", "CIFAR100_STD", "DATASET_STATS", "DATA_DIR_ENV",
     "DEFAULT_SYNTHETIC_TEST_SIZE", "DEFAULT_SYNTHETIC_TRAIN_SIZES", "DIGIT_DOMAINS",
     "IMAGENET_MEAN", "IMAGENET_STD", "OFFICE_TESTS", "PARTITIONS", "PARTITION_DATASETS",
-    "PERMUTED_TEST_MODES",
+    "PERMUTED_PARTITIONS", "PERMUTED_TEST_MODES",
     "SCENARIOS", "SYNTHETIC_VERSION", "TFDS_NAMES", "TINYIMAGENET_RESOLUTIONS", "DataError",
     "DataUnavailableError", "LabelledImages", "Scenario", "Split", "StackedClients", "Task",
     "TinyImageNet", "available_bundle_files", "binary_class_split",
     "build_partitioned_scenario", "build_scenario", "cache_dir", "class_incremental_tasks",
     "client_permutation", "color_jitter", "dirichlet_partition", "iid_partition", "index_split",
-    "label_histogram", "load_cifar10", "load_cifar100_glfc", "load_dataset", "load_fashion_mnist",
+    "interleaved_class_groups", "label_histogram", "load_cifar10", "load_cifar100_glfc",
+    "load_dataset", "load_fashion_mnist",
     "load_image_folder", "load_npz_digits", "load_office31", "load_office_caltech",
     "load_office_domains", "load_public", "load_tfds", "load_tinyimagenet", "make_permutations",
     "normalize", "partition_indices", "permuted_pixels",

@@ -2,7 +2,7 @@
 
 `build_partitioned_scenario` loads a whole dataset (`scenarios.load_dataset`),
 optionally subsamples it (stratified), and splits the training pool over
-`num_clients` clients (1 to thousands) with one of six partitions:
+`num_clients` clients (1 to thousands) with one of seven partitions:
 
   * "iid": a uniformly random, disjoint split into near-equal parts (sizes
     differ by at most one) [FedAvg, "IID"].
@@ -55,6 +55,18 @@ optionally subsamples it (stratified), and splits the training pool over
     sets together are the test set once and memory does not grow with K;
     `permuted_test="full"` gives every client the whole test set under its
     permutation (K copies: K * N_test * 3 KiB of memory).
+  * "permuted_classes": the permuted-MNIST data of the FedFusion authors' code
+    (thu-media/FedFusion, mnist_main.py and data/mnist_data.py), which the
+    paper's text does not describe: the classes dealt to the clients in turn
+    (`partition.interleaved_class_groups`: with 2 clients on MNIST the even
+    and the odd digits), client i holding every example of its classes, and
+    every image of client i (training and test) permuted as in "permuted".
+    Client i's test set is the test images of its own classes under its
+    permutation (the code's `MNISTData(subset, permutation)` test loader), its
+    domain f"{dataset}_perm{i}"; `permuted_test` must be "split" (the test
+    images are split by class, each once). The code also augments its
+    training images (RandomResizedCrop(28), horizontal flip) before the
+    permutation; this partition does not.
 
 PFLlib's data (`dataset` = f"{name}_pfllib", name one of PARTITION_DATASETS; the
 data of HtFLlib, FedTGP and FedKTL, prepared by PFLlib's dataset/utils/dataset_utils.py):
@@ -83,8 +95,8 @@ The returned `Scenario` (see `scenarios.Scenario`):
     all clients;
   * class_split_own: one domain per client (see above) whose test set is the
     (subsampled) test images of the client's classes;
-  * permuted: domains = (f"{dataset}_perm0", ..., f"{dataset}_perm{K-1}") and
-    one permuted test split per client domain;
+  * permuted, permuted_classes: domains = (f"{dataset}_perm0", ...,
+    f"{dataset}_perm{K-1}") and one permuted test split per client domain;
   * public: an empty uint8 (0, 32, 32, 3) array (sources["public"] = "none"), or with
     `public_size` > 0 that many images of `public_name` (the public-data methods: FedMD,
     FCCL+, ... in HtFLlib's scenario, fedjax_het/configs/htfl.py), public_mean / public_std
@@ -140,7 +152,10 @@ from fedjax_het.data.scenarios import (Scenario, load_dataset, load_public_set,
                                        stratified_subsample)
 
 #: The partitions of `build_partitioned_scenario`.
-PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted")
+PARTITIONS = ("iid", "dirichlet", "shards", "class_split", "class_split_own", "permuted",
+              "permuted_classes")
+#: The partitions that permute every client's pixels (module docstring).
+PERMUTED_PARTITIONS = ("permuted", "permuted_classes")
 #: The datasets of `build_partitioned_scenario` (those `load_dataset` reads).
 PARTITION_DATASETS = ("mnist", "cifar10", "usps", "cifar100", "svhn", "fashion_mnist")
 #: How a permuted scenario's per-client test sets are made (see the module docstring).
@@ -295,7 +310,8 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str, *,
                       shards_per_client: int = 2, min_size: int = 10) -> list[np.ndarray]:
   """The client index arrays of one partition of a labelled pool.
 
-  "permuted" returns the IID split (the pixels are permuted by the caller).
+  "permuted" returns the IID split and "permuted_classes" the interleaved class split (the
+  pixels are permuted by the caller).
   Used by `build_partitioned_scenario`; see the module docstring for the
   partitions.
 
@@ -330,6 +346,9 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str, *,
     return partition_lib.iid_partition(n, k, rng)
   if partition in ("class_split", "class_split_own"):
     return partition_lib.examples_of_classes(labels, partition_lib.class_groups(labels, k))
+  if partition == "permuted_classes":
+    return partition_lib.examples_of_classes(labels,
+                                             partition_lib.interleaved_class_groups(labels, k))
   if partition == "dirichlet":
     if k * min_size > n:
       raise ValueError(f"`num_clients`={k} x `min_size`={min_size} = {k * min_size} exceeds the "
@@ -429,7 +448,8 @@ def build_partitioned_scenario(dataset: str, *, num_clients: int, partition: str
       synthetic data.
     min_size: minimum examples per client of "dirichlet" (>= 1).
     permuted_test: "split" (client i's test set is its 1/K share of the test
-      set) or "full" (the whole test set), pixel-permuted; "permuted" only.
+      set) or "full" (the whole test set), pixel-permuted; "permuted" only
+      ("permuted_classes" tests each client on its own classes and takes "split").
     public_name, public_size, public_normalization: the public set, `public_size` images
       of `public_name` (one of the bundle's public sets, "synthetic", "tfds:<name>" or
       "folder:<path>") drawn as `scenarios.build_scenario` draws them, normalised with
@@ -513,6 +533,10 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
   if permuted_test not in PERMUTED_TEST_MODES:
     raise ValueError(f"`permuted_test` must be one of {PERMUTED_TEST_MODES}, got "
                      f"{permuted_test!r}.")
+  if partition == "permuted_classes" and permuted_test != "split":
+    raise ValueError(f"`permuted_test`={permuted_test!r} applies to partition='permuted'; "
+                     "partition='permuted_classes' tests every client on the test images of "
+                     "its own classes: permuted_test must be 'split'.")
   _check_partition_args(dirichlet_alpha, shards_per_client, min_size)  # before loading
 
   name = f"{dataset}_{partition}"
@@ -545,9 +569,18 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
   order_rng = _rng(seed, _ORDER)
   clients = [train.take(order_rng.permutation(idx)) for idx in parts]
 
-  if partition == "permuted":
+  if partition in PERMUTED_PARTITIONS:
     domains = tuple(f"{dataset}_perm{i}" for i in range(num_clients))
-    if permuted_test == "split":
+    if partition == "permuted_classes":
+      groups = partition_lib.interleaved_class_groups(train.labels, num_clients)
+      test_parts = [test.take(idx) for idx in partition_lib.examples_of_classes(test.labels,
+                                                                               groups)]
+      for i, part in enumerate(test_parts):
+        if not len(part):
+          raise ValueError(f"partition='permuted_classes': the test set has no image of the "
+                           f"classes {groups[i].tolist()} of client {i}; use a larger "
+                           "`test_size` (or None).")
+    elif permuted_test == "split":
       if num_clients > len(test):
         raise ValueError(f"`num_clients`={num_clients} exceeds the {len(test)} test examples: "
                          "permuted_test='split' gives each client a disjoint share of the test "
@@ -561,7 +594,9 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
     tests = {d: Split(partition_lib.permuted_pixels(t.images, i, seed=seed), t.labels)
              for i, (d, t) in enumerate(zip(domains, test_parts))}
     provenance += (f"; pixels permuted per client (partition.client_permutation, seed={seed}); "
-                   f"test {permuted_test}")
+                   + (f"classes dealt in turn (client i: row i of {groups.tolist()}); test "
+                      "per client: the test images of its own classes"
+                      if partition == "permuted_classes" else f"test {permuted_test}"))
   elif partition == "class_split_own":
     groups = partition_lib.class_groups(train.labels, num_clients)
     domains = tuple(_class_group_domain(dataset, k, group) for k, group in enumerate(groups))

@@ -147,10 +147,12 @@ def seed_comparison(values: Mapping[str, Mapping[str, Mapping[int, float]]], ref
 
 
 def seed_table(comparison: Mapping[str, Any], labels: Mapping[str, str], *,
-               kind_labels: Mapping[str, str], reference_label: str, digits: int = 2) -> str:
+               kind_labels: Mapping[str, str], reference_label: str, digits: int = 2,
+               row_reference_labels: Mapping[str, str] | None = None) -> str:
   """`seed_comparison` as a markdown table: method, seeds, then per kind the differences in
   seed order and the verdict (a kind whose paired seeds differ from the row's first kind's
-  names each seed)."""
+  names each seed); `row_reference_labels` names the reference of a row read against
+  another row than `reference_label`'s."""
   kinds = comparison["kinds"]
   header = ["method", "seeds"]
   for kind in kinds:
@@ -164,7 +166,8 @@ def seed_table(comparison: Mapping[str, Any], labels: Mapping[str, str], *,
       text = format_differences(entry["per_seed"], digits=digits)
       if entry["seeds"] and entry["seeds"] != seeds:
         text = ", ".join(f"seed {s} {t}" for s, t in zip(entry["seeds"], text.split(", ")))
-      cells += [text, verdict_text(entry["verdict"], reference_label, len(entry["seeds"]))]
+      against = dict(row_reference_labels or {}).get(row, reference_label)
+      cells += [text, verdict_text(entry["verdict"], against, len(entry["seeds"]))]
     lines.append(markdown_row(cells))
   return "\n".join(lines)
 

@@ -153,7 +153,8 @@ def reduction(stat: Mapping[str, Any] | None,
 
 
 def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
-              targets: Sequence[float], reference: str = REFERENCE) -> dict[str, Any]:
+              targets: Sequence[float], reference: str = REFERENCE,
+              references: Mapping[str, str] | None = None) -> dict[str, Any]:
   """The numbers of the tables from the cells.
 
   Args:
@@ -161,11 +162,14 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
       records}}}, rows in table order (one with no finished seed is left out).
     targets: the accuracies (percent) to reach (config.eval.targets).
     reference: the row the reductions are relative to (FedAvg).
+    references: {row: the row its reductions are relative to instead} (a diagnosis row read
+      against its own counterpart, e.g. FedFusion+Conv's local models against FedAvg's).
 
   Returns:
     {"rows_done", "seeds": {row: [...]}, "kind": the headline accuracy,
      "targets": ["94", ...], "reference": reference or None when not in the
-     grid, "final": {row: stat}, "rounds": {row: {target: censored stat}},
+     grid, "references": {row: the row it is read against} (the rows with cells and those
+     of `references`), "final": {row: stat}, "rounds": {row: {target: censored stat}},
      "rounds_reduction": {row: {target: reduction}}, "bytes_per_round":
      {row: {"up", "down", "total", "constant"}} (means over seeds),
      "bytes": {row: {target: censored stat, "all": stat of the whole run}},
@@ -204,14 +208,16 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
           "constant": all(e["constant"] for e in each)
                       and len({(e["up"], e["down"]) for e in each}) == 1}
   ref = reference if reference in rows else None
+  refs = {r: reference for r in rows} | dict(references or {})
   return {
       "rows_done": rows, "seeds": {r: sorted(int(s) for s in cells[r]) for r in rows},
-      "kind": kind, "targets": keys, "reference": ref, "final": final, "rounds": rounds,
-      "rounds_reduction": {r: {k: reduction(rounds[r][k], rounds[ref][k]) for k in keys}
-                           for r in rows} if ref else {},
+      "kind": kind, "targets": keys, "reference": ref, "references": refs, "final": final,
+      "rounds": rounds,
+      "rounds_reduction": {r: {k: reduction(rounds[r][k], rounds[refs[r]][k]) for k in keys}
+                           for r in rows if refs[r] in rows},
       "bytes_per_round": per_round, "bytes": data,
-      "bytes_reduction": {r: {k: reduction(data[r][k], data[ref][k]) for k in keys}
-                          for r in data} if ref in data else {},
+      "bytes_reduction": {r: {k: reduction(data[r][k], data[refs[r]][k]) for k in keys}
+                          for r in data if refs[r] in data} if ref in data else {},
   }
 
 
@@ -355,14 +361,25 @@ def seed_values(summary: Mapping[str, Any]) -> dict[str, dict[str, dict[int, flo
 
 
 def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str]) -> dict[str, Any] | None:
-  """Every row's final accuracy minus the reference row's (FedAvg) on each seed both
-  finished, with its verdict (`common.seed_comparison`, kind "final"); None without a
-  reference row with a finished seed. Each seed draws the same partition and data for
-  every method, so the pairing is meaningful."""
+  """Every row's final accuracy minus its reference row's (FedAvg, or the row
+  `summary["references"]` names) on each seed both finished, with its verdict
+  (`common.seed_comparison`, kind "final"), and {"references": {row: its reference}}; None
+  without a reference row with a finished seed. Each seed draws the same partition and data
+  for every method, so the pairing is meaningful."""
   reference = summary["reference"]
   if reference is None or reference not in summary["final"]:
     return None
-  return common.seed_comparison(seed_values(summary), reference, rows, ("final",))
+  values = seed_values(summary)
+  own = summary.get("references", {})
+  comparison = common.seed_comparison(values, reference, rows, ("final",))
+  comparison["references"] = {}
+  for row in list(comparison["rows"]):
+    other = own.get(row, reference)
+    if other != reference:
+      comparison["rows"][row] = common.seed_comparison(values, other, [row],
+                                                       ("final",))["rows"][row]
+    comparison["references"][row] = other
+  return comparison
 
 
 def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Mapping[str, Any]]],
@@ -380,9 +397,12 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
   htfllib = paper.get("metric") == "htfllib"  # the paper's numbers are HtFLlib's metric
   done = {r.key: dict(cells[r.key]) for r in setting.rows if cells.get(r.key)}
   targets = cell_targets(done)
-  summary = summarize(done, targets=targets, reference=table.base or REFERENCE)
+  summary = summarize(done, targets=targets, reference=table.base or REFERENCE,
+                      references={r.key: r.reference for r in setting.rows if r.reference})
   keys = summary["targets"] or sorted(paper.get("rounds", {}), key=float)
   rows = [(r.key, r.label) for r in setting.rows]
+  labels = dict(rows)
+  own_references = {r.key: r.reference for r in setting.rows if r.reference}
   each = {len(c["results"].get("rounds", [])) for per_seed in done.values()
           for c in per_seed.values()}
   averaged = ("the mean of its last evaluated rounds" if len(each) != 1 else
@@ -392,7 +412,12 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
            "seed never reaches reads \"> m (k/S reached)\", m counting that seed's rounds as "
            "the run's length (a strict lower bound, no std); reduce / saved: 1 − mean(row) / "
            "mean(FedAvg), \"> x%\" when FedAvg is censored, \"< x%\" when the row is, n/a when "
-           "both are (each has a seed that never reached the target).",
+           "both are (each has a seed that never reached the target)"
+           + ("" if not own_references else
+              "; " + "; ".join(f"{common.short_label(labels[row])}: against "
+                               f"{common.short_label(labels.get(other, other))}"
+                               for row, other in own_references.items()))
+           + ".",
            "", (f"Final accuracy (each run: {averaged})" if htfllib else
                 f"Final accuracy (FedFusion Table 1 layout; each run: {averaged})"), "",
            final_table(summary, rows, {} if htfllib else paper, show_diff=show_diff), ""]
@@ -420,15 +445,20 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
   if htfllib:
     numbers["htfllib"] = numbers_htfllib
   if comparison is not None:
-    labels = dict(rows)
     reference = common.short_label(labels.get(comparison["reference"],
                                               comparison["reference"]))
-    parts += [f"Final accuracy seed by seed against {reference} (each seed draws the same "
-              f"data for every method): the row's minus {reference}'s on each seed both rows "
-              "finished; a tie (0.00) has no sign, and fewer than 2 paired seeds give no "
-              "verdict", "",
+    own = {row: common.short_label(labels.get(other, other))
+           for row, other in comparison["references"].items()
+           if other != comparison["reference"]}
+    against = "".join(f"; {common.short_label(labels[row])} against {label}"
+                      for row, label in own.items())
+    same = "a row and its reference" if own else "every method"
+    parts += [f"Final accuracy seed by seed against {reference}{against} (each seed draws "
+              f"the same data for {same}): the row's minus "
+              f"{'its reference' if own else reference}'s on each seed both rows finished; a tie (0.00) has no sign, and fewer than 2 paired "
+              "seeds give no verdict", "",
               common.seed_table(comparison, labels, kind_labels={"final": "final accuracy"},
-                                reference_label=reference), ""]
+                                reference_label=reference, row_reference_labels=own), ""]
     numbers["seed_by_seed"] = comparison
   if keys:
     parts += ["Rounds to reach the target accuracy (FedFusion Table 2 layout)", "",

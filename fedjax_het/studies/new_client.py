@@ -74,6 +74,7 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fedavg_family, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.data import partition as partition_lib
+from fedjax_het.data import partitioned as partitioned_lib
 from fedjax_het.data._base import Split
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
@@ -144,7 +145,7 @@ class NewClientData(NamedTuple):
 
 def _is_permuted(config: ml_collections.ConfigDict) -> bool:
   sc = config.scenario
-  return sc.name == "partitioned" and sc.partition == "permuted"
+  return sc.name == "partitioned" and sc.partition in partitioned_lib.PERMUTED_PARTITIONS
 
 
 def unpermuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np.ndarray:
