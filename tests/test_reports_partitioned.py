@@ -200,6 +200,14 @@ def test_a_diagnosis_row_is_read_against_its_own_reference_row():
           "below FedAvg, local models on every seed |") in text
   assert ("| FedAvg, local models (not the paper's) | 0, 1 | +3.00, +2.00 | "
           "above FedAvg on every seed |") in text
+  # Without the FedAvg row, the local rows are still read against each other.
+  del cells["fedavg"]
+  text, numbers = pt.render_setting(table, setting, cells, show_diff=False)
+  rows = numbers["seed_by_seed"]["rows"]
+  assert rows["fedfusion_conv_local"]["final"]["per_seed"] == {0: -2.0, 1: -0.5}
+  assert rows["fedavg_local"]["final"]["verdict"] == "too_few"
+  assert ("| FedFusion+Conv, local models (not the paper's) | 0, 1 | -2.00, -0.50 | "
+          "below FedAvg, local models on every seed |") in text
   assert "| FedFusion+Conv, local models (not the paper's) | 2 | 15.0 ± 0.0 | -50.0% |" in text
   assert "FedFusion+Conv, local models against FedAvg, local models" in text
   assert "FedFusion+Conv, local models: against FedAvg, local models" in text

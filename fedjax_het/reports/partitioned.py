@@ -168,7 +168,7 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   Returns:
     {"rows_done", "seeds": {row: [...]}, "kind": the headline accuracy,
      "targets": ["94", ...], "reference": reference or None when not in the
-     grid, "references": {row: the row it is read against} (the rows with cells and those
+     grid, "base": reference, "references": {row: the row it is read against} (the rows with cells and those
      of `references`), "final": {row: stat}, "rounds": {row: {target: censored stat}},
      "rounds_reduction": {row: {target: reduction}}, "bytes_per_round":
      {row: {"up", "down", "total", "constant"}} (means over seeds),
@@ -211,7 +211,8 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   refs = {r: reference for r in rows} | dict(references or {})
   return {
       "rows_done": rows, "seeds": {r: sorted(int(s) for s in cells[r]) for r in rows},
-      "kind": kind, "targets": keys, "reference": ref, "references": refs, "final": final,
+      "kind": kind, "targets": keys, "reference": ref, "base": reference, "references": refs,
+      "final": final,
       "rounds": rounds,
       "rounds_reduction": {r: {k: reduction(rounds[r][k], rounds[refs[r]][k]) for k in keys}
                            for r in rows if refs[r] in rows},
@@ -366,11 +367,11 @@ def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str]) -> dict[str, A
   (`common.seed_comparison`, kind "final"), and {"references": {row: its reference}}; None
   without a reference row with a finished seed. Each seed draws the same partition and data
   for every method, so the pairing is meaningful."""
-  reference = summary["reference"]
-  if reference is None or reference not in summary["final"]:
+  reference = summary["reference"] or summary["base"]
+  own = summary["references"]
+  if not any(own.get(row, reference) in summary["final"] for row in rows):
     return None
   values = seed_values(summary)
-  own = summary.get("references", {})
   comparison = common.seed_comparison(values, reference, rows, ("final",))
   comparison["references"] = {}
   for row in list(comparison["rows"]):
