@@ -201,12 +201,12 @@ def test_permuted_clients_have_their_own_pixels_and_test_sets():
 def test_permuted_classes_is_the_fedfusion_codes_even_odd_split_with_permuted_pixels():
   """Two clients: the even and the odd digits (thu-media/FedFusion mnist_main.py), each its
   own pixel permutation on training and test images; the test images of its own classes."""
-  np.testing.assert_array_equal(data.interleaved_class_groups(np.arange(10), 2),
+  np.testing.assert_array_equal(data.class_groups(np.arange(10), 2, interleaved=True),
                                 [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]])
-  np.testing.assert_array_equal(data.interleaved_class_groups(np.arange(6) % 6, 3),
+  np.testing.assert_array_equal(data.class_groups(np.arange(6), 3, interleaved=True),
                                 [[0, 3], [1, 4], [2, 5]])
   with pytest.raises(ValueError, match="num_clients.*divide the 10 classes"):
-    data.interleaved_class_groups(np.arange(10), 3)
+    data.class_groups(np.arange(10), 3, interleaved=True)
   s = _build("permuted_classes", num_clients=2)
   pool, test = _pool(), _pool(N_TEST, "test")
   assert s.domains == ("mnist_perm0", "mnist_perm1")

@@ -253,15 +253,21 @@ def binary_class_split(labels: np.ndarray, *, num_classes: int = 10,
   return [np.nonzero(first)[0], np.nonzero(second)[0]]
 
 
-def class_groups(labels: np.ndarray, num_clients: int) -> np.ndarray:
-  """The classes present in `labels`, in label order, cut into `num_clients` contiguous groups.
+def class_groups(labels: np.ndarray, num_clients: int, *,
+                 interleaved: bool = False) -> np.ndarray:
+  """The classes present in `labels`, in label order, cut into `num_clients` groups.
 
-  Client k of the "class_split" partitions holds every example of group k: with 2 clients on
-  10 classes FedMMD's binary split (0-4 / 5-9, Sec. 4.2.1), with 5 clients 2 classes each.
+  Contiguous groups (default): client k of the "class_split" partitions holds every example of
+  group k: with 2 clients on 10 classes FedMMD's binary split (0-4 / 5-9, Sec. 4.2.1), with 5
+  clients 2 classes each. Interleaved (`interleaved=True`, the "permuted_classes"
+  partition): class c of the sorted classes goes to group c mod K, with 2 clients on MNIST the
+  even and the odd digits, the two clients of the FedFusion authors' permuted-MNIST script
+  (thu-media/FedFusion, mnist_main.py: subsets [0, 2, 4, 6, 8] and [1, 3, 5, 7, 9]).
 
   Args:
     labels: (N,) integer labels.
     num_clients: K >= 1, dividing the number of classes present.
+    interleaved: deal the classes in turn instead of cutting them into contiguous runs.
 
   Returns:
     (K, C / K) int64 array of class ids; row k is client k's classes.
@@ -273,37 +279,11 @@ def class_groups(labels: np.ndarray, num_clients: int) -> np.ndarray:
   k = _check_positive_int("num_clients", num_clients)
   classes = np.unique(labels).astype(np.int64)
   if classes.size % k:
+    which = ("'permuted_classes' partition (2 clients: even / odd classes)" if interleaved else
+             "'class_split' partitions (2 clients: FedMMD's binary split)")
     raise ValueError(f"`num_clients`={k} must divide the {classes.size} classes present for "
-                     "the 'class_split' partitions (2 clients: FedMMD's binary split).")
-  return classes.reshape(k, -1)
-
-
-def interleaved_class_groups(labels: np.ndarray, num_clients: int) -> np.ndarray:
-  """The classes present in `labels`, dealt to `num_clients` groups in turn (class c of the
-  sorted classes to group c mod K).
-
-  Client k of the "permuted_classes" partition holds every example of group k: with 2
-  clients on MNIST the even and the odd digits, the two clients of the FedFusion authors'
-  permuted-MNIST script (thu-media/FedFusion, mnist_main.py: subsets [0, 2, 4, 6, 8] and
-  [1, 3, 5, 7, 9]).
-
-  Args:
-    labels: (N,) integer labels.
-    num_clients: K >= 1, dividing the number of classes present.
-
-  Returns:
-    (K, C / K) int64 array of class ids; row k is client k's classes.
-
-  Raises:
-    ValueError: K does not divide the number of classes present.
-  """
-  labels = _check_labels(labels)
-  k = _check_positive_int("num_clients", num_clients)
-  classes = np.unique(labels).astype(np.int64)
-  if classes.size % k:
-    raise ValueError(f"`num_clients`={k} must divide the {classes.size} classes present for "
-                     "the 'permuted_classes' partition (2 clients: even / odd classes).")
-  return classes.reshape(-1, k).T.copy()
+                     f"the {which}.")
+  return classes.reshape(-1, k).T.copy() if interleaved else classes.reshape(k, -1)
 
 
 def examples_of_classes(labels: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:

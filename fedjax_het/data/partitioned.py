@@ -58,8 +58,8 @@ optionally subsamples it (stratified), and splits the training pool over
   * "permuted_classes": the permuted-MNIST data of the FedFusion authors' code
     (thu-media/FedFusion, mnist_main.py and data/mnist_data.py), which the
     paper's text does not describe: the classes dealt to the clients in turn
-    (`partition.interleaved_class_groups`: with 2 clients on MNIST the even
-    and the odd digits), client i holding every example of its classes, and
+    (`partition.class_groups(..., interleaved=True)`: with 2 clients on MNIST
+    the even and the odd digits), client i holding every example of its classes, and
     every image of client i (training and test) permuted as in "permuted".
     Client i's test set is the test images of its own classes under its
     permutation (the code's `MNISTData(subset, permutation)` test loader), its
@@ -347,8 +347,8 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str, *,
   if partition in ("class_split", "class_split_own"):
     return partition_lib.examples_of_classes(labels, partition_lib.class_groups(labels, k))
   if partition == "permuted_classes":
-    return partition_lib.examples_of_classes(labels,
-                                             partition_lib.interleaved_class_groups(labels, k))
+    groups = partition_lib.class_groups(labels, k, interleaved=True)
+    return partition_lib.examples_of_classes(labels, groups)
   if partition == "dirichlet":
     if k * min_size > n:
       raise ValueError(f"`num_clients`={k} x `min_size`={min_size} = {k * min_size} exceeds the "
@@ -572,7 +572,7 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
   if partition in PERMUTED_PARTITIONS:
     domains = tuple(f"{dataset}_perm{i}" for i in range(num_clients))
     if partition == "permuted_classes":
-      groups = partition_lib.interleaved_class_groups(train.labels, num_clients)
+      groups = partition_lib.class_groups(train.labels, num_clients, interleaved=True)
       test_parts = [test.take(idx) for idx in partition_lib.examples_of_classes(test.labels,
                                                                                groups)]
       for i, part in enumerate(test_parts):
