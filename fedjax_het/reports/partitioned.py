@@ -168,8 +168,9 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   Returns:
     {"rows_done", "seeds": {row: [...]}, "kind": the headline accuracy,
      "targets": ["94", ...], "reference": reference or None when not in the
-     grid, "base": reference, "references": {row: the row it is read against} (the rows with cells and those
-     of `references`), "final": {row: stat}, "rounds": {row: {target: censored stat}},
+     grid, "base": reference, "references": {row: the row it is read against} (the rows
+     with cells and those of `references`), "final": {row: stat}, "rounds": {row: {target:
+     censored stat}},
      "rounds_reduction": {row: {target: reduction}}, "bytes_per_round":
      {row: {"up", "down", "total", "constant"}} (means over seeds),
      "bytes": {row: {target: censored stat, "all": stat of the whole run}},
@@ -212,13 +213,12 @@ def summarize(cells: Mapping[str, Mapping[int, Mapping[str, Any]]], *,
   return {
       "rows_done": rows, "seeds": {r: sorted(int(s) for s in cells[r]) for r in rows},
       "kind": kind, "targets": keys, "reference": ref, "base": reference, "references": refs,
-      "final": final,
-      "rounds": rounds,
+      "final": final, "rounds": rounds,
       "rounds_reduction": {r: {k: reduction(rounds[r][k], rounds[refs[r]][k]) for k in keys}
                            for r in rows if refs[r] in rows},
       "bytes_per_round": per_round, "bytes": data,
       "bytes_reduction": {r: {k: reduction(data[r][k], data[refs[r]][k]) for k in keys}
-                          for r in data if refs[r] in data} if ref in data else {},
+                          for r in data if refs[r] in data},
   }
 
 
@@ -366,20 +366,19 @@ def seed_by_seed(summary: Mapping[str, Any], rows: Sequence[str]) -> dict[str, A
   `summary["references"]` names) on each seed both finished, with its verdict
   (`common.seed_comparison`, kind "final"), and {"references": {row: its reference}}; None
   without a reference row with a finished seed. Each seed draws the same partition and data
-  for every method, so the pairing is meaningful."""
+  for a row and its reference, so the pairing is meaningful."""
   reference = summary["reference"] or summary["base"]
   own = summary["references"]
   if not any(own.get(row, reference) in summary["final"] for row in rows):
     return None
   values = seed_values(summary)
-  comparison = common.seed_comparison(values, reference, rows, ("final",))
-  comparison["references"] = {}
-  for row in list(comparison["rows"]):
-    other = own.get(row, reference)
-    if other != reference:
+  comparison = {"reference": reference, "kinds": ["final"], "rows": {}, "references": {}}
+  for row in rows:
+    if row != reference:
+      other = own.get(row, reference)
       comparison["rows"][row] = common.seed_comparison(values, other, [row],
                                                        ("final",))["rows"][row]
-    comparison["references"][row] = other
+      comparison["references"][row] = other
   return comparison
 
 
@@ -398,12 +397,12 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
   htfllib = paper.get("metric") == "htfllib"  # the paper's numbers are HtFLlib's metric
   done = {r.key: dict(cells[r.key]) for r in setting.rows if cells.get(r.key)}
   targets = cell_targets(done)
+  own_references = {r.key: r.reference for r in setting.rows if r.reference}
   summary = summarize(done, targets=targets, reference=table.base or REFERENCE,
-                      references={r.key: r.reference for r in setting.rows if r.reference})
+                      references=own_references)
   keys = summary["targets"] or sorted(paper.get("rounds", {}), key=float)
   rows = [(r.key, r.label) for r in setting.rows]
   labels = dict(rows)
-  own_references = {r.key: r.reference for r in setting.rows if r.reference}
   each = {len(c["results"].get("rounds", [])) for per_seed in done.values()
           for c in per_seed.values()}
   averaged = ("the mean of its last evaluated rounds" if len(each) != 1 else
@@ -449,15 +448,15 @@ def render_setting(table: Any, setting: Any, cells: Mapping[str, Mapping[int, Ma
     reference = common.short_label(labels.get(comparison["reference"],
                                               comparison["reference"]))
     own = {row: common.short_label(labels.get(other, other))
-           for row, other in comparison["references"].items()
-           if other != comparison["reference"]}
+           for row, other in own_references.items()}
     against = "".join(f"; {common.short_label(labels[row])} against {label}"
                       for row, label in own.items())
     same = "a row and its reference" if own else "every method"
+    minus = "its reference" if own else reference
     parts += [f"Final accuracy seed by seed against {reference}{against} (each seed draws "
-              f"the same data for {same}): the row's minus "
-              f"{'its reference' if own else reference}'s on each seed both rows finished; a tie (0.00) has no sign, and fewer than 2 paired "
-              "seeds give no verdict", "",
+              f"the same data for {same}): the row's minus {minus}'s on each seed both rows "
+              "finished; a tie (0.00) has no sign, and fewer than 2 paired seeds give no "
+              "verdict", "",
               common.seed_table(comparison, labels, kind_labels={"final": "final accuracy"},
                                 reference_label=reference, row_reference_labels=own), ""]
     numbers["seed_by_seed"] = comparison
