@@ -66,6 +66,7 @@ ADDED_FIELDS: dict[str, tuple[Any, ...] | None] = {
     "local.lr_decay_rate": None,     # read only by lr_schedule="exponential"
     "local.min_lr": None,            # read only by lr_schedule="exponential"
     "fedfusion.conv_init": ("torch",),
+    "fedavg.augmentation": ("none",),
     "models.public_conv_impl": ("auto",),
     "fcclplus.dual_weight": None,    # the fcclplus.* fields below: read only by "dual"
     "fcclplus.dual_temperature": None,

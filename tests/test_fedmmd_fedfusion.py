@@ -425,6 +425,22 @@ def test_fedfusion_table2s_code_data_rows_are_their_rows_on_the_even_odd_split()
   assert rows["fedfusion_conv_code_data"].reference == "fedavg_code_data"
 
 
+def test_fedfusion_table2s_code_augmentation_rows_are_the_code_data_rows_augmented():
+  """The rows of the code's data and augmentation train the code's-data rows' configs at every
+  scale with only `fedavg.augmentation` set, each read against FedAvg's row of the same setting."""
+  table = tables.get_table("fedfusion_table2")
+  rows = {r.key: r for r in table.settings[0].rows}
+  for scale in table.scales:
+    for row in ("fedavg", "fedfusion_conv"):
+      code, augmented = (cell_configs.cell_config(cell) for cell in cells_lib.plan(
+          table, scale, [0], [f"{row}_code_data", f"{row}_code_data_aug"]))
+      assert (code.fedavg.augmentation, augmented.fedavg.augmentation) == (
+          "none", "resized_crop_flip")
+      augmented.fedavg.augmentation = "none"
+      assert augmented.to_dict() == code.to_dict()
+  assert rows["fedfusion_conv_code_data_aug"].reference == "fedavg_code_data_aug"
+
+
 def test_committed_local_model_cells_train_as_their_rows():
   """The local-model rows of FedFusion Table 2 change only what is scored: every committed
   seed's training metrics (losses, bytes, cohort) equal its row's, round by round, to the bit

@@ -157,8 +157,10 @@ def test_final_accuracy_seed_by_seed_against_fedavg():
   text, numbers = pt.render_setting(table, setting, cells, show_diff=False)
   assert ("Final accuracy seed by seed against FedAvg; FedFusion+Conv, local models against "
           "FedAvg, local models; FedFusion+Conv, the code's even / odd digits, local models "
-          "against FedAvg, the code's even / odd digits, local models (each seed draws the "
-          "same data for a row and its reference)") in text
+          "against FedAvg, the code's even / odd digits, local models; FedFusion+Conv, the "
+          "code's even / odd digits and augmentation, local models against FedAvg, the code's "
+          "even / odd digits and augmentation, local models (each seed draws the same data for "
+          "a row and its reference)") in text
   assert "| method | seeds | final accuracy Δ per seed | verdict |" in text
   assert "| FedFusion+Single | 0, 1, 2 | +1.00, +1.50, +0.25 | above FedAvg on every seed |" \
       in text
@@ -180,7 +182,8 @@ def test_a_diagnosis_row_is_read_against_its_own_reference_row():
   table = tables.get_table("fedfusion_table2")
   setting = table.settings[0]
   assert {r.key: r.reference for r in setting.rows if r.reference} == {
-      "fedfusion_conv_local": "fedavg_local", "fedfusion_conv_code_data": "fedavg_code_data"}
+      "fedfusion_conv_local": "fedavg_local", "fedfusion_conv_code_data": "fedavg_code_data",
+      "fedfusion_conv_code_data_aug": "fedavg_code_data_aug"}
   cells = {"fedavg": {0: _run(5, final=90.0), 1: _run(5, final=92.0)},
            "fedavg_local": {0: _run(10, final=93.0), 1: _run(10, final=94.0)},
            "fedfusion_conv_local": {0: _run(15, final=91.0), 1: _run(15, final=93.5)}}

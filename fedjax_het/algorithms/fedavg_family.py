@@ -36,6 +36,17 @@ FedFusion paper settings set 0.2 for every method they compare, FedAvg included,
 authors' FedFusion code does for all its models (`fedjax_het/configs/_two_stream.py`); the
 other configs have no dropout.
 
+Augmentation (`fedavg.augmentation`): "none" (default) trains on the stored images;
+"resized_crop_flip" draws, at every local step, a RandomResizedCrop (area 8-100%, aspect 3/4 to
+4/3, resized back to the image size) and a horizontal flip per image, the training transform
+of the FedFusion authors' permuted-MNIST script (`data.augment.resized_crop_flip`). On a
+pixel-permuted scenario (`scenario.partition` "permuted" / "permuted_classes") it acts on the
+unpermuted image, as the script's transform runs before its permutation: the round hands each
+client's permutation (`GroupData.pixel_permutation`) to the objective, which unpermutes the
+batch, augments it and permutes it again. The augmentation key is folded from the step's key
+(`AUGMENT_KEY_DATA`), so the dropout masks a step draws do not change with the switch, and a
+resumed run repeats the crops. Evaluation sees the stored images.
+
 Evaluation (`fedavg.evaluate`): "global" tests the server model and reports it
 for every participant; "local" tests each participant's own model at the end
 of its latest local training (clients keep it as state; only sampled clients
@@ -55,6 +66,7 @@ import optax
 
 from fedjax_het import evaluation, validation
 from fedjax_het.algorithms import common
+from fedjax_het.data import augment as augment_lib
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import aggregation, cohort, local
 from fedjax_het.engine.api import Algorithm, Setup
@@ -67,6 +79,10 @@ WEIGHTINGS = ("size", "uniform")
 LR_SCHEDULES = ("linear", "exponential")
 EVALUATES = ("global", "local")
 CLIENT_LOOPS = local.CLIENT_LOOPS
+#: `fedavg.augmentation` (module docstring).
+AUGMENTATIONS = ("none", "resized_crop_flip")
+#: The augmentation key of a local step: `jax.random.fold_in(step key, AUGMENT_KEY_DATA)`.
+AUGMENT_KEY_DATA = 0x617567
 
 
 # objective_for(group) -> loss_fn(params, batch_stats, images, labels, mask, rng, aux), where
@@ -150,6 +166,27 @@ def _merge(entries: dict[str, Any], extra: Mapping[str, Any], hook: str) -> None
   entries.update(extra)
 
 
+def augmented_objective_for(objective_for: ObjectiveFor, augmentation: str) -> ObjectiveFor:
+  """`objective_for` whose loss sees each batch augmented by `augmentation` (module docstring),
+  on the unpermuted image when `aux` holds the client's "pixel_permutation"."""
+  if augmentation not in AUGMENTATIONS:
+    raise ValueError(f"augmentation must be one of {AUGMENTATIONS}, got {augmentation!r}.")
+  if augmentation == "none":
+    return objective_for
+
+  def for_group(group: ClientGroup) -> local.LocalLossFn:
+    loss_fn = objective_for(group)
+
+    def loss(params, batch_stats, images, labels, mask, rng, aux, *extra):
+      images = augment_lib.resized_crop_flip(jax.random.fold_in(rng, AUGMENT_KEY_DATA), images,
+                                             aux.get("pixel_permutation"))
+      return loss_fn(params, batch_stats, images, labels, mask, rng, aux, *extra)
+
+    return loss
+
+  return for_group
+
+
 def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
                 objective_for: ObjectiveFor, client_state: ClientState | None = None,
                 server_state: ServerState | None = None,
@@ -198,6 +235,9 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
   keep_local = common.check_choice("fedavg.evaluate", cfg.evaluate, EVALUATES) == "local"
   client_loop = local.resolve_client_loop(
       common.check_choice("fedavg.client_loop", cfg.client_loop, CLIENT_LOOPS))
+  augmentation = common.check_choice("fedavg.augmentation", cfg.get("augmentation", "none"),
+                                     AUGMENTATIONS)
+  objective_for = augmented_objective_for(objective_for, augmentation)
   epochs = int(loc.epochs)
   trainer = local.make_group_trainers(
       setup, objective_for, optimizer=loc.optimizer, weight_decay=float(loc.weight_decay),
@@ -240,6 +280,8 @@ def make_family(config: ml_collections.ConfigDict, setup: Setup, *, name: str,
     members = cohort.gather(data.groups[group.name], slots)
     start = aggregation.broadcast(prepare(state["server"]), cohort_size)
     aux = {"global": start, "round": jnp.full((cohort_size,), round_index, jnp.int32)}
+    if augmentation != "none" and members.pixel_permutation is not None:
+      aux["pixel_permutation"] = members.pixel_permutation
     if client_state is not None:  # every per-client entry but the kept local models
       kept = {entry: value for entry, value in state["groups"][group.name].items()
               if not (keep_local and entry == "variables")}
@@ -296,7 +338,8 @@ def family_default_config() -> ml_collections.ConfigDict:
       "fedavg": {"clients_per_round": 0,      # 0: every participant, every round
                  "weighting": "size",         # "size": n_k / n (McMahan); "uniform"
                  "evaluate": "global",        # "global": server model; "local": own models
-                 "client_loop": "auto"},      # cohort: "vmap" (GPU/TPU), "map" (CPU), "auto"
+                 "client_loop": "auto",       # cohort: "vmap" (GPU/TPU), "map" (CPU), "auto"
+                 "augmentation": "none"},     # or "resized_crop_flip" (module docstring)
       "local": {**local.default_config().to_dict(),
                 "momentum": 0.0,             # SGD momentum (torch semantics)
                 "lr_schedule": "linear",     # "linear": lr_decay over the run; "exponential"
@@ -330,6 +373,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                    f"one of {EVALUATES}")
   validation.check(config, "fedavg.client_loop", validation.choice(CLIENT_LOOPS),
                    f"one of {CLIENT_LOOPS}")
+  if "augmentation" in config.fedavg:
+    validation.check(config, "fedavg.augmentation", validation.choice(AUGMENTATIONS),
+                     f"one of {AUGMENTATIONS}")
   if len(set(config.models.architectures)) > 1:
     validation.fail("models.architectures",
                     f"one architecture for every participant for {config.algorithm}",

@@ -61,8 +61,10 @@ give are the authors' FedFusion code's, and say so):
     and logs each client's model after its local training on its own test
     split; `fedavg.evaluate="local"` scores that way (FedFusion Table 2's
     local-model rows) and `scenario.partition="permuted_classes"` gives the
-    clients its even / odd digits (the table's rows of the code's data; no
-    augmentation; docs/methods.md).
+    clients its even / odd digits (the table's rows of the code's data);
+    `fedavg.augmentation="resized_crop_flip"` adds the script's crop and flip,
+    on the unpermuted image (the rows of the code's data and augmentation;
+    docs/methods.md).
 
 Optimiser: SGD with momentum 0.9 and weight decay 5e-4 (the FedFusion code;
 the papers only say "SGD"), learning rate decayed exponentially per round

@@ -189,6 +189,54 @@ def random_flip(key: jax.Array, images: jax.Array, *, p: float = 0.5) -> jax.Arr
   return _batched("random_flip", one)(key, images)
 
 
+def permute_pixels(images: jax.Array, permutation: jax.Array) -> jax.Array:
+  """(B, H, W, C) images with their pixel positions taken in `permutation`'s order ((H * W,)
+  ints): the JAX form of `data.partition.permuted_pixels` (every channel of a pixel moves
+  together)."""
+  b, h, w, c = images.shape
+  return images.reshape(b, h * w, c)[:, permutation].reshape(b, h, w, c)
+
+
+def unpermute_pixels(images: jax.Array, permutation: jax.Array) -> jax.Array:
+  """The inverse of `permute_pixels`: `unpermute_pixels(permute_pixels(x, p), p) == x`."""
+  b, h, w, c = images.shape
+  flat = images.reshape(b, h * w, c)
+  return jnp.zeros_like(flat).at[:, permutation].set(flat).reshape(b, h, w, c)
+
+
+#: torchvision RandomResizedCrop's default area range: the FedFusion MNIST script's crop.
+RESIZED_CROP_FLIP_SCALE = (0.08, 1.0)
+
+
+def resized_crop_flip(key: jax.Array, images: jax.Array,
+                      permutation: jax.Array | None = None) -> jax.Array:
+  """RandomResizedCrop(size of the image) then RandomHorizontalFlip(0.5), on the unpermuted image.
+
+  The training transform of the FedFusion authors' permuted-MNIST script (thu-media/FedFusion,
+  `data/mnist_data.py`: RandomResizedCrop(28) with torchvision's default scale (0.08, 1) and
+  ratio (3/4, 4/3), a horizontal flip, ToTensor, Normalize; the client's pixel permutation is
+  applied after the transform). Given the `permutation` the stored images carry
+  (`permute_pixels`), the images are unpermuted, cropped and flipped, and permuted again, so
+  the crop and flip act on the digit's own geometry as the script's do. The crop's bilinear
+  resize and the flip commute with the per-channel affine normalisation, so `images` may be
+  normalised already.
+
+  Args:
+    key: one PRNG key for the batch (split per image).
+    images: (B, H, W, C) float (or uint8, scaled by 1/255).
+    permutation: (H * W,) ints, or None for images that are not permuted.
+
+  Returns:
+    float32 images of the same shape, permuted as the input.
+  """
+  images = _as_float(images)
+  if permutation is not None:
+    images = unpermute_pixels(images, permutation)
+  k_crop, k_flip = jax.random.split(key)
+  out = random_flip(k_flip, random_resized_crop(k_crop, images, scale=RESIZED_CROP_FLIP_SCALE))
+  return out if permutation is None else permute_pixels(out, permutation)
+
+
 @functools.partial(jax.jit, static_argnames=('max_degrees', 'interpolation'))
 def random_rotation(key: jax.Array, images: jax.Array, *, max_degrees: float = 15.0,
                     interpolation: str = "nearest") -> jax.Array:

@@ -101,11 +101,17 @@ class GroupData(NamedTuple):
   sizes: Any      # (S,) int32
   client_ids: Any  # (S,) int32 global participant index (padding: K, K+1, ...)
   active: Any     # (S,) bool, False for padding slots
+  # (S, H * W) int32: the pixel permutation each slot's images carry (stored image = original
+  # image with its pixel positions taken in this order, `data.partition.permuted_pixels`), or
+  # None when the scenario does not permute pixels. Read by augmentation that acts on the
+  # unpermuted image (`data.augment.resized_crop_flip`).
+  pixel_permutation: Any = None
 
 
 def stack_group_data(group: ClientGroup, images: Sequence[np.ndarray],
                      labels: Sequence[np.ndarray], *, num_participants: int,
-                     max_size: int | None = None) -> GroupData:
+                     max_size: int | None = None,
+                     pixel_permutations: Sequence[np.ndarray] | None = None) -> GroupData:
   """Stacks the private data of a group's members into padded numpy arrays.
 
   Args:
@@ -114,6 +120,8 @@ def stack_group_data(group: ClientGroup, images: Sequence[np.ndarray],
     labels: per participant int (N_i,).
     num_participants: K, used to number padding slots K, K+1, ...
     max_size: pad every slot to this many rows (default: the largest member).
+    pixel_permutations: per participant (indexed by global index) the (H * W,) pixel
+      permutation its images carry, or None (`GroupData.pixel_permutation`).
 
   Returns:
     GroupData of numpy arrays.
@@ -139,7 +147,12 @@ def stack_group_data(group: ClientGroup, images: Sequence[np.ndarray],
       active[slot] = True
     else:
       ids[slot] = num_participants + slot - group.num_clients
-  return GroupData(images=x, labels=y, sizes=n, client_ids=ids, active=active)
+  permutation = None
+  if pixel_permutations is not None:  # padding slots copy their source client's, as its images
+    permutation = np.stack([np.asarray(pixel_permutations[group.clients[slot % group.num_clients]],
+                                       np.int32) for slot in range(group.num_slots)])
+  return GroupData(images=x, labels=y, sizes=n, client_ids=ids, active=active,
+                   pixel_permutation=permutation)
 
 
 def vmap_slots(fn: Callable[..., Any], in_axes: int | None | Sequence[int | None] = 0
