@@ -994,12 +994,12 @@ def _glfc_table(tasks: int) -> Table:
                  "iCaRL + FL's lead is its classifier's")
     notes.append("the row GLFC, proxy rebuilt on new classes only is GLFC with "
                  "glfc.proxy.rebuild=new_classes: the proxy rebuilds its monitor set, and "
-                 "hands its best model on, only when gradients of classes it has never "
-                 "reconstructed arrive (the paper's \"gradients of new classes from the next "
-                 "task\"), so the non-signalling clients distil from the previous task's best "
-                 "model all through a task; GLFC's row rebuilds on any gradient (the authors' "
-                 "code), and every client that joins a task in a later round makes a global "
-                 "model of the current task the old model")
+                 "hands its best model on as the old model Theta_{t-1}, only when gradients of "
+                 "classes it has never reconstructed arrive (the paper's \"until receiving "
+                 "gradients of new classes from the next task\"); GLFC's row rebuilds on any "
+                 "gradient (the authors' code), so every client that signals in a later round "
+                 "of a task, with classes the proxy holds already, makes a global model of the "
+                 "current task the old model of the task's next rounds")
   if tasks != 10:
     notes.insert(0, f"GLFC prints no CIFAR-100 numbers for T = {tasks} (Figure 3 only): the "
                     "paper column is empty")
