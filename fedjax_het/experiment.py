@@ -31,7 +31,6 @@ from fedjax_het import checkpointing, data as data_lib, models, plots, reporting
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import get_method
 from fedjax_het.config import validate_config
-from fedjax_het.data import partition as partition_lib
 from fedjax_het.engine import rounds, sharding
 from fedjax_het.engine.api import FederatedArrays, Setup
 from fedjax_het.engine.clients import group_clients, scatter_to_participants, stack_group_data
@@ -170,9 +169,7 @@ class Experiment:
     if config.scenario.name == "partitioned" and config.scenario.partition in (
         data_lib.PERMUTED_PARTITIONS):  # each client's pixel order, as the scenario drew it
       height, width = images[0].shape[1:3]
-      permutations = [partition_lib.client_permutation(i, seed=int(config.seed),
-                                                       num_pixels=height * width)
-                      for i in range(k)]
+      permutations = data_lib.make_permutations(k, int(config.seed), num_pixels=height * width)
     group_data = {g.name: stack_group_data(g, images, labels, num_participants=k,
                                            pixel_permutations=permutations)
                   for g in self.groups}

@@ -964,9 +964,9 @@ GLFC_HEAD_DIAGNOSIS = ("icarl_fl_head", "iCaRL + FL, head classifier (not the pa
                        "icarl_fl", (("icarl.classifier", "head"),))
 #: GLFC Table 1's diagnosis row of the proxy (T = 10 only): GLFC with the monitor set rebuilt only
 #: from gradients of classes the proxy has never reconstructed (the paper's text, Sec. 4.2), so
-#: that Theta_{t-1} stays the previous task's best model through task t. GLFC's row follows the
-#: code, which rebuilds on any received gradient: a client joining mid-task turns Theta_{t-1}
-#: into a global model of the current task.
+#: that Theta_{t-1} moves only when a class the proxy has not seen arrives. GLFC's row follows the
+#: code, which rebuilds on any received gradient: every client signalling in a later round of a
+#: task turns Theta_{t-1} into a global model of the current task.
 GLFC_PROXY_DIAGNOSIS = ("glfc_rebuild_new_classes",
                         "GLFC, proxy rebuilt on new classes only (the paper's text)", "glfc",
                         (("glfc.proxy.rebuild", "new_classes"),))
