@@ -165,13 +165,8 @@ class Experiment:
     self.client_domain_index = [self.test_domains.index(d) for d in scenario.domains]
     images = [s.images for s in scenario.train]
     labels = [s.labels for s in scenario.train]
-    permutations = None
-    if config.scenario.name == "partitioned" and config.scenario.partition in (
-        data_lib.PERMUTED_PARTITIONS):  # each client's pixel order, as the scenario drew it
-      height, width = images[0].shape[1:3]
-      permutations = data_lib.make_permutations(k, int(config.seed), num_pixels=height * width)
     group_data = {g.name: stack_group_data(g, images, labels, num_participants=k,
-                                           pixel_permutations=permutations)
+                                           pixel_permutations=scenario.pixel_permutations)
                   for g in self.groups}
     test = stack_test_sets(self.test_domains, {d: scenario.test[d].images for d in scenario.test},
                            {d: scenario.test[d].labels for d in scenario.test})

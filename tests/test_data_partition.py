@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import data
+from fedjax_het.data import partition
 
 
 def _labels(per_class=100, num_classes=10, seed=0):
@@ -93,6 +94,12 @@ def test_permuted_pixels_per_client():
   # Fixed per client (same result twice), pixels move as a whole (channels kept together).
   np.testing.assert_array_equal(out, data.permuted_pixels(images, 1, seed=7))
   assert sorted(map(tuple, out.reshape(-1, 3))) == sorted(map(tuple, images.reshape(-1, 3)))
+  # `take_pixels` with a given row: pixel j of the output is pixel perms[1][j] of the input.
+  taken = partition.take_pixels(images, perms[1])
+  np.testing.assert_array_equal(taken, out)
+  assert np.array_equal(taken[2, 0, 5], images[2].reshape(1024, 3)[perms[1][5]])
+  with pytest.raises(ValueError, match=r"`permutation` must have shape \(1024,\)"):
+    partition.take_pixels(images, perms[1][:100])
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -1,5 +1,6 @@
 """Partitioned scenarios: one dataset over many clients (iid, Dirichlet, shards, class split, permuted)."""
 
+import dataclasses
 import json
 import logging
 
@@ -176,6 +177,14 @@ def test_permuted_clients_have_their_own_pixels_and_test_sets():
     np.testing.assert_array_equal(
         split.images, data.permuted_pixels(_unpermute(split.images, i), i, seed=0))
   assert not np.array_equal(data.client_permutation(0, seed=0), data.client_permutation(1, seed=0))
+  # The scenario keeps the orders its images carry, one row per client.
+  pixels = s.train[0].images.shape[1] * s.train[0].images.shape[2]
+  np.testing.assert_array_equal(s.pixel_permutations,
+                                [data.client_permutation(i, seed=0, num_pixels=pixels)
+                                 for i in range(4)])
+  assert _build("iid", num_clients=4).pixel_permutations is None
+  with pytest.raises(ValueError, match="3 pixel permutations for 4 clients"):
+    dataclasses.replace(s, pixel_permutations=s.pixel_permutations[:3])
   # The same pool image looks different on two clients.
   a = _unpermute(s.train[0].images[:1], 0)
   assert not np.array_equal(data.permuted_pixels(a, 0, seed=0), data.permuted_pixels(a, 1, seed=0))

@@ -4,7 +4,7 @@ class-incremental task streams.
 
 All are NumPy functions seeded by an explicit `np.random.Generator` (or seed),
 returning integer index arrays into the dataset, one per client (use
-`Split.take`). Nothing here touches the images except `permuted_pixels`.
+`Split.take`). Nothing here touches the images except `permuted_pixels` and `take_pixels`.
 
 References:
   [FedAvg] H. B. McMahan et al. Communication-Efficient Learning of Deep
@@ -324,12 +324,30 @@ def permuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np.n
   Returns:
     Array of the same shape and dtype.
   """
+  images = _check_images(images)
+  return take_pixels(images, client_permutation(client_index, seed=seed,
+                                                num_pixels=images.shape[1] * images.shape[2]))
+
+
+def take_pixels(images: np.ndarray, permutation: np.ndarray) -> np.ndarray:
+  """(N, H, W, C) images with their H * W pixel positions taken in `permutation`'s order.
+
+  `permuted_pixels` with the permutation given (a row of `make_permutations`).
+  """
+  images = _check_images(images)
+  n, h, w, c = images.shape
+  permutation = np.asarray(permutation)
+  if permutation.shape != (h * w,):
+    raise ValueError(f"`permutation` must have shape ({h * w},) for {h}x{w} images, got "
+                     f"{permutation.shape}.")
+  return images.reshape(n, h * w, c)[:, permutation].reshape(n, h, w, c)
+
+
+def _check_images(images: np.ndarray) -> np.ndarray:
   images = np.asarray(images)
   if images.ndim != 4:
     raise ValueError(f"`images` must have shape (N, H, W, C), got {images.shape}.")
-  n, h, w, c = images.shape
-  perm = client_permutation(client_index, seed=seed, num_pixels=h * w)
-  return images.reshape(n, h * w, c)[:, perm].reshape(n, h, w, c)
+  return images
 
 
 class Task(NamedTuple):

@@ -47,7 +47,8 @@ optionally subsamples it (stratified), and splits the training pool over
     (`CifarData(subset=...)`).
   * "permuted": the IID split, then every image of client i (training and
     test) has its pixel positions shuffled by client i's fixed permutation
-    (`partition.permuted_pixels(images, i, seed=seed)`), the "user-specific
+    (`partition.permuted_pixels(images, i, seed=seed)`; row i of
+    `Scenario.pixel_permutations`), the "user-specific
     non-IID" permuted-MNIST setting of FedMMD [Yao et al.]. Each client is its
     own domain, f"{dataset}_perm{i}", with its own test set. Deviation: by
     default (`permuted_test="split"`) the test set is split IID into
@@ -563,6 +564,7 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
     if test_size is not None and test_size < len(test):
       test = test.take(stratified_subsample(test.labels, test_size, _rng(seed, _TEST_SUBSAMPLE)))
 
+  pixel_permutations = None
   parts = partition_indices(train.labels, num_clients, partition, rng=_rng(seed, _PARTITION),
                             dirichlet_alpha=dirichlet_alpha,
                             shards_per_client=shards_per_client, min_size=min_size)
@@ -589,9 +591,12 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
                     partition_lib.iid_partition(len(test), num_clients, _rng(seed, _TEST_SPLIT))]
     else:
       test_parts = [test] * num_clients
-    clients = [Split(partition_lib.permuted_pixels(c.images, i, seed=seed), c.labels)
+    height, width = train.images.shape[1:3]
+    pixel_permutations = partition_lib.make_permutations(num_clients, seed,
+                                                         num_pixels=height * width)
+    clients = [Split(partition_lib.take_pixels(c.images, pixel_permutations[i]), c.labels)
                for i, c in enumerate(clients)]
-    tests = {d: Split(partition_lib.permuted_pixels(t.images, i, seed=seed), t.labels)
+    tests = {d: Split(partition_lib.take_pixels(t.images, pixel_permutations[i]), t.labels)
              for i, (d, t) in enumerate(zip(domains, test_parts))}
     provenance += (f"; pixels permuted per client (partition.client_permutation, seed={seed}); "
                    + (f"classes dealt in turn (client i: row i of {groups.tolist()}); test "
@@ -617,7 +622,8 @@ def _build_scenario(dataset: str, *, num_clients: int, partition: str, dirichlet
       train=tuple(clients), test=tests, public=np.zeros((0, 32, 32, 3), np.uint8),
       sources={dataset: provenance, "public": "none"}, substituted=substituted,
       private_mean=tuple(mean), private_std=tuple(std), public_mean=tuple(mean),
-      public_std=tuple(std), class_names=tuple(class_names))
+      public_std=tuple(std), class_names=tuple(class_names),
+      pixel_permutations=pixel_permutations)
 
 
 def _build_pfllib_scenario(dataset: str, *, num_clients: int, partition: str,

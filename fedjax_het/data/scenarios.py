@@ -52,6 +52,10 @@ class Scenario:
     office_test: the test protocol of an Office scenario, "held_out" (test
       images are never private data) or "whole_domain" (each test set is
       the whole domain, training images included); "" for other scenarios.
+    pixel_permutations: int (num_clients, H * W): row i is the order of the
+      pixel positions client i's training and test images carry
+      (`partition.take_pixels`), for the permuted partitions of
+      `data.partitioned`; None where no pixel is permuted.
   """
   name: str
   num_classes: int
@@ -67,6 +71,7 @@ class Scenario:
   public_std: Stats
   class_names: tuple[str, ...] = ()
   office_test: str = ""
+  pixel_permutations: np.ndarray | None = None
 
   def __post_init__(self):
     if len(self.train) != len(self.domains):
@@ -75,6 +80,10 @@ class Scenario:
     missing = set(self.domains) - set(self.test)
     if missing:
       raise ValueError(f"Scenario: no test split for domains {sorted(missing)}.")
+    if (self.pixel_permutations is not None
+        and np.shape(self.pixel_permutations)[0] != len(self.domains)):
+      raise ValueError(f"Scenario: {np.shape(self.pixel_permutations)[0]} pixel permutations "
+                       f"for {len(self.domains)} clients (one per client expected).")
     public = np.asarray(self.public)
     if public.dtype != np.uint8 or public.ndim != 4 or public.shape[1:] != (32, 32, 3):
       raise DataError(f"Scenario: public must be uint8 (N, 32, 32, 3), got {public.dtype} "

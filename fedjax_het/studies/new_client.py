@@ -74,7 +74,6 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fedavg_family, fedfusion, fedmmd
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.data import partition as partition_lib
-from fedjax_het.data import partitioned as partitioned_lib
 from fedjax_het.data._base import Split
 from fedjax_het.data.augment import normalizer
 from fedjax_het.engine import batching
@@ -143,11 +142,6 @@ class NewClientData(NamedTuple):
   description: str
 
 
-def _is_permuted(config: ml_collections.ConfigDict) -> bool:
-  sc = config.scenario
-  return sc.name == "partitioned" and sc.partition in partitioned_lib.PERMUTED_PARTITIONS
-
-
 def unpermuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np.ndarray:
   """The inverse of `partition.permuted_pixels(images, client_index, seed=seed)`."""
   images = np.asarray(images)
@@ -167,9 +161,9 @@ def held_out_pool(config: ml_collections.ConfigDict, scenario: Any) -> Split:
   parts = []
   for domain, split in scenario.test.items():
     images = split.images
-    if _is_permuted(config):  # test split of client i = domains.index(domain)
-      images = unpermuted_pixels(images, list(scenario.domains).index(domain),
-                                 seed=int(config.seed))
+    if scenario.pixel_permutations is not None:  # test split of client i = domains.index(domain)
+      order = scenario.pixel_permutations[list(scenario.domains).index(domain)]
+      images = partition_lib.take_pixels(images, np.argsort(order))
     parts.append(Split(images, split.labels))
   return Split(np.concatenate([p.images for p in parts]),
                np.concatenate([p.labels for p in parts]))
@@ -200,8 +194,8 @@ def new_client_data(config: ml_collections.ConfigDict, scenario: Any, *,
           f"federation, split at random (seed {seed}) into two halves: {len(train)} to train "
           f"on, {len(test)} to evaluate on")
   permutation = None
-  if _is_permuted(config):
-    permutation = int(config.scenario.num_clients)
+  if scenario.pixel_permutations is not None:
+    permutation = scenario.num_clients
     train = Split(partition_lib.permuted_pixels(train.images, permutation,
                                                 seed=int(config.seed)), train.labels)
     test = Split(partition_lib.permuted_pixels(test.images, permutation,
