@@ -184,8 +184,12 @@ def test_the_fisl_weight_scales_the_fisl_step():
     assert np.all(np.asarray(metrics["a"]["fisl"]) > 1e-3)
     steps[omega] = np.asarray(new["groups"]["a"]["variables"]["params"]["body"]["kernel"]
                               - state["groups"]["a"]["variables"]["params"]["body"]["kernel"])
-  assert np.abs(steps[3.0]).max() > 1e-3
-  np.testing.assert_allclose(3.0 * steps[1.0], steps[3.0], rtol=1e-3, atol=1e-6)
+  largest = np.abs(steps[3.0]).max()
+  assert largest > 1e-3
+  # An element whose gradient cancels to ~1 among terms of the steps' size (~1e4) keeps float32
+  # rounding of ~1e-3 that differs between CPUs (1.3e-3 on an AVX2-only x86 core): the absolute
+  # tolerance is 1e-6 of the largest step, the relative one 1e-3.
+  np.testing.assert_allclose(3.0 * steps[1.0], steps[3.0], rtol=1e-3, atol=1e-6 * largest)
 
 
 def test_fccm_without_epsilon_is_not_finite_on_a_constant_logit_column():

@@ -710,8 +710,9 @@ def test_quick_config_trains_end_to_end(method, tmp_path, monkeypatch):
 # sum weighted by 1 + (flat index mod 7) and the sum of magnitudes, recorded on a 2-core x86
 # CPU with each method's round written out in its own module. The shared skeleton of
 # htfl_common (LocalPhase, train_collecting, weighted_tree_mean, prototype_loss_for) gives
-# the same state bit for bit there; the check allows 1e-6 of the magnitude sum for other
-# CPUs' rounding.
+# the same state bit for bit there; the check allows 1e-5 of the magnitude sum for other
+# CPUs' rounding (three rounds of training on an AVX2-only x86 core, against the AVX-512 core
+# of the record, move FedTGP's sums by up to 2.2e-6 of it).
 STATE_FINGERPRINTS = {
     "fedproto": (962366.5774364155, 3861214.1044923887, 2761759.086406572),
     "fd": (214.1221583898432, 792.2938161579148, 873.3313225932422),
@@ -738,4 +739,4 @@ def test_three_rounds_give_the_recorded_state(method):
          sum(float(np.sum(x * (1 + np.arange(x.size) % 7))) for x in leaves),
          sum(float(np.sum(np.abs(x))) for x in leaves))
   want = STATE_FINGERPRINTS[method]
-  np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * want[2])
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * want[2])
