@@ -151,7 +151,7 @@ def unpermuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np
   return images.reshape(n, h * w, c)[:, inverse].reshape(n, h, w, c)
 
 
-def held_out_pool(config: ml_collections.ConfigDict, scenario: Any) -> Split:
+def held_out_pool(scenario: Any) -> Split:
   """The run's test images as they were before any permutation (never trained on).
 
   `permuted`: client i's test split, un-permuted with client i's permutation,
@@ -182,7 +182,7 @@ def new_client_data(config: ml_collections.ConfigDict, scenario: Any, *,
     `NewClientData`.
   """
   seed = int(config.seed) if seed is None else int(seed)
-  pool = held_out_pool(config, scenario)
+  pool = held_out_pool(scenario)
   if len(pool) < 2:
     raise ConfigError(f"the run's test data hold {len(pool)} image(s); the new client needs at "
                       "least 2 (one half to train on, one to evaluate on).")
