@@ -145,10 +145,9 @@ class NewClientData(NamedTuple):
 def unpermuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np.ndarray:
   """The inverse of `partition.permuted_pixels(images, client_index, seed=seed)`."""
   images = np.asarray(images)
-  n, h, w, c = images.shape
-  inverse = np.argsort(partition_lib.client_permutation(client_index, seed=seed,
-                                                        num_pixels=h * w))
-  return images.reshape(n, h * w, c)[:, inverse].reshape(n, h, w, c)
+  order = partition_lib.client_permutation(client_index, seed=seed,
+                                           num_pixels=images.shape[1] * images.shape[2])
+  return partition_lib.take_pixels(images, np.argsort(order))
 
 
 def held_out_pool(scenario: Any) -> Split:
