@@ -43,6 +43,16 @@ def _synthetic_data(monkeypatch):
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
 
 
+def _unpermuted_pixels(images, client_index, *, seed):
+  """The inverse of `partition.permuted_pixels(images, client_index, seed=seed)`, by hand."""
+  images = np.asarray(images)
+  n, h, w, c = images.shape
+  order = partition_lib.client_permutation(client_index, seed=seed, num_pixels=h * w)
+  flat = np.empty_like(images.reshape(n, h * w, c))
+  flat[:, order] = images.reshape(n, h * w, c)  # pixel j of the permuted image came from order[j]
+  return flat.reshape(n, h, w, c)
+
+
 def _hashes(images):
   return [hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest() for x in images]
 
@@ -93,13 +103,13 @@ def test_permuted_new_client_data_is_held_out_and_has_a_new_permutation():
     assert not np.array_equal(new, partition_lib.client_permutation(i, seed=seed))
   # Un-permuted, the new client's images are the run's test images, split in two halves, and
   # none of them is a training image of any client.
-  train_raw = nc.unpermuted_pixels(data.train.images, k, seed=seed)
-  test_raw = nc.unpermuted_pixels(data.test.images, k, seed=seed)
+  train_raw = _unpermuted_pixels(data.train.images, k, seed=seed)
+  test_raw = _unpermuted_pixels(data.test.images, k, seed=seed)
   np.testing.assert_array_equal(partition_lib.permuted_pixels(train_raw, k, seed=seed),
                                 data.train.images)
   federation = set()
   for i, split in enumerate(scenario.train):
-    federation.update(_hashes(nc.unpermuted_pixels(split.images, i, seed=seed)))
+    federation.update(_hashes(_unpermuted_pixels(split.images, i, seed=seed)))
   mine_train, mine_test = _hashes(train_raw), _hashes(test_raw)
   assert not federation & set(mine_train)
   assert not federation & set(mine_test)

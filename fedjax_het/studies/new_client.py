@@ -142,14 +142,6 @@ class NewClientData(NamedTuple):
   description: str
 
 
-def unpermuted_pixels(images: np.ndarray, client_index: int, *, seed: int) -> np.ndarray:
-  """The inverse of `partition.permuted_pixels(images, client_index, seed=seed)`."""
-  images = np.asarray(images)
-  order = partition_lib.client_permutation(client_index, seed=seed,
-                                           num_pixels=images.shape[1] * images.shape[2])
-  return partition_lib.take_pixels(images, np.argsort(order))
-
-
 def held_out_pool(scenario: Any) -> Split:
   """The run's test images as they were before any permutation (never trained on).
 
