@@ -144,6 +144,7 @@ def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_facto
   c.eval.batch_size = 30
   c.logging.progress = False
   c.logging.tensorboard = False
+  c.logging.plots = False
   c.compilation_cache_dir = ""
   out = train_and_evaluate(c, tmp_path)
   last = out["records"][-1]

@@ -301,6 +301,7 @@ def test_digits_family_member_trains_end_to_end_with_one_trace(method, tmp_path,
   c.eval.batch_size = 30
   c.logging.progress = False
   c.logging.tensorboard = False
+  c.logging.plots = False
   c.compilation_cache_dir = ""
   out = train_and_evaluate(c, tmp_path)
   assert guarded == [method]

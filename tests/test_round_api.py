@@ -168,6 +168,7 @@ def toy_config(**overrides):
   c.eval.batch_size = 30
   c.logging.progress = False
   c.logging.tensorboard = False
+  c.logging.plots = False
   c.compilation_cache_dir = ""
   c.update_from_flattened_dict(overrides)
   return c
