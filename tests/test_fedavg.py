@@ -125,17 +125,16 @@ def test_fedavg_rejects_heterogeneous_architectures_and_bad_fields():
     validate_config(config)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedprox"])
-def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_factory, monkeypatch):
-  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
-  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+def tiny_digits_config(method: str, num_rounds: int = 2):
+  """`digits.py:<method>_quick` shrunk to four small CNNs, a few dozen images per client and no
+  public data: a FedAvg-family run of seconds (no progress bar, TensorBoard or figures)."""
   spec = importlib.util.spec_from_file_location("digits_config",
                                                 REPO / "fedjax_het/configs/digits.py")
   digits = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(digits)
   c = digits.get_config(f"{method}_quick")
   c.models.architectures = ("simple_cnn",) * 4
-  c.num_rounds = 2
+  c.num_rounds = num_rounds
   c.local.epochs = 1
   c.local.batch_size = 16
   c.scenario.public_size = 0
@@ -146,7 +145,14 @@ def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_facto
   c.logging.tensorboard = False
   c.logging.plots = False
   c.compilation_cache_dir = ""
-  out = train_and_evaluate(c, tmp_path)
+  return c
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedprox"])
+def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_factory, monkeypatch):
+  monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+  monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+  out = train_and_evaluate(tiny_digits_config(method), tmp_path)
   last = out["records"][-1]
   assert all(last[f"train/local/participated/{n}"] == 1.0 for n in ("mnist", "usps", "svhn", "syn"))
   assert np.isfinite(last["train/local/loss/mnist"])

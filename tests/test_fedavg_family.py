@@ -1,8 +1,5 @@
 """MOON, FedProc, FedRS on tiny clients: hand-computed local steps, state updates, end to end."""
 
-import importlib.util
-import pathlib
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -13,10 +10,10 @@ from fedjax_het.algorithms import fedavg, fedproc, fedrs, moon
 from fedjax_het.config import base_config, validate_config
 from fedjax_het.engine import rounds
 from fedjax_het.train import train_and_evaluate
+from tests.test_fedavg import tiny_digits_config
 from tests.tiny_federation import LR, SIZES, flat_inputs, tiny_config, tiny_data, tiny_setup
 from tests.tiny_models import TinyMLP
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 MAKE = {"fedavg": fedavg.make_fedavg, "moon": moon.make_moon, "fedproc": fedproc.make_fedproc,
         "fedrs": fedrs.make_fedrs}
 
@@ -286,23 +283,8 @@ def test_digits_family_member_trains_end_to_end_with_one_trace(method, tmp_path,
 
   chex.clear_trace_counter()
   monkeypatch.setattr(rounds, "make_round_fn", make_guarded_round_fn)
-  spec = importlib.util.spec_from_file_location("digits_config",
-                                                REPO / "fedjax_het/configs/digits.py")
-  digits = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(digits)
-  c = digits.get_config(f"{method}_quick")
-  c.models.architectures = ("simple_cnn",) * 4
-  c.num_rounds = 3 if method == "fedproc" else 2  # FedProc: alpha = 1, 0.5, 0
-  c.local.epochs = 1
-  c.local.batch_size = 16
-  c.scenario.public_size = 0
-  c.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
-  c.scenario.test_size = 30
-  c.eval.batch_size = 30
-  c.logging.progress = False
-  c.logging.tensorboard = False
-  c.logging.plots = False
-  c.compilation_cache_dir = ""
+  # FedProc's alpha = 1, 0.5, 0 takes 3 rounds.
+  c = tiny_digits_config(method, num_rounds=3 if method == "fedproc" else 2)
   out = train_and_evaluate(c, tmp_path)
   assert guarded == [method]
   assert [r["round"] for r in out["records"]] == list(range(1, c.num_rounds + 1))

@@ -380,8 +380,7 @@ def test_kept_public_optimizer_state_is_carried(reset):
 
 @pytest.mark.slow  # the default suite covers the round on the tiny federation (traced once)
 def test_train_and_evaluate_runs_fedmatch_end_to_end(tmp_path):
-  out = train_and_evaluate(tiny_config("fedmatch", num_rounds=1, **{"logging.plots": False}),
-                           tmp_path)
+  out = train_and_evaluate(tiny_config("fedmatch", num_rounds=1), tmp_path)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["round"] for r in records] == [1]
   for client in NAMES:

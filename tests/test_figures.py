@@ -341,7 +341,7 @@ def workdirs(tmp_path_factory):
     patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
     out = {}
     for method in ("solo", "fcclplus"):
-      config = tiny_config(method, **{"num_rounds": ROUNDS, "logging.plots": False,
+      config = tiny_config(method, **{"num_rounds": ROUNDS,
                                       "logging.diagnostic_rounds": (ROUNDS,)})
       train_and_evaluate(config, root / method)
       out[method] = root / method

@@ -145,8 +145,7 @@ def test_per_participant_epochs_are_validated_naming_the_field():
 
 @pytest.mark.slow  # compiles two models per participant (about 20 s on 2 cores)
 def test_fml_trains_end_to_end(tmp_path):
-  config = tiny_config("fml", **{"num_rounds": 1, "logging.plots": False,
-                                 "logging.diagnostic_rounds": ()})
+  config = tiny_config("fml", **{"num_rounds": 1, "logging.diagnostic_rounds": ()})
   config.local = config.local.to_dict() | {"epochs": (1, 2, 1, 2)}  # one per participant
   config.fml.meme_architecture = "simple_cnn"
   out = train_and_evaluate(config, tmp_path)

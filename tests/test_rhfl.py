@@ -277,7 +277,7 @@ def test_round_is_traced_once_over_several_rounds_with_finite_metrics():
 
 @pytest.mark.slow  # the default suite covers the round through the trainer's scan (traced once)
 def test_train_and_evaluate_runs_rhfl_end_to_end(tmp_path):
-  out = train_and_evaluate(tiny_config("rhfl", **{"logging.plots": False}), tmp_path)
+  out = train_and_evaluate(tiny_config("rhfl"), tmp_path)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["round"] for r in records] == [1, 2, 3]
   for record in records:

@@ -103,7 +103,7 @@ def test_train_and_evaluate_writes_every_artefact(tmp_path, variant):
 
 @pytest.mark.slow  # 53 s; the default suite's resume tests: test_workdir, test_cil_train
 def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
-  config = tiny_config(**{"num_rounds": 4, "logging.plots": False})
+  config = tiny_config(num_rounds=4)
   reference = train_and_evaluate(config, tmp_path / "uninterrupted")
 
   original_write = reporting.MetricsWriter.write
@@ -130,7 +130,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # about 28 s on 2 cores (compiles the round to measure it)
 def test_a_round_that_cannot_fit_in_memory_fails_before_training(tmp_path, monkeypatch):
-  config = tiny_config(**{"name": "memory", "num_rounds": 1, "logging.plots": False})
+  config = tiny_config(name="memory", num_rounds=1)
   monkeypatch.setattr(resources, "available_memory_bytes", lambda device: 1024)
   with pytest.raises(MemoryError, match=r"needs about .* GiB for one round .* Lower "
                      r"config.collaborative.batch_size \(32\), config.local.batch_size \(16\)"):

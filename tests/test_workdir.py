@@ -39,7 +39,7 @@ def finished_run(tmp_path_factory):
     patch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
     patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
     workdir = tmp_path_factory.mktemp("finished")
-    config = tiny_config(**{"num_rounds": 2, "logging.plots": False})
+    config = tiny_config(num_rounds=2)
     result = train_and_evaluate(config, workdir)
   return config, workdir, result
 
@@ -49,7 +49,7 @@ def finished_run(tmp_path_factory):
 def test_resume_with_a_changed_config_is_refused_and_writes_nothing(finished_run, field, value):
   config, workdir, _ = finished_run
   before = _snapshot(workdir)
-  changed = tiny_config(**{"num_rounds": 2, "logging.plots": False, field: value})
+  changed = tiny_config(**{"num_rounds": 2, field: value})
   with pytest.raises(WorkdirError) as error:
     train_and_evaluate(changed, workdir)
   message = str(error.value)
@@ -85,7 +85,7 @@ def test_neutral_fields_resume_and_named_fields_extend_the_run(finished_run, tmp
   assert [r["round"] for r in same["records"]] == [1, 2]
   assert same["records"][-1] == result["records"][-1]
   # Extending a run needs the explicit flag; with it rounds 3-4 train on top of round 2.
-  longer = tiny_config(**{"num_rounds": 4, "logging.plots": False})
+  longer = tiny_config(num_rounds=4)
   with pytest.raises(WorkdirError, match=r"config.num_rounds: 2 -> 4"):
     train_and_evaluate(longer, workdir)
   longer.resume_allow_changes = "num_rounds"
@@ -260,6 +260,5 @@ def test_overwrite_on_a_workdir_with_checkpoints_is_refused(finished_run):
   with pytest.raises(WorkdirError, match=r"holds the checkpoints of a run \(the latest is round "
                                          r"\d+\); --config.overwrite=True replaces only .*never "
                                          r"checkpoints: rerun without it"):
-    train_and_evaluate(tiny_config(**{"num_rounds": 2, "logging.plots": False,
-                                      "overwrite": True}), workdir)
+    train_and_evaluate(tiny_config(num_rounds=2, overwrite=True), workdir)
   assert _snapshot(workdir) == before
