@@ -32,8 +32,9 @@ def test_ci_runs_the_readme_install_and_test_command():
   assert install, test_command
   ci = (ROOT / ".ci" / "run").read_text()
   assert 'pip install -e ".[test]"' in ci
-  assert re.search(r"^python -m pytest\b", ci, flags=re.M)
-  assert test_command.rstrip().endswith("python -m pytest")
+  pytest_command = "python -m pytest -n 2 --dist worksteal"
+  assert re.search(rf"^{re.escape(pytest_command)}(\s|$)", ci, flags=re.M)
+  assert test_command.rstrip().endswith(pytest_command)
   assert "-eq 5" in ci  # "no tests collected" is a failure
 
 
