@@ -208,8 +208,12 @@ def _settings(**overrides):
   return tiny_settings(**{"batch_size": 16, **overrides})
 
 
+# The chunked proxy's round (20-30 s on a 2-core CPU) is slow: the chunked and the whole-pool
+# reconstructions build the same monitor set in the default suite
+# (test_server_update_with_chunks_and_im2col_builds_the_same_monitor_set).
 @pytest.mark.parametrize("sequential,proxy", [
-    (False, FAST), (False, FAST_CHUNKED), pytest.param(True, FAST, marks=pytest.mark.slow)])
+    (False, FAST), pytest.param(False, FAST_CHUNKED, marks=pytest.mark.slow),
+    pytest.param(True, FAST, marks=pytest.mark.slow)])
 def test_glfc_round_with_proxy_traces_once_and_distils_from_the_proxy(stream, sequential,
                                                                        proxy, monkeypatch):
   made = []

@@ -238,7 +238,12 @@ def test_parameter_count_full_width_matches_hand_count(name):
   assert model.feature_dim == EXPECTED_FEATURE_DIM[name]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_PARAMS))
+# ResNet-101's and ResNet-152's abstract inits take 3-6 s each on a 2-core CPU: slow suite
+# under a width multiplier (ResNet-50 checks the scaled bottleneck blocks; their full-width
+# counts stay in the default suite).
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in ("resnet101", "resnet152") else n
+    for n in sorted(EXPECTED_PARAMS)])
 @pytest.mark.parametrize("width,num_classes", [(0.25, 7), (0.125, 100)])
 def test_parameter_count_under_width_multiplier(name, width, num_classes):
   model = models.get_model(name, num_classes, width=width)
@@ -263,8 +268,9 @@ def every_model_slow_for(*names: str) -> list:
           for n in models.MODEL_NAMES]
 
 
-# GoogLeNet's train-and-eval forward compiles for about 10 s on a 2-core CPU: slow suite.
-@pytest.mark.parametrize("name", every_model_slow_for("googlenet"))
+# GoogLeNet's train-and-eval forward compiles for about 10 s on a 2-core CPU: slow suite;
+# ResNet-34 too (5-8 s), whose basic blocks ResNet-10 and ResNet-18 check here.
+@pytest.mark.parametrize("name", every_model_slow_for("googlenet", "resnet34"))
 def test_output_shapes_feature_dims_and_head(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests import benchmark_scripts
 
 bench = benchmark_scripts.load("proxy_reconstruction")
@@ -12,6 +14,10 @@ def test_variant_names_parse_into_chunk_and_convolution():
       ("pool:xla", 0, "xla"), ("chunk6:im2col", 6, "im2col")]
 
 
+# Compiles the pool's and a chunked reconstruction for a benchmark file (40-60 s on a
+# 2-core CPU): slow suite. The two reconstructions' equality is checked in the default suite
+# (tests/test_cil_proxy.py).
+@pytest.mark.slow
 def test_writes_a_row_per_variant_and_used_count(tmp_path):
   out = tmp_path / "r.json"
   bench.main(["--variants", "pool:im2col,chunk6:im2col", "--used", "6", "--steps", "20",
