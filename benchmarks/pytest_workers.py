@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import re
 import statistics
 import subprocess
 import sys
 import time
+
+import timing  # benchmarks/, beside this script
 
 DEFAULT_MODULES = ("tests/test_checkpoint_faults.py,tests/test_fedavg.py,"
                    "tests/test_losses_properties.py,tests/test_engine.py,tests/test_workdir.py")
@@ -86,8 +87,6 @@ def main() -> None:
       "summary": summary, "runs": runs, "machine": {"cpu_count": os.cpu_count()},
   }
   if args.out:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    import timing  # pylint: disable=import-outside-toplevel
     timing.write_result(args.out, report)
     print("wrote", args.out)
 
