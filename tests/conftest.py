@@ -29,11 +29,11 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # One persistent compilation cache for the session (unless JAX_COMPILATION_CACHE_DIR names
 # one): many tests build several Experiments of the same config (a run and its resume, one
-# config compiled two ways), whose identical programs XLA then compiles once. Named in the
-# environment, so pytest-xdist workers (`-n 2`), which start from this process, share it. A hit returns
+# config compiled two ways), whose identical programs XLA then compiles once. A hit returns
 # the same executable, so no result changes; test_train.py + test_workdir.py take 151 s with
 # it against 216 s without on a 2-core CPU. Removed at exit, so nothing carries over between
-# sessions.
+# sessions. Named in the environment too (this process's JAX has read its environment already,
+# hence the config update), so pytest-xdist workers (`-n 2`), started from this process, share it.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _XLA_CACHE = tempfile.mkdtemp(prefix="fedjax_het_tests_xla_cache_")
   atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
