@@ -7,6 +7,7 @@ import json
 import logging
 import pathlib
 import re
+import shutil
 
 import chex
 import pytest
@@ -14,8 +15,13 @@ import pytest
 from fedjax_het import checkpointing, reporting
 from fedjax_het.errors import WorkdirError
 from fedjax_het.train import train_and_evaluate
-from tests.test_train import tiny_config
+from tests.test_train import ONE_MODEL, tiny_config
 from tests.test_train import _shared_cache  # noqa: F401  pylint: disable=unused-import
+
+
+def solo_config():
+  """The tiny SOLO config of every run here, of one model group (`ONE_MODEL`)."""
+  return tiny_config("solo", **ONE_MODEL)
 
 
 @pytest.fixture(name="full_run", scope="module")
@@ -25,7 +31,24 @@ def _full_run(tmp_path_factory):
     patch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
     patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
     workdir = tmp_path_factory.mktemp("full")
-    return workdir, train_and_evaluate(tiny_config("solo"), workdir)
+    return workdir, train_and_evaluate(solo_config(), workdir)
+
+
+@pytest.fixture(name="two_rounds", scope="module")
+def _two_rounds(tmp_path_factory):
+  """The same run stopped after round 2 (`max_rounds=2`): the tests below damage a copy of it
+  (`_copy`) and resume it."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
+    patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
+    workdir = tmp_path_factory.mktemp("two_rounds")
+    train_and_evaluate(solo_config(), workdir, max_rounds=2)
+    return workdir
+
+
+def _copy(run: pathlib.Path, workdir: pathlib.Path) -> None:
+  """Makes `workdir` a copy of the workdir `run`."""
+  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 def _run_item(workdir: pathlib.Path, round_index: int) -> pathlib.Path:
@@ -59,17 +82,17 @@ def _assert_same_run(workdir, reference, want):
   assert ((workdir / "results.json").read_text()
           == (reference / "results.json").read_text())
   assert _metrics(workdir) == _metrics(reference)
-  chex.assert_trees_all_equal(want, train_and_evaluate(tiny_config("solo"), workdir)["state"])
+  chex.assert_trees_all_equal(want, train_and_evaluate(solo_config(), workdir)["state"])
 
 
 def test_a_flipped_digit_in_a_record_of_the_checkpoint_is_caught_and_not_trusted(
-    tmp_path, caplog, full_run):
+    tmp_path, caplog, full_run, two_rounds):
   reference, want = full_run
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  _copy(two_rounds, tmp_path)
   before, after = _flip_digit_after(_run_item(tmp_path, 2), '"round": 1, "train/local/ce/mnist": ')
   assert before != after
   caplog.set_level(logging.WARNING)
-  train_and_evaluate(tiny_config("solo"), tmp_path)
+  train_and_evaluate(solo_config(), tmp_path)
   assert "the checkpoint of round 2" in caplog.text and "run item" in caplog.text
   assert "not the checkpoint's record" not in caplog.text  # metrics.jsonl was right
   moved = tmp_path / "checkpoints" / "unreadable" / "2"
@@ -78,12 +101,12 @@ def test_a_flipped_digit_in_a_record_of_the_checkpoint_is_caught_and_not_trusted
 
 
 def test_a_flipped_seed_in_the_identity_of_the_checkpoint_falls_back_to_the_one_before(
-    tmp_path, caplog, full_run):
+    tmp_path, caplog, full_run, two_rounds):
   reference, want = full_run
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  _copy(two_rounds, tmp_path)
   assert _flip_digit_after(_run_item(tmp_path, 2), '"seed": ') == ("0", "1")
   caplog.set_level(logging.WARNING)
-  train_and_evaluate(tiny_config("solo"), tmp_path)  # the unchanged command resumes
+  train_and_evaluate(solo_config(), tmp_path)  # the unchanged command resumes
   assert "the checkpoint of round 2" in caplog.text and "run item" in caplog.text
   assert (tmp_path / "checkpoints" / "unreadable" / "2").is_dir()
   _assert_same_run(tmp_path, reference, want["state"])
@@ -105,12 +128,13 @@ def test_the_run_item_digest_covers_identity_records_and_the_state_digest(tmp_pa
       checkpointing.Checkpointer(tmp_path).run_record(1)
 
 
-def test_an_unreadable_checkpoint_is_moved_aside_never_deleted(tmp_path, caplog, full_run):
+def test_an_unreadable_checkpoint_is_moved_aside_never_deleted(tmp_path, caplog, full_run,
+                                                                two_rounds):
   reference, want = full_run
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  _copy(two_rounds, tmp_path)
   (_run_item(tmp_path, 2)).write_text("{")
   caplog.set_level(logging.WARNING)
-  train_and_evaluate(tiny_config("solo"), tmp_path)
+  train_and_evaluate(solo_config(), tmp_path)
   moved = tmp_path / "checkpoints" / "unreadable" / "2"
   assert (moved / "run" / "metadata").read_text() == "{"
   assert (f"the checkpoint of round 2 in {tmp_path} cannot be restored" in caplog.text
@@ -119,33 +143,34 @@ def test_an_unreadable_checkpoint_is_moved_aside_never_deleted(tmp_path, caplog,
   _assert_same_run(tmp_path, reference, want["state"])
 
 
-def test_when_no_checkpoint_can_be_restored_none_is_moved_or_deleted(tmp_path, caplog):
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+def test_when_no_checkpoint_can_be_restored_none_is_moved_or_deleted(tmp_path, caplog,
+                                                                     two_rounds):
+  _copy(two_rounds, tmp_path)
   for round_index in (1, 2):
     _run_item(tmp_path, round_index).write_text("{")
   before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "checkpoints").rglob("*"))
   caplog.set_level(logging.WARNING)
   with pytest.raises(WorkdirError, match=r"no checkpoint in .* can be restored \(round 2: .*; "
                                          r"round 1: .*\); none was moved or deleted"):
-    train_and_evaluate(tiny_config("solo"), tmp_path)
+    train_and_evaluate(solo_config(), tmp_path)
   assert "the checkpoint before it" not in caplog.text
   assert sorted(p.relative_to(tmp_path)
                 for p in (tmp_path / "checkpoints").rglob("*")) == before
 
 
 def test_records_without_a_digest_never_replace_a_metrics_file_that_reads_cleanly(
-    tmp_path, caplog, full_run):
+    tmp_path, caplog, full_run, two_rounds):
   """A run item written without its digest (an older checkpoint) is unverified: a record that
   differs there does not overwrite metrics.jsonl, which reads cleanly and holds its rounds."""
   reference, want = full_run
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  _copy(two_rounds, tmp_path)
   item = _run_item(tmp_path, 2)
   document = json.loads(item.read_text())
   document.pop("run_sha256", None)
   item.write_text(json.dumps(document))
   _flip_digit_after(item, '"round": 1, "train/local/ce/mnist": ')
   caplog.set_level(logging.WARNING)
-  train_and_evaluate(tiny_config("solo"), tmp_path)
+  train_and_evaluate(solo_config(), tmp_path)
   assert "carry no digest" in caplog.text and "metrics.jsonl is kept" in caplog.text
   _assert_same_run(tmp_path, reference, want["state"])
 
@@ -188,7 +213,7 @@ def test_a_full_disk_in_a_checkpoint_write_stops_with_one_error_and_no_record_pa
   # of `_shared_cache` (no FEDJAX_HET_DATA_DIR: the synthetic data of the full run) stays.
   with pytest.MonkeyPatch.context() as disk, pytest.raises(StorageError) as error:
     fail_checkpoint_writes(disk, 2, resource_exhausted)
-    train_and_evaluate(tiny_config("solo"), tmp_path)
+    train_and_evaluate(solo_config(), tmp_path)
   path = f"{tmp_path / 'checkpoints' / '2'}.orbax-checkpoint-tmp/state/ocdbt.process_0/d/1dd1af7b"
   # The failure is seen after round 3 trains (before its record is written) or, when the
   # write was still under way then, when round 3's checkpoint waits for it.
@@ -202,7 +227,7 @@ def test_a_full_disk_in_a_checkpoint_write_stops_with_one_error_and_no_record_pa
   assert [r["round"] for r in _metrics(tmp_path)] == [1]
   assert not (tmp_path / "results.json").exists()
   # Space freed (the fault's patch is undone): the same command resumes and ends as the full run.
-  train_and_evaluate(tiny_config("solo"), tmp_path)
+  train_and_evaluate(solo_config(), tmp_path)
   _assert_same_run(tmp_path, reference, want["state"])
 
 
@@ -241,9 +266,9 @@ def test_the_closed_event_loop_of_an_abandoned_read_prints_no_traceback():
 
 
 def test_a_damaged_manifest_falls_back_with_one_warning_and_no_traceback(
-    tmp_path, capfd, caplog, full_run):
+    tmp_path, capfd, caplog, full_run, two_rounds):
   reference, want = full_run
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+  _copy(two_rounds, tmp_path)
   manifest = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
   data = bytearray(manifest.read_bytes())
   for offset in (40, 60):
@@ -251,7 +276,7 @@ def test_a_damaged_manifest_falls_back_with_one_warning_and_no_traceback(
   manifest.write_bytes(bytes(data))
   capfd.readouterr()
   caplog.set_level(logging.WARNING)
-  train_and_evaluate(tiny_config("solo"), tmp_path)
+  train_and_evaluate(solo_config(), tmp_path)
   err = capfd.readouterr().err
   assert "Traceback" not in err and "Event loop is closed" not in err, err[:3000]
   warnings = [r for r in caplog.records if "cannot be restored" in r.getMessage()]
@@ -276,7 +301,7 @@ def test_a_full_disk_that_names_no_file_names_the_checkpoint_folder(tmp_path, mo
 
   monkeypatch.setattr(ocp.CheckpointManager, "close", failing_close)
   with pytest.raises(StorageError) as error:
-    train_and_evaluate(tiny_config("solo"), tmp_path)
+    train_and_evaluate(solo_config(), tmp_path)
   assert str(error.value).startswith(
       f"no space left on the device writing {str(tmp_path / 'checkpoints' / '2')!r} (the "
       "checkpoint of round 2); training stopped at round ")

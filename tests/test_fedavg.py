@@ -148,10 +148,15 @@ def tiny_digits_config(method: str, num_rounds: int = 2):
   return c
 
 
-# FedProx's run (10-15 s on a 2-core CPU) is slow: its round is FedAvg's with the proximal
+# Slow: FedProx's run (10-15 s on a 2-core CPU): its round is FedAvg's with the proximal
 # gradient, which test_fedprox_with_mu_zero_is_fedavg_and_with_mu_adds_the_proximal_gradient
-# checks in the default suite.
-@pytest.mark.parametrize("method", ["fedavg", pytest.param("fedprox", marks=pytest.mark.slow)])
+# checks in the default suite. FedAvg's run (about 20 s):
+# test_sampling_is_reproducible_after_a_resume keeps FedAvg end to end (its cohorts and
+# accuracies) in the default suite, and test_fedavg_family's MOON, FedProc and FedRS runs train
+# this digits config through FedAvg's engine with these checks (every client took part, finite
+# losses, results in [0, 100]).
+@pytest.mark.parametrize("method", [pytest.param("fedavg", marks=pytest.mark.slow),
+                                    pytest.param("fedprox", marks=pytest.mark.slow)])
 def test_digits_fedavg_family_trains_end_to_end(method, tmp_path, tmp_path_factory, monkeypatch):
   monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)

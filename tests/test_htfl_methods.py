@@ -377,12 +377,14 @@ def test_the_head_classifier_evaluates_each_clients_own_logits(method):
   make = {"fedproto": fedproto.make_fedproto, "fedtgp": fedtgp.make_fedtgp}[method]
   setup = _setup()
   data, images, labels = _data(setup)
-  _, history, _ = _run(make, _config(method), setup, data, 1)
-  algorithm, head_history, _ = _run(make, _config(method, **{f"{method}.classifier": "head"}),
-                                    setup, data, 1)
+  # FedTGP's round with 2 server epochs: the program of test_three_rounds_give_the_recorded_state.
+  fields = {"fedtgp.server_epochs": 2} if method == "fedtgp" else {}
+  _, history, _ = _run(make, _config(method, **fields), setup, data, 1)
+  algorithm, head_history, _ = _run(
+      make, _config(method, **fields, **{f"{method}.classifier": "head"}), setup, data, 1)
   chex.assert_trees_all_equal(history[1], head_history[1])
-  _assert_own_head_accuracy(algorithm, make(_config(method), setup), head_history[1], setup,
-                            data, images, labels)
+  _assert_own_head_accuracy(algorithm, make(_config(method, **fields), setup), head_history[1],
+                            setup, data, images, labels)
 
 
 @pytest.mark.parametrize("method", ["lg_fedavg", "fedgh"])
@@ -645,7 +647,8 @@ def test_clients_one_after_another_equal_the_vmapped_clients(method):
 def test_round_is_traced_once(make, method):
   setup = _setup()
   data, _, _ = _data(setup)
-  config = _config(method, **({"fedtgp.server_epochs": 1} if method == "fedtgp" else {}))
+  # FedTGP's 2 server epochs: the program of test_three_rounds_give_the_recorded_state.
+  config = _config(method, **({"fedtgp.server_epochs": 2} if method == "fedtgp" else {}))
   algorithm = make(config, setup)
   state = rounds.initial_state(algorithm, jax.random.key(0), data)
   chex.clear_trace_counter()

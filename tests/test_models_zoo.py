@@ -231,7 +231,13 @@ def test_hand_counts_match_the_literals():
     assert HAND_COUNTS[name](10, 1.0) == expected, name
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_PARAMS))
+# Slow: ResNet-101's and ResNet-152's abstract inits (3-6 s each on a 2-core CPU);
+# tests/test_htfl_models.py::test_parameter_counts_are_torchvisions keeps their full-width
+# counts (torchvision's, ImageNet stem) and feature dimension in the default suite, and
+# ResNet-50 here the CIFAR stem of the Bottleneck ResNets.
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in ("resnet101", "resnet152") else n
+    for n in sorted(EXPECTED_PARAMS)])
 def test_parameter_count_full_width_matches_hand_count(name):
   model = models.get_model(name, 10)
   assert _param_count(model) == EXPECTED_PARAMS[name]
@@ -239,8 +245,8 @@ def test_parameter_count_full_width_matches_hand_count(name):
 
 
 # ResNet-101's and ResNet-152's abstract inits take 3-6 s each on a 2-core CPU: slow suite
-# under a width multiplier (ResNet-50 checks the scaled bottleneck blocks; their full-width
-# counts stay in the default suite).
+# under a width multiplier (ResNet-50 checks the scaled bottleneck blocks;
+# tests/test_htfl_models.py their full-width and width-1/8 counts in the default suite).
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n in ("resnet101", "resnet152") else n
     for n in sorted(EXPECTED_PARAMS)])
@@ -294,8 +300,10 @@ BN_MODELS = ("resnet10", "resnet12", "resnet18", "resnet34", "glfc_resnet18",
 
 
 # GoogLeNet's train and eval forward passes compile for about 12 s on a 2-core CPU: slow suite
-# (the default suite checks its parameter counts and feature dimension without compiling).
-@pytest.mark.parametrize("name", every_model_slow_for("googlenet"))
+# (the default suite checks its parameter counts and feature dimension without compiling);
+# ResNet-34's too (its forward is slow in test_output_shapes_feature_dims_and_head), whose
+# basic blocks' BatchNorm ResNet-10, ResNet-12 and ResNet-18 check here.
+@pytest.mark.parametrize("name", every_model_slow_for("googlenet", "resnet34"))
 def test_batch_norm_state_changes_in_train_mode_only(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))
@@ -352,10 +360,11 @@ def _make_train_step(model, lr):
   return step
 
 
-# GoogLeNet's, EfficientNet-B0's, MobileNetV2's and ResNet-34's jitted steps compile for 4-15 s
-# on a 2-core CPU: slow suite (ResNet-10/18 keep the basic-block step in the default suite).
+# GoogLeNet's, EfficientNet-B0's, MobileNetV2's, ResNet-34's and ResNet-12's jitted steps compile
+# for 4-15 s on a 2-core CPU: slow suite (ResNet-10/18 keep the basic-block step in the default
+# suite; ResNet-12 is their block with 2, 1, 1, 1 blocks a stage).
 @pytest.mark.parametrize("name", every_model_slow_for("googlenet", "efficientnet_b0",
-                                                     "mobilenet_v2", "resnet34"))
+                                                     "mobilenet_v2", "resnet34", "resnet12"))
 def test_jitted_sgd_train_step_reduces_the_loss(name):
   model = models.get_model(name, NC, width=TINY)
   variables = models.init_variables(model, jax.random.key(0))

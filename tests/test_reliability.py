@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,15 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError, DivergedError, WorkdirError
 from fedjax_het.train import train_and_evaluate
-from tests.test_train import tiny_config
+from tests.test_train import ONE_MODEL, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def solo_config(**overrides):
+  """The tiny SOLO config of the runs here, of one model group (`ONE_MODEL`), and `overrides`."""
+  return tiny_config("solo", **ONE_MODEL, **overrides)
+
 
 _HOLDER = """
 import sys, time
@@ -45,7 +52,7 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_frees
       with workdir_lib.WorkdirLock(tmp_path):
         pass
     with pytest.raises(WorkdirError, match="is in use by PID"):  # the trainer takes it too
-      train_and_evaluate(tiny_config("solo"), tmp_path)
+      train_and_evaluate(solo_config(), tmp_path)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "run.json").exists()
   finally:
     holder.kill()
@@ -75,7 +82,7 @@ def test_non_finite_values_are_written_as_null_and_named(tmp_path):
 
 @pytest.mark.parametrize("lr", [math.inf, math.nan, -1.0])
 def test_non_finite_hyper_parameters_are_refused(lr):
-  config = tiny_config("solo")
+  config = solo_config()
   config.local.lr = lr
   with pytest.raises(ConfigError, match="config.local.lr"):
     validate_config(config)
@@ -83,7 +90,7 @@ def test_non_finite_hyper_parameters_are_refused(lr):
 
 def test_divergence_stops_the_run_naming_the_round_and_keeps_the_last_finite_checkpoint(
     tmp_path):
-  config = tiny_config("solo")
+  config = solo_config()
   config.local.lr = 1e38
   with pytest.raises(DivergedError, match=r"train/local/\w+/\w+ is (nan|inf) in round 1 .*the "
                                           r"last finite checkpoint is round 0"):
@@ -106,7 +113,7 @@ def _scramble(step_dir: pathlib.Path) -> None:
 
 @pytest.mark.slow  # about 16 s on 2 cores; the digest test below falls back the same way
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
-  config = tiny_config("solo")
+  config = solo_config()
   full = train_and_evaluate(config, tmp_path / "full")
   train_and_evaluate(config, tmp_path / "split", max_rounds=2)
   _scramble(tmp_path / "split" / "checkpoints" / "2")
@@ -120,7 +127,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
 
 @pytest.mark.slow  # stacks two seeds (about 25 s on 2 cores); the single run's test is above
 def test_divergence_of_stacked_seeds_names_the_seed(tmp_path):
-  config = tiny_config("solo")
+  config = solo_config()
   config.local.lr = 1e38
   config.seeds = (0, 1)
   with pytest.raises(DivergedError, match=r"^seed 0: train/local/.* in round 1 "):
@@ -197,16 +204,30 @@ def test_sigterm_and_ctrl_c_stop_the_run_with_one_line_and_a_rerun_resumes(tmp_p
 def _full_run(tmp_path_factory):
   """An uninterrupted 3-round tiny SOLO run: the reference of the resumes below."""
   workdir = tmp_path_factory.mktemp("full")
-  return workdir, train_and_evaluate(tiny_config("solo"), workdir)
+  return workdir, train_and_evaluate(solo_config(), workdir)
+
+
+@pytest.fixture(name="two_rounds", scope="module")
+def _two_rounds(tmp_path_factory):
+  """The same run stopped after round 2 (`max_rounds=2`): the tests below resume a copy of it
+  (`_copy`)."""
+  workdir = tmp_path_factory.mktemp("two_rounds")
+  train_and_evaluate(solo_config(), workdir, max_rounds=2)
+  return workdir
+
+
+def _copy(run: pathlib.Path, workdir: pathlib.Path) -> None:
+  """Makes `workdir` a copy of the workdir `run`."""
+  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 @pytest.mark.parametrize("damage", ["cut_first_line", pytest.param("deleted",
                                                                     marks=pytest.mark.slow)])
 def test_damaged_or_missing_metrics_are_rebuilt_from_the_checkpoint(tmp_path, caplog, full_run,
-                                                                   damage):
+                                                                   two_rounds, damage):
   reference, _ = full_run
-  config = tiny_config("solo")
-  train_and_evaluate(config, tmp_path, max_rounds=2)
+  config = solo_config()
+  _copy(two_rounds, tmp_path)
   metrics = tmp_path / "metrics.jsonl"
   if damage == "deleted":
     metrics.unlink()
@@ -225,18 +246,18 @@ def test_damaged_or_missing_metrics_are_rebuilt_from_the_checkpoint(tmp_path, ca
 
 
 def test_the_run_identity_is_checked_against_the_checkpoint_without_run_json(tmp_path):
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=1)
+  train_and_evaluate(solo_config(), tmp_path, max_rounds=1)
   (tmp_path / "run.json").unlink()
   before = sorted(p.name for p in tmp_path.iterdir())
   with pytest.raises(WorkdirError, match=r"(?s)different config or data.*config\.seed: 0 -> 1"):
-    train_and_evaluate(tiny_config("solo", seed=1), tmp_path)
+    train_and_evaluate(solo_config(seed=1), tmp_path)
   assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
 def test_results_without_checkpoints_are_kept_unless_overwrite(tmp_path, full_run):
   reference, _ = full_run
-  config = tiny_config("solo")
-  train_and_evaluate(config, tmp_path)
+  config = solo_config()
+  _copy(reference, tmp_path)  # a finished run
   (tmp_path / "results.json").write_text('{"kept": 1}\n')
   for path in sorted((tmp_path / "checkpoints").rglob("*"), reverse=True):
     path.rmdir() if path.is_dir() else path.unlink()
@@ -251,10 +272,10 @@ def test_results_without_checkpoints_are_kept_unless_overwrite(tmp_path, full_ru
   assert [r["round"] for r in reporting.MetricsWriter(tmp_path).read()] == [1, 2, 3]
 
 
-def test_a_run_cannot_be_shortened_below_its_checkpoint(tmp_path):
-  train_and_evaluate(tiny_config("solo"), tmp_path, max_rounds=2)
+def test_a_run_cannot_be_shortened_below_its_checkpoint(tmp_path, two_rounds):
+  _copy(two_rounds, tmp_path)
   with pytest.raises(WorkdirError, match="checkpoint of round 2, beyond the 1 rounds"):
-    train_and_evaluate(tiny_config("solo", num_rounds=1, resume_allow_changes="num_rounds"),
+    train_and_evaluate(solo_config(num_rounds=1, resume_allow_changes="num_rounds"),
                        tmp_path)
 
 
@@ -298,7 +319,7 @@ def test_os_errors_are_one_line_naming_the_path():
 
 @pytest.mark.parametrize("size", [0, -5])
 def test_private_sizes_below_one_are_refused(size):
-  config = tiny_config("solo")
+  config = solo_config()
   config.scenario.private_sizes.mnist = size
   with pytest.raises(ConfigError, match=r"config.scenario.private_sizes.mnist must be an "
                                         r"integer >= 1 .*got -?\d"):
@@ -306,14 +327,15 @@ def test_private_sizes_below_one_are_refused(size):
 
 
 def test_a_run_without_public_data_trains_without_its_diagnostics(tmp_path):
-  out = train_and_evaluate(tiny_config("solo", **{"scenario.public_size": 0}), tmp_path)
+  out = train_and_evaluate(solo_config(**{"scenario.public_size": 0}), tmp_path)
   assert out["rounds_done"] == 3 and not (tmp_path / "cross_correlation.npz").exists()
 
 
-def test_changed_bytes_in_a_checkpoint_are_caught_by_its_digest(tmp_path, caplog, full_run):
+def test_changed_bytes_in_a_checkpoint_are_caught_by_its_digest(tmp_path, caplog, full_run,
+                                                                two_rounds):
   reference, want = full_run
-  config = tiny_config("solo")
-  train_and_evaluate(config, tmp_path, max_rounds=2)
+  config = solo_config()
+  _copy(two_rounds, tmp_path)
   # Flip bits inside the largest array file of round 2: orbax itself reads it without error.
   files = [p for p in (tmp_path / "checkpoints" / "2" / "state").rglob("*") if p.is_file()]
   target = max(files, key=lambda p: p.stat().st_size)

@@ -199,8 +199,9 @@ def test_a_method_defined_in_a_test_file_trains_end_to_end(toy_method, tmp_path)
 
 def test_a_single_domain_scenario_gets_a_plain_accuracy_table(toy_method, tmp_path):
   del toy_method
+  # 40 images a client, toy_config's largest: the round's program is the one of the run above.
   config = toy_config(**{"num_rounds": 1, "scenario.domains": ("mnist",) * 4,
-                         "scenario.private_sizes.mnist": 20})
+                         "scenario.private_sizes.mnist": 40})
   out = train_and_evaluate(config, tmp_path)
   assert set(out["results"]) == {"method", "rounds", "accuracy"}
   record = out["records"][-1]

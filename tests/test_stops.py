@@ -2,9 +2,10 @@
 that cannot be written, a full disk. One line, no traceback, the right exit status, and a
 workdir the same command resumes.
 
-The command runs in a process of its own (`experiments/train.py`, a tiny SOLO config with a
-checkpoint after every round). Where a test needs a moment to land in (a checkpoint write,
-the results), a wrapper slows that step down in the child process and says when it starts.
+The command runs in a process of its own (`experiments/train.py`, a tiny SOLO config of one
+small CNN for every participant, with a checkpoint after every round). Where a test needs a
+moment to land in (a checkpoint write, the results), a wrapper slows that step down in the child
+process and says when it starts.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from fedjax_het import errors
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "train.py"
 
-TINY = ("--config=digits_solo_quick", "--config.local.epochs=1",
-        "--config.models.architectures=('simple_cnn','fedavg_cifar_cnn','simple_cnn',"
-        "'fedavg_cifar_cnn')", "--config.local.batch_size=16",
+TINY = ("--config=digits_solo_quick", "--config.local.epochs=1", "--config.local.batch_size=16",
         "--config.scenario.public_size=64", "--config.scenario.private_sizes.mnist=30",
         "--config.scenario.private_sizes.usps=20", "--config.scenario.private_sizes.svhn=40",
         "--config.scenario.private_sizes.syn=24", "--config.scenario.test_size=30",
@@ -95,9 +94,12 @@ def _env(tmp_path_factory):
   return env
 
 
-def command(workdir, env, *extra, num_rounds=3, patch=None, tmp=None):
-  """The training command (through a wrapper applying `patch` when given)."""
-  args = [*TINY, f"--workdir={workdir}", f"--config.num_rounds={num_rounds}",
+def command(workdir, env, *extra, num_rounds=3, patch=None, tmp=None,
+            architectures=("simple_cnn",)):
+  """The training command (through a wrapper applying `patch` when given), with one small CNN
+  for every participant unless `architectures` names others."""
+  args = [*TINY, f"--config.models.architectures={architectures!r}", f"--workdir={workdir}",
+          f"--config.num_rounds={num_rounds}",
           f"--config.compilation_cache_dir={env['FEDJAX_HET_TEST_JAX_CACHE']}", *extra]
   if patch is None:
     return [sys.executable, str(SCRIPT), *args]
@@ -467,10 +469,12 @@ def test_a_real_full_disk_is_one_error_naming_the_path_and_the_run_resumes(tmp_p
     pytest.skip("needs root and unshare to mount a private tmpfs")
   workdir = tmp_path / "disk" / "w"
   longer = ("--config.resume_allow_changes=num_rounds",)
-  steps = [("first", command(workdir, env, num_rounds=2), None),
-           ("checkpoint", command(workdir, env, *longer, num_rounds=4), 96 * 1024),
-           ("records", command(workdir, env, *longer, num_rounds=4), 0),
-           ("resumed", command(workdir, env, *longer, num_rounds=4), None)]
+  # Two model groups: a checkpoint (a few hundred KiB) does not fit in the 96 KiB left.
+  two = {"architectures": ("simple_cnn", "fedavg_cifar_cnn", "simple_cnn", "fedavg_cifar_cnn")}
+  steps = [("first", command(workdir, env, num_rounds=2, **two), None),
+           ("checkpoint", command(workdir, env, *longer, num_rounds=4, **two), 96 * 1024),
+           ("records", command(workdir, env, *longer, num_rounds=4, **two), 0),
+           ("resumed", command(workdir, env, *longer, num_rounds=4, **two), None)]
   (tmp_path / "steps.json").write_text(json.dumps(steps))
   done = subprocess.run([unshare, "-m", "--propagation", "private", sys.executable, "-c",
                          _REAL_DISK, str(tmp_path / "disk"), str(tmp_path),

@@ -19,7 +19,7 @@ from fedjax_het import experiment as experiment_lib
 from fedjax_het import workdir as workdir_lib
 from fedjax_het.algorithms import fcclplus, solo
 from fedjax_het.errors import ConfigError
-from tests.test_train import tiny_config
+from tests.test_train import ONE_MODEL, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -60,14 +60,19 @@ def counted_traces(monkeypatch):
   return count
 
 
-# FCCL+ (a public phase, metrics of both phases) takes about 30 s on a 2-core CPU; SOLO keeps the
-# check in the default suite.
-@pytest.mark.parametrize("variant", ["solo", pytest.param("fcclplus", marks=pytest.mark.slow)])
+# Slow: FCCL+ (a public phase, metrics of both phases) takes about 30 s on a 2-core CPU, SOLO
+# (one model group, `ONE_MODEL`) about 20 s. The default suite keeps the check in
+# test_configs_that_differ_only_in_num_rounds_share_one_entry (a round read back, traced once,
+# computes the bits of a traced one) and
+# test_a_class_incremental_run_reads_its_traced_round_and_computes_the_same_bits; the round of
+# two groups is saved and read back in test_another_config_value_is_another_entry.
+@pytest.mark.parametrize("variant", [pytest.param("solo", marks=pytest.mark.slow),
+                                     pytest.param("fcclplus", marks=pytest.mark.slow)])
 def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path, counted_traces,
                                                                          variant):
   # The round as one program (stage programs: tests/test_round_programs.py).
   config = tiny_config(variant, compilation_cache_dir=str(tmp_path / "cache"),
-                       round_programs="one")
+                       round_programs="one", **(ONE_MODEL if variant == "solo" else {}))
   first = experiment_lib.Experiment(config)
   assert first.trace_cache_directory() == tmp_path / "cache" / trace_cache.FOLDER
   state = first.init_state()
@@ -92,6 +97,7 @@ def test_a_second_experiment_reads_the_round_and_computes_the_same_bits(tmp_path
 
 
 def test_another_config_value_is_another_entry(tmp_path, counted_traces):
+  # Two model groups (tiny_config's default): their round is saved, and read back at the end.
   config = tiny_config("solo", compilation_cache_dir=str(tmp_path))
   experiment = experiment_lib.Experiment(config)
   state = experiment.init_state()
@@ -128,7 +134,7 @@ def _rounds(run, state, data, calls):
 def test_configs_that_differ_only_in_num_rounds_share_one_entry(tmp_path, counted_traces,
                                                                  monkeypatch):
   config = tiny_config("solo", compilation_cache_dir=str(tmp_path), round_programs="one",
-                       num_rounds=4)
+                       num_rounds=4, **ONE_MODEL)
   config.local.lr_decay = 0.9  # a rate that depends on E from round 2 on
   first = experiment_lib.Experiment(config)
   state = first.init_state()
@@ -158,7 +164,7 @@ def test_configs_that_differ_only_in_num_rounds_share_one_entry(tmp_path, counte
 
 
 def test_an_unreadable_entry_is_traced_again_and_replaced(tmp_path, counted_traces):
-  config = tiny_config("solo", compilation_cache_dir=str(tmp_path))
+  config = tiny_config("solo", compilation_cache_dir=str(tmp_path), **ONE_MODEL)
   experiment = experiment_lib.Experiment(config)
   state = experiment.init_state()
   experiment.lower_rounds(state)

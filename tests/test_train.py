@@ -68,15 +68,25 @@ def tiny_config(variant="fcclplus", **overrides):
   return c
 
 
+#: Overrides giving every participant one small CNN: the round has one model group, traced and
+#: compiled in about half the time of `tiny_config`'s two. For tests whose subject is not the
+#: heterogeneous models (checkpoints, stops, the trace cache, the scan of rounds); FCCL+'s runs
+#: (test_train_and_evaluate_writes_every_artefact, tests/test_workdir.py) and SOLO's pinned round
+#: (tests/test_round_api.py) keep two groups.
+ONE_MODEL = {"models.architectures": ("simple_cnn",)}
+
+
 def _eval_numbers(record):
   return {k: v for k, v in record.items() if k.startswith(("eval/", "train/"))}
 
 
-# FCCL's variant is the slowest (27 s); FCCL+ and SOLO keep it in the default suite.
+# FCCL's variant is the slowest (27 s); FCCL+ and SOLO keep it in the default suite. SOLO's
+# run has one model group (`ONE_MODEL`, the config of the checkpoint tests' runs).
 @pytest.mark.parametrize("variant", ["fcclplus", pytest.param("fccl", marks=pytest.mark.slow),
                                      "solo"])
 def test_train_and_evaluate_writes_every_artefact(tmp_path, variant):
-  out = train_and_evaluate(tiny_config(variant, **{"logging.plots": True}), tmp_path)
+  overrides = {"logging.plots": True, **(ONE_MODEL if variant == "solo" else {})}
+  out = train_and_evaluate(tiny_config(variant, **overrides), tmp_path)
   for name in ("config.json", "metadata.json", "metrics.jsonl", "results.md", "results.json",
                "accuracy.png", "cross_correlation.png"):
     assert (tmp_path / name).exists(), name
@@ -187,11 +197,13 @@ def test_memory_estimate_is_positive_and_below_this_machine():
 
 
 # FCCL and FCCL+ take 55-65 s each here: slow. FCCL+'s stage bodies are traced once and its
-# scanned rounds checked in tests/test_round_programs.py; the scan itself is method-agnostic.
+# scanned rounds checked in tests/test_round_programs.py; the scan itself is method-agnostic
+# (and SOLO's round has one model group here, `ONE_MODEL`).
 @pytest.mark.parametrize("variant", ["solo", pytest.param("fcclplus", marks=pytest.mark.slow),
                                      pytest.param("fccl", marks=pytest.mark.slow)])
 def test_round_is_traced_once_and_scan_of_rounds_equals_single_rounds(variant):
-  config = tiny_config(variant, name=f"trace_guard_{variant}")
+  config = tiny_config(variant, name=f"trace_guard_{variant}",
+                       **(ONE_MODEL if variant == "solo" else {}))
   experiment = Experiment(config)
   state = experiment.init_state()
   chex.clear_trace_counter()

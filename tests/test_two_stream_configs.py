@@ -57,14 +57,17 @@ def test_every_paper_setting_config_validates_and_says_what_it_is():
     CONFIGS["cifar10"].get_config("fedavg_iid_conv")
 
 
-def _tiny(config, tmp_path):
+def _tiny(config, tmp_path, *, own_batch_sizes=False):
+  """Two rounds of `config` on 200 training images (2000 in shards) and 100 test images; with
+  `own_batch_sizes` the config's local and evaluation batch sizes stay."""
   config.num_rounds = 2
   shards = config.scenario.partition == "shards"  # 100 clients: 20 rows each, batches of 10
   config.scenario.train_size = 2000 if shards else 200
   config.scenario.test_size = 100
   config.local.epochs = 1
-  config.local.batch_size = 10 if shards else 32
-  config.eval.batch_size = 100
+  if not own_batch_sizes:
+    config.local.batch_size = 10 if shards else 32
+    config.eval.batch_size = 100
   config.eval.targets = (5.0, 99.9)
   config.logging.progress = False
   config.logging.plots = False
@@ -89,7 +92,10 @@ def test_fedfusion_permuted_trains_from_its_config_with_one_trace(tmp_path, tmp_
   monkeypatch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)  # synthetic digits
   guarded = _guard_one_trace(monkeypatch)
-  out = _tiny(CONFIGS["mnist"].get_config("fedfusion_permuted_conv_quick"), tmp_path)
+  # The config's own batch sizes: the programs of tests/test_new_client.py's FedFusion run (the
+  # same config for one round), compiled once in a session.
+  out = _tiny(CONFIGS["mnist"].get_config("fedfusion_permuted_conv_quick"), tmp_path,
+              own_batch_sizes=True)
   assert guarded == ["fedfusion"]
   assert [r["round"] for r in out["records"]] == [1, 2]
   results = json.loads((tmp_path / "results.json").read_text())

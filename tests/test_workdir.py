@@ -190,8 +190,12 @@ def test_user_errors_are_value_errors_where_they_were():
 
 
 def test_cli_prints_one_line_for_a_user_error_and_a_traceback_when_verbose(tmp_path):
+  # tiny_config's data sizes: the synthetic data are generated in seconds.
   args = [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
           "--config.local.batch_size=100000", "--config.compilation_cache_dir=",
+          "--config.scenario.public_size=64", "--config.scenario.test_size=30",
+          *(f"--config.scenario.private_sizes.{domain}={size}" for domain, size in
+            (("mnist", 30), ("usps", 20), ("svhn", 40), ("syn", 24))),
           f"--workdir={tmp_path / 'run'}"]
   env = {k: v for k, v in os.environ.items() if k != "FEDJAX_HET_DATA_DIR"}
   quiet = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
