@@ -7,7 +7,6 @@ import json
 import logging
 import pathlib
 import re
-import shutil
 
 import chex
 import pytest
@@ -15,13 +14,8 @@ import pytest
 from fedjax_het import checkpointing, reporting
 from fedjax_het.errors import WorkdirError
 from fedjax_het.train import train_and_evaluate
-from tests.test_train import ONE_MODEL, tiny_config
+from tests.test_train import copy_run, solo_config
 from tests.test_train import _shared_cache  # noqa: F401  pylint: disable=unused-import
-
-
-def solo_config():
-  """The tiny SOLO config of every run here, of one model group (`ONE_MODEL`)."""
-  return tiny_config("solo", **ONE_MODEL)
 
 
 @pytest.fixture(name="full_run", scope="module")
@@ -37,18 +31,13 @@ def _full_run(tmp_path_factory):
 @pytest.fixture(name="two_rounds", scope="module")
 def _two_rounds(tmp_path_factory):
   """The same run stopped after round 2 (`max_rounds=2`): the tests below damage a copy of it
-  (`_copy`) and resume it."""
+  (`copy_run`) and resume it."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("FEDJAX_HET_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "data_cache"))
     patch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
     workdir = tmp_path_factory.mktemp("two_rounds")
     train_and_evaluate(solo_config(), workdir, max_rounds=2)
     return workdir
-
-
-def _copy(run: pathlib.Path, workdir: pathlib.Path) -> None:
-  """Makes `workdir` a copy of the workdir `run`."""
-  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 def _run_item(workdir: pathlib.Path, round_index: int) -> pathlib.Path:
@@ -88,7 +77,7 @@ def _assert_same_run(workdir, reference, want):
 def test_a_flipped_digit_in_a_record_of_the_checkpoint_is_caught_and_not_trusted(
     tmp_path, caplog, full_run, two_rounds):
   reference, want = full_run
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   before, after = _flip_digit_after(_run_item(tmp_path, 2), '"round": 1, "train/local/ce/mnist": ')
   assert before != after
   caplog.set_level(logging.WARNING)
@@ -103,7 +92,7 @@ def test_a_flipped_digit_in_a_record_of_the_checkpoint_is_caught_and_not_trusted
 def test_a_flipped_seed_in_the_identity_of_the_checkpoint_falls_back_to_the_one_before(
     tmp_path, caplog, full_run, two_rounds):
   reference, want = full_run
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   assert _flip_digit_after(_run_item(tmp_path, 2), '"seed": ') == ("0", "1")
   caplog.set_level(logging.WARNING)
   train_and_evaluate(solo_config(), tmp_path)  # the unchanged command resumes
@@ -131,7 +120,7 @@ def test_the_run_item_digest_covers_identity_records_and_the_state_digest(tmp_pa
 def test_an_unreadable_checkpoint_is_moved_aside_never_deleted(tmp_path, caplog, full_run,
                                                                 two_rounds):
   reference, want = full_run
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   (_run_item(tmp_path, 2)).write_text("{")
   caplog.set_level(logging.WARNING)
   train_and_evaluate(solo_config(), tmp_path)
@@ -145,7 +134,7 @@ def test_an_unreadable_checkpoint_is_moved_aside_never_deleted(tmp_path, caplog,
 
 def test_when_no_checkpoint_can_be_restored_none_is_moved_or_deleted(tmp_path, caplog,
                                                                      two_rounds):
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   for round_index in (1, 2):
     _run_item(tmp_path, round_index).write_text("{")
   before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "checkpoints").rglob("*"))
@@ -163,7 +152,7 @@ def test_records_without_a_digest_never_replace_a_metrics_file_that_reads_cleanl
   """A run item written without its digest (an older checkpoint) is unverified: a record that
   differs there does not overwrite metrics.jsonl, which reads cleanly and holds its rounds."""
   reference, want = full_run
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   item = _run_item(tmp_path, 2)
   document = json.loads(item.read_text())
   document.pop("run_sha256", None)
@@ -268,7 +257,7 @@ def test_the_closed_event_loop_of_an_abandoned_read_prints_no_traceback():
 def test_a_damaged_manifest_falls_back_with_one_warning_and_no_traceback(
     tmp_path, capfd, caplog, full_run, two_rounds):
   reference, want = full_run
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   manifest = tmp_path / "checkpoints" / "2" / "state" / "manifest.ocdbt"
   data = bytearray(manifest.read_bytes())
   for offset in (40, 60):

@@ -8,7 +8,6 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,14 +21,9 @@ from fedjax_het import workdir as workdir_lib
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError, DivergedError, WorkdirError
 from fedjax_het.train import train_and_evaluate
-from tests.test_train import ONE_MODEL, tiny_config
+from tests.test_train import copy_run, solo_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def solo_config(**overrides):
-  """The tiny SOLO config of the runs here, of one model group (`ONE_MODEL`), and `overrides`."""
-  return tiny_config("solo", **ONE_MODEL, **overrides)
 
 
 _HOLDER = """
@@ -210,15 +204,10 @@ def _full_run(tmp_path_factory):
 @pytest.fixture(name="two_rounds", scope="module")
 def _two_rounds(tmp_path_factory):
   """The same run stopped after round 2 (`max_rounds=2`): the tests below resume a copy of it
-  (`_copy`)."""
+  (`copy_run`)."""
   workdir = tmp_path_factory.mktemp("two_rounds")
   train_and_evaluate(solo_config(), workdir, max_rounds=2)
   return workdir
-
-
-def _copy(run: pathlib.Path, workdir: pathlib.Path) -> None:
-  """Makes `workdir` a copy of the workdir `run`."""
-  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 @pytest.mark.parametrize("damage", ["cut_first_line", pytest.param("deleted",
@@ -227,7 +216,7 @@ def test_damaged_or_missing_metrics_are_rebuilt_from_the_checkpoint(tmp_path, ca
                                                                    two_rounds, damage):
   reference, _ = full_run
   config = solo_config()
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   metrics = tmp_path / "metrics.jsonl"
   if damage == "deleted":
     metrics.unlink()
@@ -257,7 +246,7 @@ def test_the_run_identity_is_checked_against_the_checkpoint_without_run_json(tmp
 def test_results_without_checkpoints_are_kept_unless_overwrite(tmp_path, full_run):
   reference, _ = full_run
   config = solo_config()
-  _copy(reference, tmp_path)  # a finished run
+  copy_run(reference, tmp_path)  # a finished run
   (tmp_path / "results.json").write_text('{"kept": 1}\n')
   for path in sorted((tmp_path / "checkpoints").rglob("*"), reverse=True):
     path.rmdir() if path.is_dir() else path.unlink()
@@ -273,7 +262,7 @@ def test_results_without_checkpoints_are_kept_unless_overwrite(tmp_path, full_ru
 
 
 def test_a_run_cannot_be_shortened_below_its_checkpoint(tmp_path, two_rounds):
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   with pytest.raises(WorkdirError, match="checkpoint of round 2, beyond the 1 rounds"):
     train_and_evaluate(solo_config(num_rounds=1, resume_allow_changes="num_rounds"),
                        tmp_path)
@@ -335,7 +324,7 @@ def test_changed_bytes_in_a_checkpoint_are_caught_by_its_digest(tmp_path, caplog
                                                                 two_rounds):
   reference, want = full_run
   config = solo_config()
-  _copy(two_rounds, tmp_path)
+  copy_run(two_rounds, tmp_path)
   # Flip bits inside the largest array file of round 2: orbax itself reads it without error.
   files = [p for p in (tmp_path / "checkpoints" / "2" / "state").rglob("*") if p.is_file()]
   target = max(files, key=lambda p: p.stat().st_size)

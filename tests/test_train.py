@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -74,6 +75,18 @@ def tiny_config(variant="fcclplus", **overrides):
 #: (test_train_and_evaluate_writes_every_artefact, tests/test_workdir.py) and SOLO's pinned round
 #: (tests/test_round_api.py) keep two groups.
 ONE_MODEL = {"models.architectures": ("simple_cnn",)}
+
+
+def solo_config(**overrides):
+  """The tiny SOLO config of one model group (`ONE_MODEL`) with `overrides`: the runs of the
+  checkpoint and reliability tests."""
+  return tiny_config("solo", **ONE_MODEL, **overrides)
+
+
+def copy_run(run: pathlib.Path, workdir: pathlib.Path) -> None:
+  """Makes `workdir` a copy of the workdir `run` (a run trained once, damaged or resumed by
+  each test that copies it)."""
+  shutil.copytree(run, workdir, dirs_exist_ok=True)
 
 
 def _eval_numbers(record):
