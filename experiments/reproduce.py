@@ -18,8 +18,8 @@ rounds in the text (fedmmd_cifar10_binary, fedmmd_mnist_shards), GLFC Table 1 an
 layout at T = 5 and 20 (glfc_table1, glfc_tasks5, glfc_tasks20), three diagnoses at mid
 scale only: fcclplus_office31_width (Office31's BASE and FCCL+ on width-1/4 backbones),
 fcclplus_office31_base_width (Office31's BASE for the paper's 50 private epochs at widths 1/8,
-1/4, 1/2 and 1) and fcclplus_digits_real (Digits' BASE and FCCL+ with the real MNIST and USPS
-participants alone), and two at quick scale only: fcclplus_digits_fccl_teachers (Digits' FCCL
+1/4, 1/2 and 1) and fcclplus_digits_real (Digits' BASE, FCCL and FCCL+ with the real MNIST and
+USPS participants alone), and two at quick scale only: fcclplus_digits_fccl_teachers (Digits' FCCL
 with its local teachers in eval mode, the FCCL code's, and in train mode) and
 fcclplus_digits_fccl_keys (Digits' BASE and FCCL beside FCCL started from its BASE's initial
 weights, fccl.init_keys=run).

@@ -401,18 +401,19 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
 def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
   cells = cells_lib.queue_plan("mid", "mid", [0, 1])
   # Each seed: FCCL+ and BASE of Office31, its width diagnoses, of Digits, its real-domain
-  # diagnosis, then the five other rows of Office31 and of Digits.
+  # diagnosis (with its FCCL row), then the five other rows of Office31 and of Digits.
   per_seed = [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_office31_width")
               for r in ("fcclplus", "solo")]
   per_seed += [f"fcclplus_office31_base_width/mid/solo_{w}__seed0"
                for w in ("w8", "w4", "w2", "w1")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_digits", "fcclplus_digits_real")
                for r in ("fcclplus", "solo")]
+  per_seed.append("fcclplus_digits_real/mid/fccl__seed0")
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_digits")
                for r in ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")]
-  assert [c.label for c in cells[:22]] == per_seed
-  assert len(cells) == 2 * 22 and cells[22].label == "fcclplus_office31/mid/fcclplus__seed1"
-  for cell in cells[:22]:
+  assert [c.label for c in cells[:23]] == per_seed
+  assert len(cells) == 2 * 23 and cells[23].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:23]:
     config = cell_configs.cell_config(cell)
     validate_config(config)
     if cell.table.id == "fcclplus_office31_base_width":
@@ -451,8 +452,15 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
   [real] = tables.get_table("fcclplus_digits_real").settings
   assert real.paper == {"intra": {
       "solo": {"mnist": 70.2, "usps": 74.19, "svhn": 74.57, "syn": 73.6},
+      "fccl": {"mnist": 88.84, "usps": 84.42, "svhn": 78.55, "syn": 91.23},
       "fcclplus": {"mnist": 90.54, "usps": 86.92, "svhn": 87.11, "syn": 97.72}}}
   assert real.paper_delta == {}
+  # Its FCCL row is the Digits table's (the benchmark's FCCL) on the two real domains.
+  assert [r.key for r in real.rows] == ["solo", "fccl", "fcclplus"]
+  [fccl] = cells_lib.plan(tables.get_table("fcclplus_digits_real"), "mid", [0], ["fccl"])
+  config = cell_configs.cell_config(fccl)
+  assert (config.algorithm, config.fccl.own_slot, tuple(config.scenario.domains)) == (
+      "fccl", "current", ("mnist", "usps"))
 
 
 def test_the_base_width_diagnosis_is_the_mid_base_for_the_papers_fifty_epochs_at_four_widths():

@@ -302,14 +302,15 @@ REAL_DIGITS = (("mnist", "resnet10"), ("usps", "resnet12"))
 
 def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
                         fields: Sequence[tuple[str, Any]], note: str, *,
-                        same_participants: bool = True) -> Table:
-  """BASE and FCCL+ of Tables VIII/IX at mid scale with `fields` set on both rows: a
-  diagnosis of a mid-scale disagreement with the paper, not a paper table (mid scale only;
-  the paper's numbers of the two rows beside). Without `same_participants` (the fields change
-  the federation) only the paper's per-domain intra numbers stay: its AVGs and Δ average other
-  participants, and its inter numbers score each model on other domains' test sets."""
+                        same_participants: bool = True,
+                        keys: Sequence[str] = ("solo", "fcclplus")) -> Table:
+  """The rows `keys` of Tables VIII/IX (BASE and FCCL+ unless told) at mid scale with
+  `fields` set on every row: a diagnosis of a mid-scale disagreement with the paper, not a
+  paper table (mid scale only; the paper's numbers of those rows beside). Without
+  `same_participants` (the fields change the federation) only the paper's per-domain intra
+  numbers stay: its AVGs and Δ average other participants, and its inter numbers score each
+  model on other domains' test sets."""
   base = _fcclplus_table8_9(scenario)
-  keys = ("solo", "fcclplus")
   [full] = base.settings
   rows = [dataclasses.replace(r, overrides=r.overrides + tuple(fields))
           for r in full.rows if r.key in keys]
@@ -324,13 +325,15 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
                              if column != "AVG"} for row, columns in paper["intra"].items()}}
   setting = dataclasses.replace(full, rows=tuple(rows), paper=paper,
                                 paper_delta=pick(full.paper_delta) if same_participants else {})
+  labels = [r.label.removesuffix(" (solo)") for r in rows]
+  names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
+  notes = [f"not the paper's table: the mid-scale cells of fcclplus_{scenario}'s {names} "
+           f"rows with {', '.join(f'{k}={v}' for k, v in fields)}; {note}"]
+  notes += [n for n in base.notes if "fccl" in keys and n.startswith("the FCCL row")]
   return dataclasses.replace(
       base, id=f"fcclplus_{scenario}_{suffix}",
-      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, BASE and FCCL+ {title} "
-            "(diagnosis)",
-      settings=(setting,), scales=("mid",),
-      notes=(f"not the paper's table: the mid-scale cells of fcclplus_{scenario}'s BASE and "
-             f"FCCL+ rows with {', '.join(f'{k}={v}' for k, v in fields)}; {note}",))
+      title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, {names} {title} (diagnosis)",
+      settings=(setting,), scales=("mid",), notes=tuple(notes))
 
 
 def _width_label(width: float) -> str:
@@ -447,8 +450,9 @@ def _diagnoses() -> list[Table]:
           "the data bundle has no SVHN or SYN, so the mid cells' third and fourth "
           "participants train on synthetic stand-ins near chance: does leaving them out of "
           "the federation change FCCL+'s gain on the real domains (far under the paper's at "
-          "mid scale)? Two participants, so inter is each model on the other's test set and "
-          "no AVG is the paper's", same_participants=False),
+          "mid scale), and FCCL's place under BASE between domains? Two participants, so "
+          "inter is each model on the other's test set and no AVG is the paper's",
+          same_participants=False, keys=("solo", "fccl", "fcclplus")),
   ]
 
 
@@ -1229,7 +1233,7 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_office31_width", ("fcclplus", "solo")),
             ("fcclplus_office31_base_width", None),
             ("fcclplus_digits", ("fcclplus", "solo")),
-            ("fcclplus_digits_real", ("fcclplus", "solo")),
+            ("fcclplus_digits_real", ("fcclplus", "solo", "fccl")),
             ("fcclplus_office31", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")),
             ("fcclplus_digits", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch"))),
     # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
