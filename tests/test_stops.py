@@ -23,15 +23,13 @@ import time
 import pytest
 
 from fedjax_het import errors
+from tests.test_train import TINY_DATA_FLAGS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "train.py"
 
 TINY = ("--config=digits_solo_quick", "--config.local.epochs=1", "--config.local.batch_size=16",
-        "--config.scenario.public_size=64", "--config.scenario.private_sizes.mnist=30",
-        "--config.scenario.private_sizes.usps=20", "--config.scenario.private_sizes.svhn=40",
-        "--config.scenario.private_sizes.syn=24", "--config.scenario.test_size=30",
-        "--config.eval.batch_size=30", "--config.logging.progress=True",
+        *TINY_DATA_FLAGS, "--config.logging.progress=True",
         "--config.logging.plots=False", "--config.logging.tensorboard=False",
         "--config.checkpoint.every=1")
 

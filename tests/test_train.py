@@ -43,6 +43,15 @@ def _shared_cache(tmp_path_factory, monkeypatch):
   monkeypatch.delenv("FEDJAX_HET_DATA_DIR", raising=False)
 
 
+#: The data sizes of every tiny run (tiny_config, and the command-line runs of test_stops and
+#: test_workdir): a few dozen images per client, generated or read in seconds.
+TINY_DATA = {"scenario.public_size": 64, "scenario.private_sizes.mnist": 30,
+             "scenario.private_sizes.usps": 20, "scenario.private_sizes.svhn": 40,
+             "scenario.private_sizes.syn": 24, "scenario.test_size": 30, "eval.batch_size": 30}
+#: TINY_DATA as experiments/train.py flags.
+TINY_DATA_FLAGS = tuple(f"--config.{field}={value}" for field, value in TINY_DATA.items())
+
+
 def tiny_config(variant="fcclplus", **overrides):
   """The quick Digits config shrunk to small CNNs and a few dozen images per client."""
   c = digits.get_config(f"{variant}_quick")
@@ -52,10 +61,7 @@ def tiny_config(variant="fcclplus", **overrides):
   c.local.batch_size = 16
   if "collaborative" in c:
     c.collaborative.batch_size = 32
-  c.scenario.public_size = 64
-  c.scenario.private_sizes.update({"mnist": 30, "usps": 20, "svhn": 40, "syn": 24})
-  c.scenario.test_size = 30
-  c.eval.batch_size = 30
+  c.update_from_flattened_dict(TINY_DATA)
   if variant == "fccl":
     c.fccl.pretrain_epochs = 1
   c.logging.progress = False

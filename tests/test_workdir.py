@@ -19,6 +19,7 @@ from fedjax_het.errors import ConfigError, UserError, WorkdirError
 from fedjax_het.experiment import Experiment
 from fedjax_het.train import train_and_evaluate
 from tests.test_train import REPO, tiny_config  # noqa: F401  (its autouse fixture too)
+from tests.test_train import TINY_DATA_FLAGS
 from tests.test_train import _shared_cache  # noqa: F401  pylint: disable=unused-import
 
 
@@ -193,10 +194,7 @@ def test_cli_prints_one_line_for_a_user_error_and_a_traceback_when_verbose(tmp_p
   # tiny_config's data sizes: the synthetic data are generated in seconds.
   args = [sys.executable, "experiments/train.py", "--config=digits_fcclplus_quick",
           "--config.local.batch_size=100000", "--config.compilation_cache_dir=",
-          "--config.scenario.public_size=64", "--config.scenario.test_size=30",
-          *(f"--config.scenario.private_sizes.{domain}={size}" for domain, size in
-            (("mnist", 30), ("usps", 20), ("svhn", 40), ("syn", 24))),
-          f"--workdir={tmp_path / 'run'}"]
+          *TINY_DATA_FLAGS, f"--workdir={tmp_path / 'run'}"]
   env = {k: v for k, v in os.environ.items() if k != "FEDJAX_HET_DATA_DIR"}
   quiet = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
   assert quiet.returncode == 1
