@@ -15,7 +15,8 @@ followed, in the same sentence, by a marker
            with ROWS in order), "*" (each other row of the setting with a finished cell,
            one ROW only) or "-"
            (none: the row's own per-seed values).
-  KIND     inter / intra (domain shift: the AVG), final (partitioned: the final accuracy),
+  KIND     inter / intra (domain shift: the AVG; inter:P / intra:P participant P's column),
+           final (partitioned: the final accuracy),
            avg / forgetting (class incremental, percent), and for partitioned settings
            reach:T (the first round at or above T%, "-" when never) and round:R (the accuracy
            at round R; REF "-").
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import pathlib
 import re
@@ -322,6 +324,24 @@ def test_wrong_values_and_unprinted_values_are_caught():
   assert any("does not print" in p
              for p in check_text(good.replace("(-14.69, -11.10, -14.67)", "(-14.69, -11.10)")))
   assert any("'above' does not hold" in p for p in check_text(good.replace(" below -", " above -")))
+
+
+def test_a_participants_column_is_its_results_number_seed_by_seed():
+  # intra:dslr reads each seed's results.json (the mean of the last rounds the table shows).
+  dslr = seed_values("fcclplus_office31", "mid", "office31", "solo", "intra:dslr")
+  by_hand = {seed: json.loads((RESULTS / "fcclplus_office31" / "mid" / f"solo__seed{seed}" /
+                               "results.json").read_text())["intra"]["dslr"] for seed in (0, 1, 2)}
+  assert dslr == pytest.approx(by_hand) and len(dslr) == 3
+  assert seed_values("fcclplus_office31", "mid", "office31", "solo", "intra")[0] == (
+      pytest.approx(sum(json.loads((RESULTS / "fcclplus_office31" / "mid" / "solo__seed0" /
+                                    "results.json").read_text())["intra"][d]
+                        for d in ("amazon", "dslr", "webcam")) / 3))
+  good = ("BASE's DSLR intra reads 76.51 on seed 0<!-- seeds: fcclplus_office31:mid office31 "
+          "solo - intra:dslr values 76.51,_,_ -->.")
+  assert not check_text(good)
+  assert any("76.52" in p for p in check_text(good.replace("76.51", "76.52")))
+  with pytest.raises(ValueError, match="no 'intra:svhn'"):
+    seed_values("fcclplus_office31", "mid", "office31", "solo", "intra:svhn")
 
 
 def test_sentences_split_at_full_stops_and_bullets_not_at_decimals_or_abbreviations():

@@ -257,10 +257,11 @@ def seed_values(table: tables_lib.Table, numbers: Mapping[str, Any],
     cells: `collect`'s cells of the table at that scale.
     setting: the setting key.
     row: the row key.
-    kind: inter / intra (domain shift: the AVG, also where the paper prints one kind only),
-      final (partitioned: the final accuracy), reach:T (partitioned: the first round at or
-      above T%, None for a seed that never reaches it), round:R (partitioned: the accuracy
-      at round R), avg / forgetting (class incremental, percent).
+    kind: inter / intra (domain shift: the AVG, also where the paper prints one kind only;
+      inter:<participant> / intra:<participant>: that participant's column), final
+      (partitioned: the final accuracy), reach:T (partitioned: the first round at or above
+      T%, None for a seed that never reaches it), round:R (partitioned: the accuracy at round
+      R), avg / forgetting (class incremental, percent).
 
   Returns:
     {seed: value} in seed order ({} for a row without a finished cell); ValueError for a
@@ -270,7 +271,15 @@ def seed_values(table: tables_lib.Table, numbers: Mapping[str, Any],
   if table.family == "domain_shift":
     results_of = {r: {s: c["results"] for s, c in per_seed.items()}
                   for r, per_seed in cells[setting].items()}
-    values = domain_shift.seed_values(domain_shift.summarize(results_of, base=None))
+    domain_summary = domain_shift.summarize(results_of, base=None)
+    what, _, column = kind.partition(":")
+    if column:
+      per_column = domain_summary["rows"].get(row, {}).get(what, {})
+      if row in domain_summary["rows"] and column not in per_column:
+        raise ValueError(f"{table.id} {setting} {row}: no {kind!r} (has "
+                         f"{sorted(f'{what}:{c}' for c in per_column)})")
+      return dict(per_column.get(column, {}).get("per_seed", {}))
+    values = domain_shift.seed_values(domain_summary)
   elif table.family == "partitioned":
     if kind.startswith(("reach:", "round:")):
       what, _, number = kind.partition(":")
