@@ -60,7 +60,7 @@ checkpoints (the next invocation resumes it). --queue=gpu runs the prepared prio
 order: fcclplus_office31 FCCL+ and BASE, fcclplus_digits FCCL+ and BASE, FedFusion
 Table 2, GLFC Table 1 (T = 10); --queue=mid --scale=mid the mid-scale FCCL+ Tables
 VIII/IX (FCCL+ and BASE of Office31, its width diagnoses, of Digits, its real-domain
-diagnosis with its FCCL row; then FCCL, FedMD, FedDF, RHFL, FedMatch of Office31 and of
+diagnosis with its FCCL rows; then FCCL, FedMD, FedDF, RHFL, FedMatch of Office31 and of
 Digits), seed by seed; --copy-to=DIR mirrors every cell's files (and an interrupted cell's
 checkpoints) and the tables into DIR/results/ as they are written.
 Every invocation appends what it ran to results/invocations.jsonl.

@@ -401,19 +401,19 @@ def test_the_fedmmd_tables_no_dropout_and_trunk_rows_differ_from_their_pairs_alo
 def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
   cells = cells_lib.queue_plan("mid", "mid", [0, 1])
   # Each seed: FCCL+ and BASE of Office31, its width diagnoses, of Digits, its real-domain
-  # diagnosis (with its FCCL row), then the five other rows of Office31 and of Digits.
+  # diagnosis (with its FCCL rows), then the five other rows of Office31 and of Digits.
   per_seed = [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_office31_width")
               for r in ("fcclplus", "solo")]
   per_seed += [f"fcclplus_office31_base_width/mid/solo_{w}__seed0"
                for w in ("w8", "w4", "w2", "w1")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_digits", "fcclplus_digits_real")
                for r in ("fcclplus", "solo")]
-  per_seed.append("fcclplus_digits_real/mid/fccl__seed0")
+  per_seed += [f"fcclplus_digits_real/mid/{r}__seed0" for r in ("fccl", "fccl_no_distill")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_digits")
                for r in ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")]
-  assert [c.label for c in cells[:23]] == per_seed
-  assert len(cells) == 2 * 23 and cells[23].label == "fcclplus_office31/mid/fcclplus__seed1"
-  for cell in cells[:23]:
+  assert [c.label for c in cells[:24]] == per_seed
+  assert len(cells) == 2 * 24 and cells[24].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:24]:
     config = cell_configs.cell_config(cell)
     validate_config(config)
     if cell.table.id == "fcclplus_office31_base_width":
@@ -456,11 +456,21 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
       "fcclplus": {"mnist": 90.54, "usps": 86.92, "svhn": 87.11, "syn": 97.72}}}
   assert real.paper_delta == {}
   # Its FCCL row is the Digits table's (the benchmark's FCCL) on the two real domains.
-  assert [r.key for r in real.rows] == ["solo", "fccl", "fcclplus"]
+  assert [r.key for r in real.rows] == ["solo", "fccl", "fcclplus", "fccl_no_distill"]
   [fccl] = cells_lib.plan(tables.get_table("fcclplus_digits_real"), "mid", [0], ["fccl"])
   config = cell_configs.cell_config(fccl)
   assert (config.algorithm, config.fccl.own_slot, tuple(config.scenario.domains)) == (
       "fccl", "current", ("mnist", "usps"))
+  # Its fourth row is that FCCL with no dual-domain distillation (λ_Loc = 0), nothing else
+  # changed, and no paper numbers beside it.
+  [ce_only] = cells_lib.plan(tables.get_table("fcclplus_digits_real"), "mid", [0],
+                             ["fccl_no_distill"])
+  ce_config = cell_configs.cell_config(ce_only)
+  assert (config.fccl.local_distill_weight, ce_config.fccl.local_distill_weight) == (1.0, 0.0)
+  assert _differing_fields(workdir_lib.flatten_config(config),
+                          workdir_lib.flatten_config(ce_config)) == {
+      "fccl.local_distill_weight"}
+  assert "fccl_no_distill" not in real.paper["intra"]
 
 
 def test_the_base_width_diagnosis_is_the_mid_base_for_the_papers_fifty_epochs_at_four_widths():

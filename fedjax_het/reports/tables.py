@@ -303,17 +303,27 @@ REAL_DIGITS = (("mnist", "resnet10"), ("usps", "resnet12"))
 def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
                         fields: Sequence[tuple[str, Any]], note: str, *,
                         same_participants: bool = True,
-                        keys: Sequence[str] = ("solo", "fcclplus")) -> Table:
+                        keys: Sequence[str] = ("solo", "fcclplus"),
+                        variants: Sequence[tuple[str, str, str, tuple[tuple[str, Any], ...],
+                                                 str]] = ()) -> Table:
   """The rows `keys` of Tables VIII/IX (BASE and FCCL+ unless told) at mid scale with
   `fields` set on every row: a diagnosis of a mid-scale disagreement with the paper, not a
   paper table (mid scale only; the paper's numbers of those rows beside). Without
   `same_participants` (the fields change the federation) only the paper's per-domain intra
   numbers stay: its AVGs and Δ average other participants, and its inter numbers score each
-  model on other domains' test sets."""
+  model on other domains' test sets. `variants` adds rows that are not the paper's, each
+  (key, label, the kept row it changes, its further fields, the note that says why), after
+  the kept rows and without paper numbers."""
   base = _fcclplus_table8_9(scenario)
   [full] = base.settings
   rows = [dataclasses.replace(r, overrides=r.overrides + tuple(fields))
           for r in full.rows if r.key in keys]
+  labels = [r.label.removesuffix(" (solo)") for r in rows]
+  names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
+  by_key = {r.key: r for r in rows}
+  rows += [dataclasses.replace(by_key[of], key=key, label=label, source="",
+                               overrides=by_key[of].overrides + tuple(more))
+           for key, label, of, more, _ in variants]
 
   def pick(by_kind: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return {kind: {k: v for k, v in by_row.items() if k in keys}
@@ -325,11 +335,10 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
                              if column != "AVG"} for row, columns in paper["intra"].items()}}
   setting = dataclasses.replace(full, rows=tuple(rows), paper=paper,
                                 paper_delta=pick(full.paper_delta) if same_participants else {})
-  labels = [r.label.removesuffix(" (solo)") for r in rows]
-  names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
   notes = [f"not the paper's table: the mid-scale cells of fcclplus_{scenario}'s {names} "
            f"rows with {', '.join(f'{k}={v}' for k, v in fields)}; {note}"]
   notes += [n for n in base.notes if "fccl" in keys and n.startswith("the FCCL row")]
+  notes += [note for *_, note in variants]
   return dataclasses.replace(
       base, id=f"fcclplus_{scenario}_{suffix}",
       title=f"FCCL+ Tables VIII/IX: {SCENARIO_LABELS[scenario]}, {names} {title} (diagnosis)",
@@ -452,7 +461,14 @@ def _diagnoses() -> list[Table]:
           "the federation change FCCL+'s gain on the real domains (far under the paper's at "
           "mid scale), and FCCL's place under BASE between domains? Two participants, so "
           "inter is each model on the other's test set and no AVG is the paper's",
-          same_participants=False, keys=("solo", "fccl", "fcclplus")),
+          same_participants=False, keys=("solo", "fccl", "fcclplus"),
+          variants=(("fccl_no_distill", "FCCL, cross-entropy alone in the local phase (not "
+                     "the paper's)", "fccl", (("fccl.local_distill_weight", 0.0),),
+                     "the row FCCL, cross-entropy alone in the local phase is the FCCL row "
+                     "with fccl.local_distill_weight=0 (λ_Loc = 0 in FCCL Eq. 7: no "
+                     "dual-domain distillation, the collaborative phase unchanged), the "
+                     "diagnosis of whether the dual-domain distillation or the collaborative "
+                     "phase moves FCCL's USPS model away from its own data over the rounds"),)),
   ]
 
 
@@ -1233,7 +1249,7 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_office31_width", ("fcclplus", "solo")),
             ("fcclplus_office31_base_width", None),
             ("fcclplus_digits", ("fcclplus", "solo")),
-            ("fcclplus_digits_real", ("fcclplus", "solo", "fccl")),
+            ("fcclplus_digits_real", ("fcclplus", "solo", "fccl", "fccl_no_distill")),
             ("fcclplus_office31", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")),
             ("fcclplus_digits", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch"))),
     # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
