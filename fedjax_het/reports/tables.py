@@ -300,6 +300,13 @@ BASE_ROUNDS, BASE_EPOCHS = 5, 10
 REAL_DIGITS = (("mnist", "resnet10"), ("usps", "resnet12"))
 
 
+def _variant_row(row: Row, key: str, label: str, fields: Sequence[tuple[str, Any]]) -> Row:
+  """`row` with `fields` set after its own overrides, as a row that is not the paper's: its own
+  key and label, no paper source."""
+  return dataclasses.replace(row, key=key, label=label, source="",
+                             overrides=row.overrides + tuple(fields))
+
+
 def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
                         fields: Sequence[tuple[str, Any]], note: str, *,
                         same_participants: bool = True,
@@ -321,9 +328,7 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
   labels = [r.label.removesuffix(" (solo)") for r in rows]
   names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
   by_key = {r.key: r for r in rows}
-  rows += [dataclasses.replace(by_key[of], key=key, label=label, source="",
-                               overrides=by_key[of].overrides + tuple(more))
-           for key, label, of, more, _ in variants]
+  rows += [_variant_row(by_key[of], key, label, more) for key, label, of, more, _ in variants]
 
   def pick(by_kind: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return {kind: {k: v for k, v in by_row.items() if k in keys}
@@ -395,8 +400,7 @@ def _fccl_variant(scenario: str, *, suffix: str, beside: tuple[str, ...], key: s
   base = _fcclplus_table8_9(scenario)
   [full] = base.settings
   rows = {r.key: r for r in full.rows}
-  variant = dataclasses.replace(rows["fccl"], key=key, label=label, source="",
-                                overrides=rows["fccl"].overrides + ((field, value),))
+  variant = _variant_row(rows["fccl"], key, label, ((field, value),))
   paper = {kind: {k: dict(by_row[k]) for k in beside if k in by_row}
            for kind, by_row in full.paper.items()}
   setting = dataclasses.replace(full, rows=(*(rows[k] for k in beside), variant), paper=paper,
