@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_het import workdir as workdir_lib
+from fedjax_het.algorithms import common
 from fedjax_het.config import validate_config
 from fedjax_het.errors import ConfigError
 from fedjax_het.grid import cell_configs
@@ -408,12 +409,13 @@ def test_the_mid_queue_holds_fcclplus_tables_eight_and_nine_seed_by_seed():
                for w in ("w8", "w4", "w2", "w1")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_digits", "fcclplus_digits_real")
                for r in ("fcclplus", "solo")]
-  per_seed += [f"fcclplus_digits_real/mid/{r}__seed0" for r in ("fccl", "fccl_no_distill")]
+  per_seed += [f"fcclplus_digits_real/mid/{r}__seed0"
+               for r in ("fccl", "fccl_no_distill", "fccl_no_collaboration")]
   per_seed += [f"{t}/mid/{r}__seed0" for t in ("fcclplus_office31", "fcclplus_digits")
                for r in ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")]
-  assert [c.label for c in cells[:24]] == per_seed
-  assert len(cells) == 2 * 24 and cells[24].label == "fcclplus_office31/mid/fcclplus__seed1"
-  for cell in cells[:24]:
+  assert [c.label for c in cells[:25]] == per_seed
+  assert len(cells) == 2 * 25 and cells[25].label == "fcclplus_office31/mid/fcclplus__seed1"
+  for cell in cells[:25]:
     config = cell_configs.cell_config(cell)
     validate_config(config)
     if cell.table.id == "fcclplus_office31_base_width":
@@ -456,7 +458,8 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
       "fcclplus": {"mnist": 90.54, "usps": 86.92, "svhn": 87.11, "syn": 97.72}}}
   assert real.paper_delta == {}
   # Its FCCL row is the Digits table's (the benchmark's FCCL) on the two real domains.
-  assert [r.key for r in real.rows] == ["solo", "fccl", "fcclplus", "fccl_no_distill"]
+  assert [r.key for r in real.rows] == ["solo", "fccl", "fcclplus", "fccl_no_distill",
+                                        "fccl_no_collaboration"]
   [fccl] = cells_lib.plan(tables.get_table("fcclplus_digits_real"), "mid", [0], ["fccl"])
   config = cell_configs.cell_config(fccl)
   assert (config.algorithm, config.fccl.own_slot, tuple(config.scenario.domains)) == (
@@ -471,6 +474,17 @@ def test_the_width_diagnosis_is_base_and_fcclplus_of_office31_mid_on_width_one_q
                           workdir_lib.flatten_config(ce_config)) == {
       "fccl.local_distill_weight"}
   assert "fccl_no_distill" not in real.paper["intra"]
+  # Its fifth row also has no collaborative phase (no public batches at all): the two
+  # variant rows differ in that one field, so together they isolate the collaborative phase.
+  [alone] = cells_lib.plan(tables.get_table("fcclplus_digits_real"), "mid", [0],
+                           ["fccl_no_collaboration"])
+  alone_config = cell_configs.cell_config(alone)
+  assert (ce_config.collaborative.epochs, alone_config.collaborative.epochs) == (1, 0)
+  assert _differing_fields(workdir_lib.flatten_config(ce_config),
+                          workdir_lib.flatten_config(alone_config)) == {"collaborative.epochs"}
+  assert common.public_batches(int(alone_config.collaborative.batch_size),
+                               int(alone_config.collaborative.epochs), 5000) == (0, 0)
+  assert "fccl_no_collaboration" not in real.paper["intra"]
 
 
 def test_the_base_width_diagnosis_is_the_mid_base_for_the_papers_fifty_epochs_at_four_widths():

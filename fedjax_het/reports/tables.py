@@ -472,7 +472,16 @@ def _diagnoses() -> list[Table]:
                      "with fccl.local_distill_weight=0 (λ_Loc = 0 in FCCL Eq. 7: no "
                      "dual-domain distillation, the collaborative phase unchanged), the "
                      "diagnosis of whether the dual-domain distillation or the collaborative "
-                     "phase moves FCCL's USPS model away from its own data over the rounds"),)),
+                     "phase moves FCCL's USPS model away from its own data over the rounds"),
+                    ("fccl_no_collaboration", "FCCL, cross-entropy alone and no collaborative "
+                     "phase (not the paper's)", "fccl",
+                     (("fccl.local_distill_weight", 0.0), ("collaborative.epochs", 0)),
+                     "the row FCCL, cross-entropy alone and no collaborative phase is the FCCL "
+                     "row with fccl.local_distill_weight=0 and collaborative.epochs=0: each "
+                     "participant's 50 SOLO epochs, then 40 rounds of its local epochs with "
+                     "cross-entropy alone and nothing shared; against the row with "
+                     "cross-entropy alone it isolates the collaborative phase, against BASE "
+                     "FCCL's SOLO pretraining and initial keys"))),
   ]
 
 
@@ -1253,7 +1262,8 @@ QUEUES: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
             ("fcclplus_office31_width", ("fcclplus", "solo")),
             ("fcclplus_office31_base_width", None),
             ("fcclplus_digits", ("fcclplus", "solo")),
-            ("fcclplus_digits_real", ("fcclplus", "solo", "fccl", "fccl_no_distill")),
+            ("fcclplus_digits_real", ("fcclplus", "solo", "fccl", "fccl_no_distill",
+                                      "fccl_no_collaboration")),
             ("fcclplus_office31", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch")),
             ("fcclplus_digits", ("fccl", "fedmd", "feddf", "rhfl", "fedmatch"))),
     # HtFLlib's scenario (paper scale: 2000 rounds of 20 full-width clients, a GPU's work):
