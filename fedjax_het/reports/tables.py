@@ -319,8 +319,8 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
   `same_participants` (the fields change the federation) only the paper's per-domain intra
   numbers stay: its AVGs and Δ average other participants, and its inter numbers score each
   model on other domains' test sets. `variants` adds rows that are not the paper's, each
-  (key, label, the kept row it changes, its further fields, the note that says why), after
-  the kept rows and without paper numbers."""
+  (key, label, the kept row or earlier variant it changes, its further fields, the note that
+  says why), after the kept rows and without paper numbers."""
   base = _fcclplus_table8_9(scenario)
   [full] = base.settings
   rows = [dataclasses.replace(r, overrides=r.overrides + tuple(fields))
@@ -328,7 +328,9 @@ def _fcclplus_diagnosis(scenario: str, suffix: str, title: str,
   labels = [r.label.removesuffix(" (solo)") for r in rows]
   names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 1 else labels)
   by_key = {r.key: r for r in rows}
-  rows += [_variant_row(by_key[of], key, label, more) for key, label, of, more, _ in variants]
+  for key, label, of, more, _ in variants:  # `of` may be an earlier variant
+    by_key[key] = _variant_row(by_key[of], key, label, more)
+    rows.append(by_key[key])
 
   def pick(by_kind: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return {kind: {k: v for k, v in by_row.items() if k in keys}
@@ -474,8 +476,8 @@ def _diagnoses() -> list[Table]:
                      "diagnosis of whether the dual-domain distillation or the collaborative "
                      "phase moves FCCL's USPS model away from its own data over the rounds"),
                     ("fccl_no_collaboration", "FCCL, cross-entropy alone and no collaborative "
-                     "phase (not the paper's)", "fccl",
-                     (("fccl.local_distill_weight", 0.0), ("collaborative.epochs", 0)),
+                     "phase (not the paper's)", "fccl_no_distill",
+                     (("collaborative.epochs", 0),),
                      "the row FCCL, cross-entropy alone and no collaborative phase is the FCCL "
                      "row with fccl.local_distill_weight=0 and collaborative.epochs=0: each "
                      "participant's 50 SOLO epochs, then 40 rounds of its local epochs with "
